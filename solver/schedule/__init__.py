@@ -1,0 +1,34 @@
+"""Per-layer operator scheduling: the shortest schedule of a layer's fused operators on the TC and
+VC cores of one accelerator (exact CP-SAT and MILP backends, a list-scheduling heuristic, bounds,
+an independent validator, a cache of solved layers and a Gantt chart)."""
+
+from solver.schedule.cache import ScheduleCache
+from solver.schedule.gantt import plot_gantt
+from solver.schedule.heuristic import heuristic_schedule, lower_bound
+from solver.schedule.listsched import Schedule
+from solver.schedule.milp import MILP_SOLVERS, LicenceLimitError
+from solver.schedule.problem import CORE_TYPES, Op, ScheduleProblem
+from solver.schedule.result import CoreUtilisation, ScheduleResult
+from solver.schedule.solve import BACKENDS, solve
+from solver.schedule.validate import InvalidSchedule, Violation, validate, violations
+
+__all__ = [
+    "BACKENDS",
+    "CORE_TYPES",
+    "MILP_SOLVERS",
+    "CoreUtilisation",
+    "InvalidSchedule",
+    "LicenceLimitError",
+    "Op",
+    "Schedule",
+    "ScheduleCache",
+    "ScheduleProblem",
+    "ScheduleResult",
+    "Violation",
+    "heuristic_schedule",
+    "lower_bound",
+    "plot_gantt",
+    "solve",
+    "validate",
+    "violations",
+]

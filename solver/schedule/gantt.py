@@ -1,0 +1,74 @@
+"""A Gantt chart of a schedule: one lane per TC and per VC, and lanes for collectives."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from solver.schedule.cores import assign_cores, lanes
+from solver.schedule.listsched import Schedule
+from solver.schedule.problem import ScheduleProblem
+from solver.schedule.result import ScheduleResult
+
+COLOURS = {"TC": "tab:blue", "VC": "tab:orange", "TCandVC": "tab:green", "collective": "tab:gray"}
+
+
+def _rows(problem: ScheduleProblem, result: ScheduleResult) -> tuple[list[str], list[list[int]]]:
+    """Lane labels, and the lanes each operator is drawn on."""
+    schedule = Schedule(result.start, result.parallel)
+    cores = assign_cores(problem, schedule)
+    collectives = [i for i, op in enumerate(problem.ops) if op.core == "collective" and op.latency > 0]
+    ends = [s + op.latency for s, op in zip(result.start, problem.ops)]
+    collective_lane = dict(zip(collectives, lanes([(result.start[i], ends[i]) for i in collectives], 0.0)))
+    tc_rows = list(range(problem.num_tc))
+    vc_rows = [problem.num_tc + c for c in range(problem.num_vc)]
+    first_collective_row = problem.num_tc + problem.num_vc
+    labels = [f"TC{c}" for c in range(problem.num_tc)] + [f"VC{c}" for c in range(problem.num_vc)]
+    labels += [f"collective{c}" for c in range(max(collective_lane.values(), default=-1) + 1)]
+    drawn: list[list[int]] = []
+    for i, op in enumerate(problem.ops):
+        if i in collective_lane:
+            drawn.append([first_collective_row + collective_lane[i]])
+        elif not op.uses_cores:
+            drawn.append([])
+        elif result.parallel[i]:
+            pairs = min(problem.num_tc, problem.num_vc)
+            drawn.append({"TC": tc_rows, "VC": vc_rows, "TCandVC": tc_rows[:pairs] + vc_rows[:pairs]}[op.core])
+        else:
+            tc, vc = cores[i]
+            drawn.append(([] if tc is None else [tc_rows[tc]]) + ([] if vc is None else [vc_rows[vc]]))
+    return labels, drawn
+
+
+def plot_gantt(problem: ScheduleProblem, result: ScheduleResult, path: str | Path, title: str = "") -> Path:
+    """Draw `result` to `path` (any format matplotlib writes, by suffix); write-then-rename."""
+    path = Path(path)
+    labels, drawn = _rows(problem, result)
+    scale, unit = next((s, u) for s, u in ((1e6, "µs"), (1e3, "ms"), (1.0, "s")) if result.makespan * s < 1000)
+    figure = Figure(figsize=(10, 0.45 * len(labels) + 1.5))
+    axes = figure.add_subplot()
+    for i, rows in enumerate(drawn):
+        op = problem.ops[i]
+        duration = op.duration(result.parallel[i]) * scale
+        for row in rows:
+            axes.broken_barh(
+                [(result.start[i] * scale, duration)], (row - 0.4, 0.8), facecolors=COLOURS[op.core],
+                edgecolor="black", linewidth=0.5, hatch="//" if result.parallel[i] else None,
+            )
+            axes.text((result.start[i] + op.duration(result.parallel[i]) / 2) * scale, row, op.name or str(i),
+                      ha="center", va="center", fontsize=7, clip_on=True)
+    axes.set_yticks(range(len(labels)), labels)
+    axes.invert_yaxis()
+    axes.set_xlim(0, max(result.makespan * scale, 1e-12))
+    axes.set_xlabel(f"time [{unit}]")
+    axes.set_title(title or f"makespan {result.makespan * scale:.4g} {unit} ({result.backend}, {result.status})")
+    handles = [Patch(facecolor=c, label=k) for k, c in COLOURS.items()] + [Patch(facecolor="white", hatch="//", label="parallel")]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    figure.tight_layout()
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    figure.savefig(temporary)
+    os.replace(temporary, path)
+    return path

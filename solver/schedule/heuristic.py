@@ -1,0 +1,75 @@
+"""The fast lower bound and the list-scheduling heuristic (an upper bound, and the exact backends'
+warm start)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from solver.schedule.listsched import Schedule, list_schedule
+from solver.schedule.problem import ScheduleProblem
+
+
+def _tail_lengths(problem: ScheduleProblem, parallel: Sequence[bool] | None = None) -> list[float]:
+    """For each operator, the longest path from its start to the end: in the given modes, or in the
+    shortest mode of each operator."""
+    tail = [0.0] * len(problem.ops)
+    for i in reversed(problem.topological_order):
+        op = problem.ops[i]
+        duration = min(op.duration(m) for m in op.modes) if parallel is None else op.duration(parallel[i])
+        tail[i] = duration + max((tail[j] for j in problem.successors[i]), default=0.0)
+    return tail
+
+
+def lower_bound(problem: ScheduleProblem) -> float:
+    """No schedule is shorter than the critical path on the shorter latencies, nor than the work
+    per core type spread over all its cores (a parallel operator keeps every core of the type)."""
+    critical_path = max(_tail_lengths(problem), default=0.0)
+    work_tc = sum(min(op.latency, problem.num_tc * op.parallel_latency) for op in problem.ops if op.uses_tc)
+    work_vc = sum(min(op.latency, problem.num_vc * op.parallel_latency) for op in problem.ops if op.uses_vc)
+    return max(
+        critical_path,
+        work_tc / problem.num_tc if problem.num_tc else 0.0,
+        work_vc / problem.num_vc if problem.num_vc else 0.0,
+    )
+
+
+def schedule_in_modes(problem: ScheduleProblem, parallel: Sequence[bool]) -> Schedule:
+    """List schedule in the given modes, longest remaining path first."""
+    return list_schedule(problem, [-t for t in _tail_lengths(problem, parallel)], parallel)
+
+
+def improve_modes(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
+    """Hill-climb on the modes: switch one operator's mode, or that of an operator together with every
+    operator in the same mode that precedence lets run alongside it (so that a group of independent
+    operators can go from parallel runs in a row to one-core runs side by side, or back)."""
+    flexible = [i for i, op in enumerate(problem.ops) if len(op.modes) == 2]
+    best, best_makespan = schedule, schedule.makespan(problem)
+    improved = True
+    while improved:
+        improved = False
+        modes = best.parallel
+        groups = {
+            frozenset(j for j in flexible if j == i or (modes[j] == modes[i] and not problem.comparable(i, j)))
+            for i in flexible
+        }
+        moves = [[i] for i in flexible] + [sorted(g) for g in groups if len(g) > 1]
+        for move in moves:
+            trial = list(best.parallel)
+            for j in move:
+                trial[j] = not trial[j]
+            candidate = schedule_in_modes(problem, trial)
+            if candidate.makespan(problem) < best_makespan * (1 - 1e-12):
+                best, best_makespan, improved = candidate, candidate.makespan(problem), True
+    return best
+
+
+def heuristic_schedule(problem: ScheduleProblem) -> Schedule:
+    """The best of a few list schedules (longest-tail-first or input order; modes chosen per operator
+    by earliest end, all one-core, or all parallel where that is faster), each hill-climbed on modes
+    from the best rule and from all one-core."""
+    tail = _tail_lengths(problem)
+    priorities = ([-t for t in tail], [float(p) for p in range(len(problem.ops))])
+    mode_rules = (None, [False] * len(problem.ops), [len(op.modes) == 2 for op in problem.ops])
+    rules = [list_schedule(problem, pr, modes) for pr in priorities for modes in mode_rules]
+    starts = (min(rules, key=lambda s: s.makespan(problem)), schedule_in_modes(problem, [False] * len(problem.ops)))
+    return min((improve_modes(problem, s) for s in starts), key=lambda s: s.makespan(problem))

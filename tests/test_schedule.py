@@ -1,0 +1,320 @@
+"""solver.schedule: problem checks, hand-calculated schedules, bounds, the validator, time limits,
+the cache and the Gantt chart. (Exactness against a brute force: test_schedule_exact.py.)"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from solver.schedule import (
+    InvalidSchedule,
+    LicenceLimitError,
+    Op,
+    ScheduleCache,
+    ScheduleProblem,
+    heuristic_schedule,
+    lower_bound,
+    plot_gantt,
+    solve,
+    validate,
+    violations,
+)
+
+# --- the problem -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: Op("GPU", 1.0, 1.0), "core"),
+        (lambda: Op("TC", -1.0, 1.0), "latency"),
+        (lambda: Op("TC", float("nan"), 1.0), "latency"),
+        (lambda: Op("TC", 1.0, 0.0), "parallel_latency"),
+        (lambda: Op("collective", 1.0, 0.5), "parallel_latency"),
+        (lambda: Op("VC", 1.0, 1.0, energy=-2.0), "energy"),
+        (lambda: ScheduleProblem([Op("TC", 1, 1)], [], 0, 1), "num_tc"),
+        (lambda: ScheduleProblem([Op("TCandVC", 1, 1)], [], 1, 0), "num_vc"),
+        (lambda: ScheduleProblem([Op("VC", 1, 1)], [], 1, -1), "num_vc"),
+        (lambda: ScheduleProblem([Op("VC", 1, 1)], [], 1.5, 1), "num_tc"),
+        (lambda: ScheduleProblem([Op("VC", 1, 1)] * 2, [(0, 2)], 1, 1), "edges"),
+        (lambda: ScheduleProblem([Op("VC", 1, 1)] * 2, [(1, 1)], 1, 1), "edges"),
+        (lambda: ScheduleProblem([Op("VC", 1, 1)] * 3, [(0, 1), (1, 2), (2, 0)], 1, 1), "edges"),
+        (lambda: ScheduleProblem([Op("Nop", 0, 0)], [], 1, 1), "ops"),
+        (lambda: ScheduleProblem(["TC"], [], 1, 1), "ops"),
+    ],
+)
+def test_bad_input_names_the_field(build, field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        build()
+
+
+def test_cycle_error_lists_the_operators_on_it() -> None:
+    with pytest.raises(ValueError, match=r"cycle among operators \[1, 2\]"):
+        ScheduleProblem([Op("VC", 1, 1)] * 3, [(0, 1), (1, 2), (2, 1)], 1, 1)
+
+
+def test_no_cores_needed_by_collectives_only() -> None:
+    problem = ScheduleProblem([Op("collective", 2.0, 2.0), Op("collective", 3.0, 3.0)], [], 0, 0)
+    assert solve(problem).makespan == 3.0  # both at once: they hold no core
+
+
+def test_bad_solve_options_name_the_field() -> None:
+    problem = ScheduleProblem([Op("TC", 1, 1)], [], 1, 1)
+    for kwargs, field in [
+        ({"backend": "gurobi"}, "backend"),
+        ({"time_limit": 0}, "time_limit"),
+        ({"time_limit": float("inf")}, "time_limit"),
+        ({"milp_solver": "cplex"}, "milp_solver"),
+        ({"relative_gap": 1.0}, "relative_gap"),
+        ({"workers": 0}, "workers"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            solve(problem, **kwargs)
+
+
+def test_without_nops_keeps_precedence_through_chains_of_nops() -> None:
+    # 0 -> nop1 -> nop2 -> 3, 0 -> nop1 -> 4, 3 -> nop5 (dead end), 4 -> 6
+    ops = [Op("TC", 1, 1), Op("Nop", 0, 0), Op("Nop", 0, 0), Op("VC", 1, 1), Op("VC", 1, 1), Op("Nop", 0, 0), Op("TC", 1, 1)]
+    edges = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 6)]
+    problem = ScheduleProblem.without_nops(ops, edges, 1, 1)
+    assert [op.core for op in problem.ops] == ["TC", "VC", "VC", "TC"]
+    assert problem.edges == ((0, 1), (0, 2), (2, 3))
+
+
+def test_width_is_the_largest_unordered_set() -> None:
+    # a diamond 0 -> {1, 2, 3} -> 4 plus a lone 5: {1, 2, 3, 5} run side by side
+    edges = [(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)]
+    problem = ScheduleProblem([Op("TC", 1, 1)] * 6, edges, 1, 1)
+    assert problem.width(list(range(6))) == 4
+    assert problem.width([0, 1, 4]) == 1
+
+
+# --- hand-calculated schedules ------------------------------------------------------------------
+
+
+def three_tc_ops() -> ScheduleProblem:
+    """Three independent TC operators of 1 s, 0.6 s when split over the 2 TCs.
+
+    All one-core: two side by side, then the third: 2 s. One parallel (0.6 s) and two side by side
+    (1 s): 1.6 s. All parallel: 1.8 s. Two parallel and one alone: 2.2 s. Optimum 1.6 s.
+    Lower bound: critical path 0.6 s; TC work min(1, 2 x 0.6) x 3 / 2 = 1.5 s.
+    """
+    return ScheduleProblem([Op("TC", 1.0, 0.6, energy=2.0, parallel_energy=3.0)] * 3, [], num_tc=2, num_vc=1)
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "milp"])
+def test_hand_calculated_optimum(backend: str) -> None:
+    problem = three_tc_ops()
+    result = solve(problem, backend)
+    assert result.makespan == pytest.approx(1.6, rel=1e-4)
+    assert result.status == "optimal"
+    assert sorted(result.parallel) == [False, False, True]
+    assert result.energy == pytest.approx(2.0 + 2.0 + 3.0)
+    validate(problem, result.start, result.parallel, result.makespan)
+
+
+def test_lower_bound_by_hand() -> None:
+    assert lower_bound(three_tc_ops()) == pytest.approx(1.5)
+    # a chain TC(2 s, 1 s parallel) -> VC(3 s, 2 s) on 4 TCs: critical path 1 + 2 = 3 s
+    chain = ScheduleProblem([Op("TC", 2.0, 1.0), Op("VC", 3.0, 2.0)], [(0, 1)], 4, 2)
+    assert lower_bound(chain) == pytest.approx(3.0)
+
+
+def test_utilisation_and_energy_by_hand() -> None:
+    # TC (1 s) -> VC (1 s) on 2 TCs and 1 VC, no faster parallel run: 2 s;
+    # TCs: peak 1 of 2 busy, 1 core-second over 2 x 2; VC: peak 1 of 1, 1 core-second over 1 x 2.
+    problem = ScheduleProblem([Op("TC", 1.0, 1.0, energy=5.0), Op("VC", 1.0, 1.0, energy=7.0)], [(0, 1)], 2, 1)
+    result = solve(problem)
+    assert result.makespan == pytest.approx(2.0)
+    assert (result.tc_utilisation.peak, result.tc_utilisation.mean) == pytest.approx((0.5, 0.25))
+    assert (result.vc_utilisation.peak, result.vc_utilisation.mean) == pytest.approx((1.0, 0.5))
+    assert result.energy == pytest.approx(12.0)
+    assert result.status == "optimal"  # the critical path bound proves it
+
+
+def test_parallel_tcandvc_keeps_min_cores_busy() -> None:
+    # one TCandVC operator, parallel on min(4, 2) = 2 TC-VC pairs: TCs 2 of 4 busy, VCs 2 of 2
+    problem = ScheduleProblem([Op("TCandVC", 4.0, 1.0)], [], 4, 2)
+    result = solve(problem)
+    assert result.parallel == (True,) and result.makespan == pytest.approx(1.0)
+    assert result.tc_utilisation.peak == pytest.approx(0.5)
+    assert result.vc_utilisation.peak == pytest.approx(1.0)
+
+
+def test_collective_overlaps_a_parallel_operator() -> None:
+    # an all-reduce (3 s, no core) beside a TC operator that is faster parallel: both at t = 0
+    problem = ScheduleProblem([Op("collective", 3.0, 3.0), Op("TC", 4.0, 1.0)], [], 2, 1)
+    result = solve(problem)
+    assert result.start == (0.0, 0.0) and result.parallel == (False, True)
+    assert result.makespan == pytest.approx(3.0)
+
+
+def test_parallel_runs_alone_even_beside_the_other_core_type() -> None:
+    # TC operator 2 s (parallel 1 s) and VC operator 2 s (no faster parallel run), independent:
+    # parallel TC then VC: 3 s; both one-core side by side: 2 s (optimal, no parallel run).
+    problem = ScheduleProblem([Op("TC", 2.0, 1.0), Op("VC", 2.0, 2.0)], [], 2, 1)
+    result = solve(problem)
+    assert result.makespan == pytest.approx(2.0)
+    assert result.parallel == (False, False)
+
+
+def test_zero_latency_operators_hold_no_core() -> None:
+    problem = ScheduleProblem([Op("TC", 0.0, 0.0), Op("TC", 2.0, 2.0), Op("TC", 0.0, 0.0)], [(0, 2)], 1, 1)
+    result = solve(problem)
+    assert result.makespan == pytest.approx(2.0)
+    validate(problem, result.start, result.parallel, result.makespan)
+
+
+def test_empty_problem() -> None:
+    result = solve(ScheduleProblem([], [], 1, 1))
+    assert (result.makespan, result.gap, result.status) == (0.0, 0.0, "optimal")
+
+
+def test_solved_from_nops_as_original_graph() -> None:
+    ops = [Op("TC", 1.0, 0.5), Op("Nop", 0, 0), Op("VC", 1.0, 0.5)]
+    problem = ScheduleProblem.without_nops(ops, [(0, 1), (1, 2)], 2, 2)
+    assert solve(problem).makespan == pytest.approx(1.0)
+
+
+def test_heuristic_is_feasible_and_above_the_bound() -> None:
+    problem = three_tc_ops()
+    schedule = heuristic_schedule(problem)
+    validate(problem, schedule.start, schedule.parallel)
+    assert schedule.makespan(problem) >= lower_bound(problem)
+
+
+# --- the validator: each kind of violation ---------------------------------------------------------
+
+
+def mixed_problem() -> ScheduleProblem:
+    ops = [Op("TC", 2.0, 1.0), Op("TC", 2.0, 1.0), Op("VC", 1.0, 0.5), Op("TCandVC", 1.0, 0.5), Op("collective", 3.0, 3.0)]
+    return ScheduleProblem(ops, [(0, 2)], num_tc=2, num_vc=1)
+
+
+def kinds(problem, start, parallel, makespan=None) -> set[str]:
+    return {v.kind for v in violations(problem, start, parallel, makespan)}
+
+
+def test_validator_accepts_a_valid_schedule() -> None:
+    # TC0 and TC1 side by side [0, 2); VC [2, 3); TCandVC parallel [3, 3.5); collective [0, 3)
+    start, parallel = (0.0, 0.0, 2.0, 3.0, 0.0), (False, False, False, True, False)
+    assert kinds(mixed_problem(), start, parallel, 3.5) == set()
+    validate(mixed_problem(), start, parallel, 3.5)
+
+
+@pytest.mark.parametrize(
+    ("start", "parallel", "makespan", "kind"),
+    [
+        ((0.0, 0.0, 1.9, 3.0, 0.0), (False, False, False, True, False), None, "precedence"),
+        ((0.0, 0.0, 2.0, 1.5, 0.0), (False, False, False, False, False), None, "tc_capacity"),
+        ((0.0, 0.0, 2.0, 2.5, 0.0), (False, False, False, False, False), None, "vc_capacity"),
+        ((0.0, 0.5, 2.0, 3.0, 0.0), (True, False, False, False, False), None, "exclusivity"),
+        ((0.0, 0.0, 2.0, 2.2, 0.0), (False, False, True, False, False), None, "exclusivity"),  # VC parallel vs TCandVC
+        ((0.0, 0.0, 2.0, 3.0, 0.0), (False, False, False, True, True), None, "mode"),
+        ((-1.0, 0.0, 2.0, 3.0, 0.0), (False, False, False, True, False), None, "start"),
+        ((0.0, 0.0, 2.0, 3.0, 0.0), (False, False, False, True, False), 4.0, "makespan"),
+        ((0.0, 0.0, 2.0), (False, False, False), None, "shape"),
+    ],
+)
+def test_validator_catches_each_violation(start, parallel, makespan, kind: str) -> None:
+    problem = mixed_problem()
+    assert kind in kinds(problem, start, parallel, makespan)
+    with pytest.raises(InvalidSchedule, match=kind):
+        validate(problem, start, parallel, makespan)
+
+
+def test_validator_tolerates_rounding_but_not_more() -> None:
+    problem = mixed_problem()
+    parallel = (False, False, False, True, False)
+    assert kinds(problem, (0.0, 0.0, 2.0 - 1e-12, 3.0, 0.0), parallel) == set()
+    assert kinds(problem, (0.0, 0.0, 2.0 - 1e-6, 3.0, 0.0), parallel) == {"precedence"}
+
+
+# --- time limits ------------------------------------------------------------------------------------
+
+
+def hard_problem(n: int = 30, seed: int = 1) -> ScheduleProblem:
+    """Independent TC operators on 4 TCs, parallel no faster: bin packing, slow to prove."""
+    rng = random.Random(seed)
+    ops = []
+    for _ in range(n):
+        latency = rng.uniform(1.0, 10.0) * 1e-4
+        ops.append(Op("TC", latency, latency))
+    return ScheduleProblem(ops, [], num_tc=4, num_vc=1)
+
+
+@pytest.mark.parametrize(("backend", "time_limit"), [("cpsat", 0.2), ("milp", 1.0)])
+def test_time_limit_returns_the_best_schedule_with_its_gap(backend: str, time_limit: float) -> None:
+    problem = hard_problem(30 if backend == "cpsat" else 12)
+    result = solve(problem, backend, time_limit=time_limit)
+    validate(problem, result.start, result.parallel, result.makespan)
+    assert result.status == "feasible"
+    assert result.gap == pytest.approx((result.makespan - result.lower_bound) / result.makespan)
+    assert 0 < result.gap < 0.2
+    assert result.solve_time < time_limit + 5.0
+
+
+# --- gurobipy's size-limited licence -------------------------------------------------------------------
+
+
+def _size_limited_gurobi() -> bool:
+    gp = pytest.importorskip("gurobipy")
+    try:
+        with gp.Env(params={"OutputFlag": 0}) as env, gp.Model(env=env) as model:
+            model.addVars(2001)
+            model.optimize()
+    except gp.GurobiError as error:
+        if error.errno == 10010:
+            return True
+        pytest.skip(f"gurobipy has no licence here: {error}")
+    return False
+
+
+def test_gurobi_size_limit_gives_a_clear_message() -> None:
+    if not _size_limited_gurobi():
+        pytest.skip("gurobipy has a full licence here")
+    with pytest.raises(LicenceLimitError, match="size-limited licence.*variables"):
+        solve(hard_problem(16), "milp", time_limit=5.0, milp_solver="gurobi")
+
+
+# --- the cache ---------------------------------------------------------------------------------------
+
+
+def test_cache_solves_each_layer_once_per_run_and_across_runs(tmp_path) -> None:
+    path = tmp_path / "cache" / "schedules.sqlite"
+    problem = three_tc_ops()
+    cache = ScheduleCache(path)
+    first = cache.solve(problem)
+    assert cache.solved == 1
+    nudged = ScheduleProblem([Op("TC", 1.0 * (1 + 1e-12), 0.6, 2.0, 3.0)] * 3, [], 2, 1)  # same after rounding
+    assert cache.solve(nudged).makespan == first.makespan
+    assert cache.solved == 1
+    cache.solve(ScheduleProblem(problem.ops, [], 3, 1))  # other core counts: a new layer
+    assert cache.solved == 2
+    cache.solve(problem, time_limit=5.0)  # other settings: solved again
+    assert cache.solved == 3
+
+    later_run = ScheduleCache(path)
+    assert later_run.solve(problem) == first
+    assert later_run.solved == 0
+
+
+def test_cache_key_rounds_latencies_consistently() -> None:
+    cache = ScheduleCache()
+    a = ScheduleProblem([Op("TC", 1.23456789e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
+    b = ScheduleProblem([Op("TC", 1.23456791e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
+    c = ScheduleProblem([Op("TC", 1.23466789e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
+    assert cache.key(a, "cpsat", 10.0) == cache.key(b, "cpsat", 10.0) != cache.key(c, "cpsat", 10.0)
+    assert cache.key(a, "cpsat", 10.0) != cache.key(a, "milp", 10.0)
+
+
+# --- the Gantt chart ---------------------------------------------------------------------------------
+
+
+def test_gantt_chart_is_written_whole(tmp_path) -> None:
+    problem = mixed_problem()
+    result = solve(problem)
+    path = plot_gantt(problem, result, tmp_path / "gantt.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["gantt.png"]
