@@ -38,7 +38,10 @@ from solver.schedule.result import BackendOutcome
 TICKS_PER_HORIZON = 100_000
 #: Share of the time limit for the exclusive bound's model.
 BOUND_SHARE = 0.25
-#: With one worker, CP-SAT runs this many subsolvers (search strategies, LNS) in turn on one thread.
+#: With one worker, CP-SAT first runs its default search alone for this long (in its deterministic
+#: time, which does not depend on the machine's load), then this many subsolvers (search strategies,
+#: neighbourhood searches) in turn on the one thread.
+QUICK_SEARCH = 0.1
 SUBSOLVERS = 8
 
 
@@ -73,6 +76,13 @@ class _Model:
         for i, var in self.parallel.items():
             m.add_hint(var, hint.parallel[i])
 
+    def solution(self, solver: cp_model.CpSolver, resolution: float) -> Schedule:
+        """The solver's schedule, in seconds."""
+        return Schedule(
+            tuple(solver.value(var) * resolution for var in self.start),
+            tuple(i in self.parallel and bool(solver.value(self.parallel[i])) for i in range(len(self.start))),
+        )
+
     def _interval(self, i: int, mode: bool, present=None, name: str = ""):
         """Operator i's interval in `mode`, optional on `present` (by default: on running in `mode`,
         if it has two modes)."""
@@ -89,10 +99,10 @@ class _Model:
     def _add_capacity(self) -> None:
         for kind, count in enumerate((self.problem.num_tc, self.problem.num_vc)):
             runs = [
-                (interval, self.problem.demand(i, mode)[kind])
+                (interval, self.problem.demands[i][mode][kind])
                 for i, by_mode in enumerate(self.intervals)
                 for mode, interval in by_mode.items()
-                if self.problem.demand(i, mode)[kind]
+                if self.problem.demands[i][mode][kind]
             ]
             if runs:
                 self.model.add_cumulative([r[0] for r in runs], [r[1] for r in runs], count)
@@ -114,11 +124,14 @@ class _Model:
             m.add_no_overlap(runs + parallel_runs)
 
 
-def _solver(time_limit: float, relative_gap: float, workers: int) -> cp_model.CpSolver:
+def _solver(time_limit: float, relative_gap: float, workers: int, portfolio: bool) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
     solver.parameters.relative_gap_limit = relative_gap
-    if workers == 1:  # CP-SAT's portfolio of subsolvers, taking turns on one thread
+    if not portfolio:
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = QUICK_SEARCH
+    elif workers == 1:  # the portfolio's subsolvers take turns on one thread
         solver.parameters.interleave_search = True
         solver.parameters.interleave_batch_size = 1
         solver.parameters.num_workers = SUBSOLVERS
@@ -135,7 +148,8 @@ def solve_cpsat(
     workers: int = 1,
 ) -> BackendOutcome:
     """Minimise the makespan with CP-SAT, starting from `incumbent` (a feasible schedule): first the
-    exclusive bound, then, unless that already closes the gap, the schedule itself."""
+    exclusive bound; unless that closes the gap, the full model, searched alone for a moment (which
+    settles most layers), then by CP-SAT's portfolio of strategies and neighbourhood searches."""
     deadline = time.monotonic() + time_limit
     resolution = incumbent.makespan(problem) / TICKS_PER_HORIZON
     bound, modes = exclusive_bound(problem, resolution, BOUND_SHARE * time_limit, workers)
@@ -148,15 +162,16 @@ def solve_cpsat(
     ticks = [(math.ceil(op.latency / resolution), math.ceil(op.parallel_latency / resolution)) for op in problem.ops]
     built = _Model(problem, ticks, retime(problem, incumbent, ticks))
     built.model.add(built.makespan >= math.floor(bound / resolution))
-    solver = _solver(deadline - time.monotonic(), relative_gap, workers)
-    status = solver.solve(built.model)
-    if status in (cp_model.MODEL_INVALID, cp_model.INFEASIBLE):
-        raise RuntimeError(f"CP-SAT returned {solver.status_name(status)} for a model with a feasible hint")
-    bound = max(bound, (solver.best_objective_bound - len(problem.ops)) * resolution)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return BackendOutcome(incumbent, bound, False)
-    schedule = Schedule(
-        tuple(solver.value(s) * resolution for s in built.start),
-        tuple(bool(solver.value(built.parallel[i])) if i in built.parallel else False for i in range(len(problem.ops))),
-    )
-    return BackendOutcome(schedule, bound, status == cp_model.OPTIMAL and relative_gap == 0.0)
+    found = []
+    for portfolio in (False, True) if workers == 1 else (True,):  # both from the heuristic's hint
+        solver = _solver(deadline - time.monotonic(), relative_gap, workers, portfolio)
+        status = solver.solve(built.model)
+        if status in (cp_model.MODEL_INVALID, cp_model.INFEASIBLE):
+            raise RuntimeError(f"CP-SAT returned {solver.status_name(status)} for a model with a feasible hint")
+        bound = max(bound, (solver.best_objective_bound - len(problem.ops)) * resolution)
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            found.append((solver.objective_value, built.solution(solver, resolution)))
+        if status == cp_model.OPTIMAL or time.monotonic() >= deadline:
+            break
+    best = min(found, key=lambda entry: entry[0])[1] if found else incumbent
+    return BackendOutcome(best, bound, status == cp_model.OPTIMAL and relative_gap == 0.0)

@@ -209,10 +209,6 @@ class ScheduleProblem:
                 table.append(((int(op.uses_tc), int(op.uses_vc)), (self.num_tc, self.num_vc)))
         return tuple(table)
 
-    def demand(self, i: int, parallel: bool) -> tuple[int, int]:
-        """(TCs, VCs) that operator i keeps from others in the given mode."""
-        return self.demands[i][parallel]
-
     def busy(self, i: int, parallel: bool) -> tuple[int, int]:
         """(TCs, VCs) that operator i keeps working, for utilisation."""
         op = self.ops[i]

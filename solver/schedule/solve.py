@@ -16,6 +16,8 @@ from solver.schedule.validate import validate
 BACKENDS = ("cpsat", "milp", "heuristic")
 #: A makespan within this fraction of the lower bound is proven optimal (float rounding).
 PROOF_TOLERANCE = 1e-9
+#: An exact backend gets at least this long [s], even when the heuristic used up the time limit.
+MINIMUM_SOLVER_TIME = 0.05
 
 
 def _check_options(backend: str, time_limit: float, milp_solver: str, relative_gap: float, workers: int) -> None:
@@ -52,10 +54,11 @@ def solve(
     bound = lower_bound(problem)
     proven = best.makespan(problem) <= bound * (1 + PROOF_TOLERANCE)
     if backend != "heuristic" and not proven:
+        remaining = max(time_limit - (time.perf_counter() - began), MINIMUM_SOLVER_TIME)
         if backend == "cpsat":
-            outcome = solve_cpsat(problem, best, time_limit, relative_gap, workers)
+            outcome = solve_cpsat(problem, best, remaining, relative_gap, workers)
         else:
-            outcome = solve_milp(problem, best, time_limit, milp_solver, relative_gap, workers)
+            outcome = solve_milp(problem, best, remaining, milp_solver, relative_gap, workers)
         bound = max(bound, outcome.lower_bound)
         if outcome.schedule is not None:
             found = retime(problem, outcome.schedule)
