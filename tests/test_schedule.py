@@ -75,7 +75,8 @@ def test_bad_solve_options_name_the_field() -> None:
 
 def test_without_nops_keeps_precedence_through_chains_of_nops() -> None:
     # 0 -> nop1 -> nop2 -> 3, 0 -> nop1 -> 4, 3 -> nop5 (dead end), 4 -> 6
-    ops = [Op("TC", 1, 1), Op("Nop", 0, 0), Op("Nop", 0, 0), Op("VC", 1, 1), Op("VC", 1, 1), Op("Nop", 0, 0), Op("TC", 1, 1)]
+    nop = Op("Nop", 0, 0)
+    ops = [Op("TC", 1, 1), nop, nop, Op("VC", 1, 1), Op("VC", 1, 1), nop, Op("TC", 1, 1)]
     edges = [(0, 1), (1, 2), (2, 3), (1, 4), (3, 5), (4, 6)]
     problem = ScheduleProblem.without_nops(ops, edges, 1, 1)
     assert [op.core for op in problem.ops] == ["TC", "VC", "VC", "TC"]
@@ -188,7 +189,8 @@ def test_heuristic_is_feasible_and_above_the_bound() -> None:
 
 
 def mixed_problem() -> ScheduleProblem:
-    ops = [Op("TC", 2.0, 1.0), Op("TC", 2.0, 1.0), Op("VC", 1.0, 0.5), Op("TCandVC", 1.0, 0.5), Op("collective", 3.0, 3.0)]
+    ops = [Op("TC", 2.0, 1.0), Op("TC", 2.0, 1.0), Op("VC", 1.0, 0.5), Op("TCandVC", 1.0, 0.5)]
+    ops.append(Op("collective", 3.0, 3.0))
     return ScheduleProblem(ops, [(0, 2)], num_tc=2, num_vc=1)
 
 

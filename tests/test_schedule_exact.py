@@ -96,11 +96,14 @@ def brute_force_makespan(problem: ScheduleProblem) -> float:
             for parallel in (False, True) if _uses_cores(ops[k]) else (False,):
                 duration = ops[k].parallel_latency if parallel else ops[k].latency
                 times = sorted({ready, *(q[1] for q in placed if q[1] > ready)})
-                start = next(t for t in times if _fits(placed, t, t + duration, ops[k], parallel, problem.num_tc, problem.num_vc))
+                start = next(
+                    t for t in times if _fits(placed, t, t + duration, ops[k], parallel, problem.num_tc, problem.num_vc)
+                )
                 entry = (start, start + duration, int(not parallel and ops[k].core in ("TC", "TCandVC")),
                          int(not parallel and ops[k].core in ("VC", "TCandVC")), parallel)
                 holds = _uses_cores(ops[k]) and duration > 0
-                search(placed + [entry] if holds else placed, {**end, k: start + duration}, max(makespan, start + duration))
+                finish = start + duration
+                search(placed + [entry] if holds else placed, {**end, k: finish}, max(makespan, finish))
 
     search([], {}, 0.0)
     return best[0]

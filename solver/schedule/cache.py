@@ -47,7 +47,9 @@ class ScheduleCache:
         }
         return hashlib.sha256(json.dumps(content).encode()).hexdigest()
 
-    def solve(self, problem: ScheduleProblem, backend: str = "cpsat", time_limit: float = 10.0, **options) -> ScheduleResult:
+    def solve(
+        self, problem: ScheduleProblem, backend: str = "cpsat", time_limit: float = 10.0, **options
+    ) -> ScheduleResult:
         """`solve.solve` on the rounded problem, unless the same key was solved before."""
         rounded = problem.rounded(self.digits)
         key = self.key(rounded, backend, time_limit, **options)

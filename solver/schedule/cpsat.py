@@ -14,6 +14,10 @@ demands nothing. Redundant constraints make the proofs fast:
   already closes the gap to the heuristic (or to the list schedule in the bound's modes), the full
   model is not built.
 
+The full model is searched from the heuristic's schedule (a hint) twice at most: by CP-SAT's default
+search alone for a short deterministic time (enough for most layers), then by its portfolio of
+strategies and neighbourhood searches, taking turns on one thread, until the time limit.
+
 CP-SAT needs integers: time is counted in ticks of `resolution` = (heuristic makespan) /
 TICKS_PER_HORIZON seconds and every duration is rounded up to whole ticks, so a schedule of the
 ticked problem is feasible on the real latencies. Rounding up adds less than one tick per operator:

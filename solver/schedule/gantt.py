@@ -65,7 +65,8 @@ def plot_gantt(problem: ScheduleProblem, result: ScheduleResult, path: str | Pat
     axes.set_xlim(0, max(result.makespan * scale, 1e-12))
     axes.set_xlabel(f"time [{unit}]")
     axes.set_title(title or f"makespan {result.makespan * scale:.4g} {unit} ({result.backend}, {result.status})")
-    handles = [Patch(facecolor=c, label=k) for k, c in COLOURS.items()] + [Patch(facecolor="white", hatch="//", label="parallel")]
+    handles = [Patch(facecolor=c, label=k) for k, c in COLOURS.items()]
+    handles.append(Patch(facecolor="white", hatch="//", label="parallel"))
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     figure.tight_layout()
     temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")

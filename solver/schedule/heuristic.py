@@ -64,9 +64,9 @@ def improve_modes(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
 
 
 def heuristic_schedule(problem: ScheduleProblem) -> Schedule:
-    """The best of a few list schedules (longest-tail-first or input order; modes chosen per operator
-    by earliest end, all one-core, or all parallel where that is faster), each hill-climbed on modes
-    from the best rule and from all one-core."""
+    """List schedules by a few rules (longest tail first or input order; modes chosen per operator
+    by earliest end, all one-core, or all parallel where that is faster), then a hill-climb on the
+    modes from the best of them and from all one-core; the best schedule found."""
     tail = _tail_lengths(problem)
     priorities = ([-t for t in tail], [float(p) for p in range(len(problem.ops))])
     mode_rules = (None, [False] * len(problem.ops), [len(op.modes) == 2 for op in problem.ops])

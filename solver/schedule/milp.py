@@ -70,8 +70,12 @@ class _Model:
         self.makespan = lp.add_variable("T", 0, _BIG_M)
         self.t = [lp.add_variable(f"t{i}", 0, _BIG_M) for i in range(n)]
         self.y = {i: lp.add_variable(f"y{i}", cat="Binary") for i, op in enumerate(ops) if len(op.modes) == 2}
-        self.x = {
-            (i, j): 1 if j in problem.descendants[i] else 0 if i in problem.descendants[j] else lp.add_variable(f"x{i}_{j}", cat="Binary")
+        self.x = {  # 1 = i ends before j starts; fixed where a path orders them (7, 8)
+            (i, j): (
+                1 if j in problem.descendants[i]
+                else 0 if i in problem.descendants[j]
+                else lp.add_variable(f"x{i}_{j}", cat="Binary")
+            )
             for i, j in permutations(range(n), 2)
         }
         self.z: dict[tuple[str, int, int], pulp.LpVariable] = {}

@@ -7,8 +7,6 @@ from dataclasses import asdict, dataclass
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
 
-STATUSES = ("optimal", "feasible")
-
 
 @dataclass(frozen=True)
 class BackendOutcome:
@@ -34,9 +32,9 @@ class ScheduleResult:
     """A validated schedule with its makespan [s], energy [J], utilisation and optimality gap.
 
     `status` is "optimal" when the backend or the lower bound proved it (the CP-SAT backend proves
-    it on latencies rounded up to its time resolution, `gap` says how far that is), "feasible" when
-    the backend stopped at its time limit or is the heuristic. `gap` = (makespan - lower_bound) /
-    makespan.
+    it on latencies rounded up to its time resolution, `gap` says how far that is), "feasible"
+    otherwise: stopped at the time limit or within `relative_gap`, or the heuristic's schedule.
+    `gap` = (makespan - lower_bound) / makespan.
     """
 
     makespan: float
