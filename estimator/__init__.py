@@ -9,7 +9,8 @@ from estimator.space import CandidateSpace, candidate_space
 from estimator.table import Estimate, EstimateTable, allreduce_seconds
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost, tc_gemm_cycles
 from estimator.work import Gemm, VectorTerm, Work, core_type, op_work
-from estimator.workload import FusedEstimate, FusedLayer, default_table, layer_workload, prepopulate
+from estimator.workload import (FusedEstimate, FusedLayer, PreparedLayer, default_table, estimate, layer_workload,
+                                prepare_layer, prepopulate)
 
 __all__ = [
     "AcceleratorConfig",
@@ -25,6 +26,7 @@ __all__ = [
     "Gemm",
     "GemmCost",
     "MemorySystem",
+    "PreparedLayer",
     "VectorTerm",
     "Work",
     "accelerator_names",
@@ -34,11 +36,13 @@ __all__ = [
     "core_type",
     "default_cache_dir",
     "default_table",
+    "estimate",
     "fuse_layers",
     "gemm_cost",
     "layer_workload",
     "named_accelerator",
     "op_work",
+    "prepare_layer",
     "prepopulate",
     "tc_gemm_cycles",
 ]

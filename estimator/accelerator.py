@@ -54,7 +54,7 @@ class CoreConfig:
 
     def single(self) -> CoreConfig:
         """The same core, alone on the chip: what an operator on one core sees."""
-        return replace(self, num=1)
+        return CoreConfig(1, self.width, self.depth, self.glb_bytes)
 
 
 @dataclass(frozen=True)

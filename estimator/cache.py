@@ -28,8 +28,9 @@ METADATA_KEY = b"phaze_estimates"
 
 
 def default_cache_dir() -> Path:
-    """$PHAZE_CACHE_DIR, else ~/.cache/phaze: where estimates persist between runs."""
-    return Path(os.environ.get("PHAZE_CACHE_DIR", Path.home() / ".cache" / "phaze"))
+    """Where estimates persist between runs: `estimates/` under $PHAZE_CACHE_DIR, else under
+    outputs/cache (the `cache_dir` default of the phaze configuration)."""
+    return Path(os.environ.get("PHAZE_CACHE_DIR", "outputs/cache")) / "estimates"
 
 
 def cache_key(memory: MemorySystem, cores: Sequence[CoreConfig]) -> str:

@@ -88,6 +88,11 @@ class EstimateTable:
             raise ValueError("accelerator: its clock, bandwidths or energies differ from the estimate table's; "
                              "build a table for this technology")
 
+    @property
+    def gemm_shapes(self) -> tuple[Shape, ...]:
+        """The GEMM shapes (n, c, k) held in memory."""
+        return tuple(self._gemms)
+
     def gemm(self, shape: Shape) -> GemmCost:
         """Cost of the GEMM shape (n, c, k) on every tensor-core configuration of the table."""
         if shape not in self._gemms:

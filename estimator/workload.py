@@ -112,8 +112,8 @@ class PreparedLayer:
 
     def on(self, accelerator: AcceleratorConfig) -> FusedLayer:
         """The layer priced for one accelerator."""
-        ops = tuple(FusedEstimate(op.members, op.core_type, *map(float, values))
-                    for op, *values in zip(self.ops, *self.prices(accelerator)))
+        columns = (array.tolist() for array in self.prices(accelerator))
+        ops = tuple(FusedEstimate(op.members, op.core_type, *values) for op, *values in zip(self.ops, *columns))
         return FusedLayer(self.layer, self.direction, ops, self.edges)
 
 
@@ -195,3 +195,13 @@ def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = N
                     shapes.extend((g.n, g.c, g.k) for g in fused_work(graph, op, direction).gemms)
     table.fill(shapes, progress=progress)
     return table
+
+
+def estimate(model: object, accelerator: AcceleratorConfig | None = None,
+             table: EstimateTable | None = None) -> dict[tuple[int, str], FusedLayer]:
+    """Every layer of an OpGraph (or representative layer of an extracted model), both directions,
+    priced for `accelerator` (default: the TPUv4-like chip): {(layer, direction): FusedLayer}."""
+    accelerator = accelerator or named_accelerator(DEFAULT_BUDGET)
+    graph, layers = _graph_and_layers(model)
+    return {(layer, direction): layer_workload(graph, layer, direction, accelerator, table)
+            for layer in layers for direction in DIRECTIONS}

@@ -72,6 +72,7 @@ def test_tpuv4_like_preset():
     assert (chip.num_tc, chip.num_vc, chip.tc_width, chip.tc_depth, chip.vc_width, chip.glb_bytes) == (
         8, 2, 128, 128, 128, 128 * MIB)
     assert chip.clock_hz == 1.05e9 and chip.bytes_per_element == 2
+    assert chip == AcceleratorConfig(8, 2, 128, 128, 128, 128 * MIB)  # the preset states the defaults
     assert chip.area == pytest.approx(278_826_676.31216, rel=1e-12)
 
 
