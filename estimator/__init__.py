@@ -6,7 +6,7 @@ from estimator.area import area_um2
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
 from estimator.space import CandidateSpace, candidate_space
-from estimator.table import Estimate, EstimateTable, allreduce_seconds
+from estimator.table import EstimateTable, allreduce_seconds
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost, tc_gemm_cycles
 from estimator.work import Gemm, VectorTerm, Work, core_type, op_work
 from estimator.workload import (FusedEstimate, FusedLayer, PreparedLayer, default_table, estimate, layer_workload,
@@ -17,7 +17,6 @@ __all__ = [
     "CandidateSpace",
     "CoreConfig",
     "EnergyCosts",
-    "Estimate",
     "EstimateTable",
     "FusedEstimate",
     "FusedGraph",

@@ -25,14 +25,17 @@ def _is_power_of_two(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
 
 
-def _check_positive(owner: object, prefix: str, may_be_zero: tuple[str, ...] = ()) -> None:
+def _check_numbers(owner: object, prefix: str, may_be_zero: tuple[str, ...] = ()) -> None:
+    """Every numeric field of `owner` is a number > 0 (or >= 0 when named in `may_be_zero`)."""
     for item in fields(owner):
         value = getattr(owner, item.name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if item.name in may_be_zero and value == 0:
-                continue
-            if not value > 0:
-                raise ValueError(f"{prefix}.{item.name}: must be positive, got {value!r}")
+        if item.name == "energy":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{prefix}.{item.name}: must be a number, got {value!r}")
+        if not (value > 0 or (item.name in may_be_zero and value == 0)):
+            bound = "zero or positive" if item.name in may_be_zero else "positive"
+            raise ValueError(f"{prefix}.{item.name}: must be {bound}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class EnergyCosts:
     dram: float = 100e-12
 
     def __post_init__(self) -> None:
-        _check_positive(self, "accelerator.energy")
+        _check_numbers(self, "accelerator.energy")
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,9 @@ class AcceleratorConfig:
                 raise ValueError(f"accelerator.{name}: must be a positive power of two (1, 2, 4, ...), got {value!r}")
         if not isinstance(self.bytes_per_element, int) or isinstance(self.bytes_per_element, bool):
             raise ValueError(f"accelerator.bytes_per_element: must be a positive integer, got {self.bytes_per_element!r}")
-        _check_positive(self, "accelerator", may_be_zero=("link_latency",))
+        if not isinstance(self.energy, EnergyCosts):
+            raise ValueError(f"accelerator.energy: must be EnergyCosts, got {self.energy!r}")
+        _check_numbers(self, "accelerator", may_be_zero=("link_latency",))
 
     @property
     def tc_core(self) -> CoreConfig:
@@ -150,7 +155,7 @@ class AcceleratorConfig:
         if unknown:
             raise ValueError(f"accelerator: unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
         energy = values.pop("energy", {})
-        if not isinstance(energy, EnergyCosts):
+        if isinstance(energy, Mapping):
             energy_fields = [item.name for item in fields(EnergyCosts)]
             unknown = sorted(set(energy) - set(energy_fields))
             if unknown:

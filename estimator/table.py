@@ -9,7 +9,6 @@ forms evaluated on demand.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from rich.progress import track
 from estimator.accelerator import AcceleratorConfig, CoreConfig, EnergyCosts
 from estimator.cache import GemmCache, cache_key
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost
-from estimator.work import Gemm, VectorTerm, Work
+from estimator.work import Gemm, VectorTerm
 
 Shape = tuple[int, int, int]
 
@@ -50,14 +49,6 @@ def gemm_energy(cost: GemmCost, energy: EnergyCosts) -> np.ndarray:
     """Energy of a GEMM: its MACs (with a register access each) and the words crossing each boundary."""
     return (cost.macs * (energy.mac + energy.register) + cost.core_buffer_words * energy.core_buffer
             + cost.glb_words * energy.global_buffer + cost.dram_words * energy.dram)
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Latency [s] and energy [J] of some work on one core configuration."""
-
-    latency: float
-    energy: float
 
 
 class EstimateTable:
@@ -147,12 +138,3 @@ class EstimateTable:
         energy = self.template.energy
         moved = sum(2 * term.repeat * term.elements for term in terms)
         return float(vector_cycles(terms, lanes)), sum(t.operations for t in terms) * energy.mac + moved * energy.core_buffer
-
-    def estimate(self, work: Work, tc_core: CoreConfig, lanes: int) -> Estimate:
-        """Work on the tensor cores `tc_core` and `lanes` vector lanes: GEMMs and vector work
-        overlap (a fused epilogue streams the GEMM's output tiles); an all-reduce costs the link."""
-        tc_cycles, tc_energy = self.tensor_core(work.gemms, tc_core)
-        vc_cycles, vc_energy = self.vector_core(work.vector, lanes)
-        seconds = max(tc_cycles, vc_cycles) / self.template.clock_hz
-        seconds += allreduce_seconds(work.allreduce_bytes, work.group_size, self.template)
-        return Estimate(seconds, tc_energy + vc_energy)

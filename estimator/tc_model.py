@@ -11,13 +11,14 @@ the traffic of each boundary divided by its bandwidth:
     cycles = max(MACs_padded / active PEs, traffic_reg<-core / (64 w/c · active cores),
                  traffic_core<-GLB / (256 w/c · active cores), traffic_GLB<-DRAM / HBM words/cycle)
 
-The search is exact over power-of-two tiles for the two inner boundaries: the per-core tile E is
-any tile of (register tile ≤ 32 words) x (PE-array unroll ≤ width·depth) x (temporal growth along
-one dimension, the innermost loop) whose three operand tiles each fit the core buffer. Only E
-decides the register<-core traffic, which is why it is the search variable. Cores split E's
-multiples with the fewest padded MACs among chip tiles that fit the GLB. The DRAM boundary takes
-the best GLB tile on its own (nesting with the inner tiles relaxed; a lower bound that only
-matters when the GLB barely holds the chip tile). Dimensions that tiles do not divide are padded.
+Tiles are powers of two; dimensions they do not divide are padded. The search is exhaustive for
+compute and the register<-core boundary: the per-core tile E is any tile of (register tile ≤ 32
+words) x (PE-array unroll ≤ width·depth) x (temporal growth along one dimension, the innermost
+loop) whose three operand tiles each fit the core buffer; E alone decides that boundary's traffic.
+Using 2^q cores, the chip tile is the multiple of E (2^q of them) with the fewest padded MACs that
+fits the GLB; it sets the core<-GLB traffic, which with per-core bandwidths of at least the
+register<-core ones never binds. The DRAM boundary takes the best GLB tile on its own (nesting with
+the inner tiles relaxed: a lower bound, tight unless the GLB barely holds the chip tile).
 
 Because the admissible tiles only grow with the array, the number of cores and the buffers,
 latency never increases when any of them grows.

@@ -19,7 +19,7 @@ from graph_extract.opgraph import OpGraph
 from estimator.accelerator import AcceleratorConfig, CoreConfig, named_accelerator
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
-from estimator.space import DEFAULT_BUDGET, CandidateSpace, candidate_space
+from estimator.space import DEFAULT_BUDGET, candidate_space
 from estimator.table import EstimateTable, allreduce_seconds, technology
 from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
 
@@ -61,7 +61,11 @@ def fused_work(graph: OpGraph, op: FusedOp, direction: str) -> Work:
 
 class PreparedLayer:
     """A fused layer in one direction, with its costs laid out per operator and per tensor-core
-    configuration of the table: pricing it for an accelerator is column indexing."""
+    configuration of the table: pricing it for an accelerator is column indexing.
+
+    An operator's latency is max(tensor-core cycles, vector-core cycles) / clock (a fused epilogue
+    streams the GEMM's output tiles, so the two overlap) plus its all-reduce time on the links.
+    """
 
     def __init__(self, graph: OpGraph, fused: FusedGraph, direction: str, table: EstimateTable) -> None:
         if direction not in DIRECTIONS:
@@ -117,11 +121,6 @@ class PreparedLayer:
         return FusedLayer(self.layer, self.direction, ops, self.edges)
 
 
-def table_cores(space: CandidateSpace) -> tuple[CoreConfig, ...]:
-    """The tensor-core configurations of the candidates, then their single-core versions."""
-    return tuple(dict.fromkeys(space.tc_cores + tuple(core.single() for core in space.tc_cores)))
-
-
 def budget_template(accelerator: AcceleratorConfig) -> AcceleratorConfig:
     """The area-budget accelerator (TPUv4-like) built in `accelerator`'s technology."""
     budget = named_accelerator(DEFAULT_BUDGET)
@@ -130,30 +129,32 @@ def budget_template(accelerator: AcceleratorConfig) -> AcceleratorConfig:
 
 
 _tables: dict[tuple, EstimateTable] = {}
-_prepared: dict[tuple[int, int, int, str], tuple[weakref.ref, weakref.ref, PreparedLayer]] = {}
+# (table, graph id, layer, direction) -> (the graph, weakly, so a recycled id is noticed; the layer)
+_prepared: dict[tuple[EstimateTable, int, int, str], tuple[weakref.ref, PreparedLayer]] = {}
 
 
 def default_table(accelerator: AcceleratorConfig, cache_dir: Path | str | None = None) -> EstimateTable:
-    """The process-wide table for `accelerator`'s technology over the default candidate space."""
-    key = technology(accelerator)
+    """The process-wide table for `accelerator`'s technology and `cache_dir` (default
+    `default_cache_dir()`) over the tensor cores of the default candidate space."""
+    directory = Path(default_cache_dir() if cache_dir is None else cache_dir)
+    key = (technology(accelerator), directory)
     if key not in _tables:
-        _tables[key] = EstimateTable(accelerator, table_cores(candidate_space(budget_template(accelerator))),
-                                     default_cache_dir() if cache_dir is None else cache_dir)
+        _tables[key] = EstimateTable(accelerator, candidate_space(budget_template(accelerator)).tc_cores, directory)
     return _tables[key]
 
 
 def prepare_layer(graph: OpGraph, layer: int, direction: str, table: EstimateTable) -> PreparedLayer:
     """The prepared layer, fused and derived once per (graph, layer, direction, table)."""
-    key = (id(table), id(graph), layer, direction)
+    key = (table, id(graph), layer, direction)
     if key in _prepared:
-        table_ref, graph_ref, prepared = _prepared[key]
-        if table_ref() is table and graph_ref() is graph:
+        graph_ref, prepared = _prepared[key]
+        if graph_ref() is graph:
             return prepared
     if layer not in graph.layers:
         raise ValueError(f"layer: {layer!r} is not a layer of the graph; layers: {graph.layers}")
     (fused,) = fuse_layers(graph, (layer,))
     prepared = PreparedLayer(graph, fused, direction, table)
-    _prepared[key] = (weakref.ref(table), weakref.ref(graph), prepared)
+    _prepared[key] = (weakref.ref(graph), prepared)
     return prepared
 
 
@@ -177,14 +178,14 @@ def _graph_and_layers(model: object) -> tuple[OpGraph, tuple[int, ...]]:
 def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = None,
                 cache_dir: Path | str | None = None, progress: bool = True) -> EstimateTable:
     """Fill the estimate table with every GEMM of the models' layers, both directions, on every
-    tensor-core configuration of the candidate space (and its single-core versions).
+    tensor-core configuration of the candidate space (which holds every single-core version too).
 
     `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
     budget accelerator and technology (default TPUv4-like); `cache_dir`: where estimates persist
     (default `default_cache_dir()`); what is cached is loaded, the rest computed with a progress bar.
     """
     template = template or named_accelerator(DEFAULT_BUDGET)
-    table = EstimateTable(template, table_cores(candidate_space(template)),
+    table = EstimateTable(template, candidate_space(template).tc_cores,
                           default_cache_dir() if cache_dir is None else cache_dir)
     shapes = []
     for model in models:

@@ -93,6 +93,11 @@ def test_non_power_of_two_dimension_is_an_error(field, value):
         named_accelerator("tpuv4_like", **{field: value})
 
 
+def test_non_numeric_technology_value_is_an_error():
+    with pytest.raises(ValueError, match="accelerator.clock_hz: must be a number, got 'fast'"):
+        named_accelerator("tpuv4_like", clock_hz="fast")
+
+
 def test_non_positive_technology_value_is_an_error():
     with pytest.raises(ValueError, match="accelerator.hbm_bandwidth: must be positive"):
         named_accelerator("tpuv4_like", hbm_bandwidth=0)
