@@ -31,10 +31,6 @@ class FusedOp:
     members: tuple[int, ...]
     core_type: str
 
-    @property
-    def head(self) -> int:
-        return self.members[0]
-
 
 @dataclass(frozen=True)
 class FusedGraph:
