@@ -45,7 +45,7 @@ def main() -> None:
 
         began = time.perf_counter()
         again = prepopulate(models, cache_dir=cache, progress=False)
-        rows.append(("TC again (warm cache, new process state)", time.perf_counter() - began,
+        rows.append(("TC again (warm: a new table reads the Parquet cache)", time.perf_counter() - began,
                      f"{again.computed} computed"))
 
         model = models[-1]
@@ -53,7 +53,7 @@ def main() -> None:
         began = time.perf_counter()
         for accelerator in space:
             layer_workload(model.op_graph, block, "backward", accelerator, again)
-        rows.append(("one block (width 8, bwd) priced on all 29,360 candidates", time.perf_counter() - began, ""))
+        rows.append(("layer_workload: one block (w 8, bwd) x 29,360 candidates", time.perf_counter() - began, ""))
 
     total = sum(seconds for title, seconds, _ in rows[:2])
     for title, seconds, note in rows:
