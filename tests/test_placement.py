@@ -146,6 +146,16 @@ def layer(layer_id: int, tensor_parallel: bool = False, size: float = 1.0) -> Pl
     return PlacementLayer(layer_id, size, size, 1.0, 2.0, tensor_parallel)
 
 
+def test_baseline_with_an_empty_stage_counts_it_in_the_bubble():
+    # ex1 with p=3, L=4: ceil(4/3) = 2 layers per stage, so stages [0,1], [2,3] and an empty one.
+    # Memory never binds: max load 9.5 (§13), d=1, m=16: 9.5 × (16 + 3 - 1) = 171.
+    graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
+    settings = replace(settings, memory_per_device=1e9, fixed_baseline=FixedStrategy(3, 1, 1, 4))
+    assert solve(graphs, settings).fixed_baseline_time == 171.0
+    too_long = solve(graphs, replace(settings, fixed_baseline=FixedStrategy(3, 1, 1, 5)))
+    assert too_long.fixed_baseline_time is None and "exceeds" in too_long.fixed_baseline_infeasible_reason
+
+
 def test_no_width_fits_gives_an_infeasible_result():
     graph = PlacementGraph((layer(0, size=100.0), layer(1, size=100.0)), (PlacementEdge(0, 1, 1.0),))
     settings = PlacementSettings(4, 50.0, 1.0, 4, fixed_baseline=FixedStrategy(1, 1, 1, 2))
@@ -174,7 +184,7 @@ def test_cli_reports_malformed_input_in_one_line(tmp_path):
         cwd=Path(__file__).parents[1],
     )
     assert run.returncode == 2 and not (tmp_path / "out.json").exists()
-    assert run.stderr.count("\n") == 1 and 'nodes["1"][2]' in run.stderr and "parameter_bytes" in run.stderr
+    assert run.stderr.count("\n") == 1 and 'nodes["1"][2]: parameterSize' in run.stderr
 
 
 @pytest.mark.parametrize(
@@ -182,14 +192,14 @@ def test_cli_reports_malformed_input_in_one_line(tmp_path):
     [
         (lambda d: d.pop("bandwidth"), "bandwidth"),
         (lambda d: d.update(activationRecomputation=1), "activationRecomputation"),
-        (lambda d: d.update(optimizerAlgorithm="Adagrad"), "optimizer"),
-        (lambda d: d.update(maxDevices=0), "devices"),
-        (lambda d: d.update(mbsInBatch=0.5), "micro_batches_per_batch"),
+        (lambda d: d.update(optimizerAlgorithm="Adagrad"), "optimizerAlgorithm"),
+        (lambda d: d.update(maxDevices=0), "maxDevices"),
+        (lambda d: d.update(mbsInBatch=0.5), "mbsInBatch"),
         (lambda d: d["nodes"]["1"][0].update(isTensorParallelized=True), "tensor_parallel"),
         (lambda d: d["edges"]["1"].append({"sourceId": 3, "destId": 0, "communicationCost": 1}), "cycle"),
         (lambda d: d["edges"]["1"].append({"sourceId": 0, "destId": 9, "communicationCost": 1}), "unknown layer"),
         (lambda d: d["edges"].update({"2": []}), "width keys"),
-        (lambda d: d.update(fixedPP=0), "pipeline_stages"),
+        (lambda d: d.update(fixedPP=0), "fixedPP"),
         (lambda d: d["nodes"].update({"1": []}), "must not be empty"),
     ],
 )

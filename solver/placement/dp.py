@@ -1,14 +1,12 @@
 """The pipeline / data-parallel DP for one tensor-parallel width (spec placement_dp.md §7-§9).
 
 The original keeps dp[D][k][s]: the least largest stage load over splits of state D into s stages,
-each memory-feasible at its place from the end, using at most k devices. A stage uses 1 or t
-devices (t = the width). If all candidate stages use the same number a of devices, s stages need
-s·a devices and dp[D][k][s] = table[D][s][0] when k >= s·a. Otherwise s stages of which x use t
-devices need s + (t-1)·x, and dp[D][k][s] = table[D][s][min(s, (k - s) // (t - 1))] when k >= s,
-where table[D][s][x] is the same minimum over splits with at most x t-device stages. The table
-holds the very same values (only min and max touch them) without the k axis, so its size does not
-grow with the cluster. Ties are broken as in the original: smallest d, then shortest first stage, then fewest
-stages; the back-trace takes the shortest next stage whose value matches within 1e-9.
+each memory-feasible at its place from the end, using at most k devices. Here the k axis is
+replaced by a few columns (see DeviceModel): a stage uses 1 or t devices (t = the width), so what
+k allows is a count of stages of each kind. The table holds the very same values (only min and
+max touch them) and does not grow with the cluster. Ties are broken as in the original: smallest
+d, then shortest first stage, then fewest stages; the back-trace takes the shortest next stage
+whose value matches within 1e-9.
 """
 
 from __future__ import annotations
@@ -51,6 +49,40 @@ class WidthPlacement:
     memory_bytes: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class DeviceModel:
+    """How table columns stand for device budgets.
+
+    Uniform (every candidate stage uses `per_stage` devices): one column; s stages need
+    s·per_stage devices. Mixed (stages use 1 or t = `per_stage` devices): column y holds splits
+    with at least y one-device stages; s stages of which y use one device need s·t − (t−1)·y.
+    """
+
+    per_stage: int
+    columns: int
+
+    @property
+    def mixed(self) -> bool:
+        return self.columns > 1
+
+    def column(self, budget, depth) -> np.ndarray:
+        """Column of dp[·][budget][depth], or -1 if `depth` stages never fit `budget` devices (elementwise)."""
+        budget, depth = np.asarray(budget), np.asarray(depth)
+        if not self.mixed:
+            return np.where(budget >= depth * self.per_stage, 0, -1)
+        need = np.maximum(-((budget - depth * self.per_stage) // (self.per_stage - 1)), 0)
+        return np.where((budget >= depth) & (need < self.columns), need, -1)
+
+
+def device_model(candidates: Candidates, depth_cap: int) -> DeviceModel:
+    """Uniform if all candidate stages use the same devices; else count the possible one-device stages."""
+    devices = candidates.costs.devices
+    if (devices == devices[0]).all():
+        return DeviceModel(int(devices[0]), 1)
+    one_device_layers = int(candidates.space.members[:, devices == 1].any(axis=1).sum())
+    return DeviceModel(candidates.width, min(one_device_layers, depth_cap) + 1)
+
+
 def place(candidates: Candidates, graph: WidthGraph, settings: PlacementSettings) -> WidthPlacement | None:
     """Best placement at this width with the sync charged for the first stage (the original's rule)."""
     feasible = candidates.costs.max_in_flight
@@ -66,7 +98,7 @@ def fill_tables(
     levels: np.ndarray | None = None,
     caps: int = 1,
 ) -> list[np.ndarray]:
-    """table[state][s, x, c] for every state but the full set (spec §7, without the k axis).
+    """table[state][s, column, c] for every state but the full set (spec §7, see DeviceModel).
 
     `feasible[pair]` is the most micro-batches the stage may hold in flight (its deepest place).
     Axis c holds `caps` tables at once: stage `pair` may be used in tables c >= levels[pair]
@@ -74,10 +106,10 @@ def fill_tables(
     """
     space, costs = candidates.space, candidates.costs
     depth_cap = min(settings.devices, int(space.sizes[-1]))
-    extra = devices_per_stage(candidates)[1]
-    columns = depth_cap + 1 if extra else 1
-    tables = [np.full((min(int(size), depth_cap) + 1, columns, caps), INFTY) for size in space.sizes]
-    tables[0][0] = 0.0
+    model = device_model(candidates, depth_cap)
+    tables = [np.full((min(int(size), depth_cap) + 1, model.columns, caps), INFTY) for size in space.sizes]
+    tables[0][0, 0] = 0.0
+    one_more = np.r_[0, np.arange(model.columns - 1)]  # a one-device stage: column y reads y - 1
     rest, devices = space.rest.tolist(), costs.devices.tolist()
     last, inner, feasible = costs.load_last.tolist(), costs.load_inner.tolist(), feasible.tolist()
     levels = [0] * len(rest) if levels is None else levels.tolist()
@@ -88,9 +120,11 @@ def fill_tables(
             depth = min(feasible[pair], table.shape[0] - 1, before.shape[0])
             if depth < 1 or level >= caps:
                 continue
-            shift = 1 if extra and devices[pair] > 1 else 0
-            target = table[1 : depth + 1, shift:, level:]
-            source = before[:depth, : columns - shift, level:]
+            target = table[1 : depth + 1, :, level:]
+            if model.mixed and devices[pair] == 1:
+                source = before[:depth, one_more, level:]
+            else:
+                source = before[:depth, :, level:]
             if inner[pair] == last[pair]:
                 np.minimum(target, np.maximum(source, last[pair]), out=target)
             else:  # the last stage skips recomputation
@@ -106,13 +140,10 @@ def final_round(
     feasible: np.ndarray,
 ) -> Choice | None:
     """Pick d, the first stage and the depth (spec §8), vectorised over d and depth."""
-    devices, batch = settings.devices, settings.micro_batches_per_batch
-    degrees = np.arange(1, min(devices, batch) + 1)
-    per_pipeline = devices // degrees
-    micro_batches = (batch + degrees - 1) // degrees
+    degrees, per_pipeline, micro_batches = data_parallel_options(settings)
     space, costs = candidates.space, candidates.costs
-    unit, extra = devices_per_stage(candidates)
-    depth_cap = min(devices, int(space.sizes[-1]))
+    depth_cap = min(settings.devices, int(space.sizes[-1]))
+    model = device_model(candidates, depth_cap)
     best = None
     for pair in space.pairs(len(tables) - 1):
         before = tables[int(space.rest[pair])]
@@ -120,16 +151,15 @@ def final_round(
         if depth < 1:
             continue
         earlier = np.arange(depth)  # stages after the first one: s - 1
-        spare = (per_pipeline - int(costs.devices[pair]))[:, None] - unit * earlier[None, :]
-        column = np.clip(spare // extra, 0, before.shape[1] - 1) if extra else np.zeros_like(spare)
-        previous = np.where(spare >= 0, before[earlier[None, :], column], INFTY)
+        column = model.column((per_pipeline - int(costs.devices[pair]))[:, None], earlier[None, :])
+        previous = np.where(column >= 0, before[earlier[None, :], np.maximum(column, 0)], INFTY)
         load = np.where(earlier == 0, costs.load_last[pair], costs.load_inner[pair])
         time = np.maximum(previous, load) * (micro_batches[:, None] + earlier).astype(float)
         time += sync_time(degrees, costs.parameter_bytes[pair], settings.bandwidth)[:, None]
         time[previous > INFTY / 2] = np.inf
         flat = int(np.argmin(time))
         value = float(time.flat[flat])
-        degree = flat // depth + 1
+        degree = int(degrees[flat // depth])
         if value < INFTY and (
             best is None or value < best.time or (value == best.time and degree < best.data_parallel_degree)
         ):
@@ -142,18 +172,18 @@ def backtrace(
 ) -> list[int]:
     """The candidate stage (pair) of each stage, first to last: the shortest next stage matching (§9)."""
     space, costs = candidates.space, candidates.costs
-    unit, extra = devices_per_stage(candidates)
+    model = device_model(candidates, min(settings.devices, int(space.sizes[-1])))
     stages = [choice.pair]
     state, depth = int(space.rest[choice.pair]), choice.depth - 1
     budget = settings.devices // choice.data_parallel_degree - int(costs.devices[choice.pair])
     while state != 0:
-        target = _lookup(tables[state], budget, depth, unit, extra)
+        target = _lookup(tables[state], budget, depth, model)
         for pair in space.pairs(state):
             devices, rest = int(costs.devices[pair]), int(space.rest[pair])
             if budget < devices or depth > feasible[pair]:
                 continue
             load = float(costs.load_inner[pair] if depth > 1 else costs.load_last[pair])
-            value = max(_lookup(tables[rest], budget - devices, depth - 1, unit, extra), load)
+            value = max(_lookup(tables[rest], budget - devices, depth - 1, model), load)
             if abs(target - value) < MATCH_TOLERANCE:
                 stages.append(pair)
                 state, depth, budget = rest, depth - 1, budget - devices
@@ -163,19 +193,25 @@ def backtrace(
     return stages
 
 
-def devices_per_stage(candidates: Candidates) -> tuple[int, int]:
-    """(unit, extra): s stages of which x use more devices than the others need s·unit + x·extra."""
-    devices = candidates.costs.devices
-    if (devices == devices[0]).all():
-        return int(devices[0]), 0
-    return 1, candidates.width - 1
+def data_parallel_options(settings: PlacementSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Degrees d worth trying, with their devices per replica ⌊K/d⌋ and micro-batches ⌈B/d⌉.
+
+    Of the degrees 1..min(K, B) with the same (⌊K/d⌋, ⌈B/d⌉), only the smallest can win: the
+    pipeline time is the same and the sync time grows with d (ties go to the smaller d anyway).
+    """
+    devices, batch = settings.devices, settings.micro_batches_per_batch
+    degrees = np.arange(1, min(devices, batch) + 1)
+    per_pipeline, micro_batches = devices // degrees, (batch + degrees - 1) // degrees
+    first = np.ones(len(degrees), dtype=bool)
+    first[1:] = (per_pipeline[1:] != per_pipeline[:-1]) | (micro_batches[1:] != micro_batches[:-1])
+    return degrees[first], per_pipeline[first], micro_batches[first]
 
 
-def _lookup(table: np.ndarray, budget: int, depth: int, unit: int, extra: int) -> float:
+def _lookup(table: np.ndarray, budget: int, depth: int, model: DeviceModel) -> float:
     """The original's dp[D][budget][depth] read from table[D] (INFTY when no split fits)."""
-    if depth >= table.shape[0] or budget < depth * unit:
+    column = int(model.column(budget, depth))
+    if depth >= table.shape[0] or column < 0:
         return INFTY
-    column = min(table.shape[1] - 1, (budget - depth * unit) // extra) if extra else 0
     return float(table[depth, column])
 
 

@@ -31,16 +31,16 @@ def score(
 ) -> Score:
     """Time per batch of a 1F1B pipeline of `stages` (positions, first to last), replicated d times.
 
-    time = max stage load × (⌈B/d⌉ + p − 1) + data-parallel sync; raises Infeasible.
+    time = max stage load × (⌈B/d⌉ + p − 1) + data-parallel sync; raises Infeasible. Each stage
+    gets `stage_devices` devices, at least what its layers need.
     """
     devices, batch = settings.devices, settings.micro_batches_per_batch
-    for devices_of_stage in stage_devices:
-        if not 1 <= devices_of_stage <= devices:
-            raise Infeasible(f"wrong number of devices for a stage: {devices_of_stage} (cluster has {devices})")
-    if not 1 <= data_parallel_degree <= min(devices, batch):
+    if max(stage_devices) > devices:
+        raise Infeasible(f"wrong number of devices for a stage: {max(stage_devices)} (cluster has {devices})")
+    if data_parallel_degree > min(devices, batch):
         raise Infeasible(
-            f"wrong data-parallel degree {data_parallel_degree}: must be in [1, {min(devices, batch)}] "
-            "(at most the devices and the micro-batches per batch)"
+            f"wrong data-parallel degree {data_parallel_degree}: at most {min(devices, batch)} "
+            "(the devices and the micro-batches per batch)"
         )
     used = sum(stage_devices) * data_parallel_degree
     if used > devices:
@@ -48,10 +48,8 @@ def score(
     costs = stage_costs(graph, stages, settings)
     depth = len(stages)
     max_load, memory = 0.0, []
-    for index, (cost, devices_of_stage) in enumerate(zip(costs, stage_devices)):
+    for index, cost in enumerate(costs):
         in_flight = depth - index
-        if cost.devices > devices_of_stage:
-            raise Infeasible(f"stage {index} needs {cost.devices} devices, has {devices_of_stage}")
         if in_flight > cost.max_in_flight:
             raise Infeasible(
                 f"memory usage too high: stage {index} needs {cost.memory_bytes(in_flight):.6g} bytes per device "

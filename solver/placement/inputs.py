@@ -58,18 +58,18 @@ class PlacementLayer:
 
 @dataclass(frozen=True)
 class PlacementEdge:
-    """Data flowing from layer `source` to layer `dest`: `transfer_bytes` per micro-batch."""
+    """Data flowing from layer `source` to layer `dest`: `bytes` per micro-batch."""
 
     source: int
     dest: int
-    transfer_bytes: float
+    bytes: float
 
     def __post_init__(self) -> None:
         check_count("PlacementEdge", "source", self.source)
         check_count("PlacementEdge", "dest", self.dest)
         if self.source == self.dest:
             raise ValueError(f"PlacementEdge {self.source}->{self.dest}: source and dest must differ")
-        check_amount("PlacementEdge", "transfer_bytes", self.transfer_bytes)
+        check_amount("PlacementEdge", "bytes", self.bytes)
 
 
 @dataclass(frozen=True)

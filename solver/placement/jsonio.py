@@ -20,6 +20,23 @@ from .result import PlacementResult
 from .solve import solve
 
 _FIXED_FIELDS = ("fixedPP", "fixedTMPC", "fixedDP", "numTransformerLayers")
+#: JSON key of each typed field, to name the key in error messages.
+_JSON_KEYS = {
+    "devices": "maxDevices",
+    "memory_per_device": "maxMemoryPerDevice",
+    "bandwidth": "bandwidth",
+    "micro_batches_per_batch": "mbsInBatch",
+    "optimizer": "optimizerAlgorithm",
+    "pipeline_stages": "fixedPP",
+    "tensor_parallel_width": "fixedTMPC",
+    "data_parallel_degree": "fixedDP",
+    "num_transformer_layers": "numTransformerLayers",
+    "parameter_bytes": "parameterSize",
+    "activation_bytes": "activationSize",
+    "forward_latency": "optimalLatencyFw",
+    "backward_latency": "optimalLatencyBw",
+    "bytes": "communicationCost",
+}
 
 
 def solve_document(document: object, sync_cost: str = "first_stage") -> dict:
@@ -45,19 +62,18 @@ def parse_document(document: object, sync_cost: str = "first_stage") -> tuple[di
         except ValueError as error:
             raise ValueError(f'nodes/edges["{width}"]: {error}') from None
     try:
-        fixed = FixedStrategy(*(int(_number(document, field)) for field in _FIXED_FIELDS))
+        settings = PlacementSettings(
+            devices=int(_number(document, "maxDevices")),
+            memory_per_device=float(_number(document, "maxMemoryPerDevice")),
+            bandwidth=float(_number(document, "bandwidth")),
+            micro_batches_per_batch=int(_number(document, "mbsInBatch")),
+            activation_recomputation=_field(document, "activationRecomputation", bool, "a boolean"),
+            optimizer=_field(document, "optimizerAlgorithm", str, "a string"),
+            fixed_baseline=FixedStrategy(*(int(_number(document, field)) for field in _FIXED_FIELDS)),
+            sync_cost=sync_cost,
+        )
     except ValueError as error:
-        raise ValueError(f"{'/'.join(_FIXED_FIELDS)}: {error}") from None
-    settings = PlacementSettings(
-        devices=int(_number(document, "maxDevices")),
-        memory_per_device=float(_number(document, "maxMemoryPerDevice")),
-        bandwidth=float(_number(document, "bandwidth")),
-        micro_batches_per_batch=int(_number(document, "mbsInBatch")),
-        activation_recomputation=_field(document, "activationRecomputation", bool, "a boolean"),
-        optimizer=_field(document, "optimizerAlgorithm", str, "a string"),
-        fixed_baseline=fixed,
-        sync_cost=sync_cost,
-    )
+        raise _json_named(error) from None
     return graphs, settings
 
 
@@ -81,6 +97,13 @@ def write_document(document: dict, path: str | os.PathLike) -> None:
     with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as handle:
         handle.write(json.dumps(document, indent=4, sort_keys=True) + "\n")
     os.replace(handle.name, target)
+
+
+def _json_named(error: ValueError) -> ValueError:
+    """The error with the JSON key of the typed field it names in front."""
+    field = re.search(r"\.(\w+) must", str(error))
+    key = _JSON_KEYS.get(field.group(1)) if field else None
+    return ValueError(f"{key}: {error}" if key else str(error))
 
 
 def _field(document: dict, key: str, kind: type, described: str):
@@ -129,7 +152,7 @@ def _items(values: object, where: str, build) -> list:
                 raise ValueError("must be an object")
             items.append(build(value))
         except ValueError as error:
-            raise ValueError(f"{where}[{index}]: {error}") from None
+            raise ValueError(f"{where}[{index}]: {_json_named(error)}") from None
     return items
 
 
@@ -148,7 +171,7 @@ def _edge(edge: dict) -> PlacementEdge:
     return PlacementEdge(
         source=_integer(edge, "sourceId"),
         dest=_integer(edge, "destId"),
-        transfer_bytes=float(_number(edge, "communicationCost")),
+        bytes=float(_number(edge, "communicationCost")),
     )
 
 

@@ -90,8 +90,8 @@ def width_graph(graph: PlacementGraph, width: int, order: tuple[int, ...]) -> Wi
     out_edges: list[list[tuple[int, float]]] = [[] for _ in order]
     for edge in graph.edges:
         source, dest = position[edge.source], position[edge.dest]
-        in_edges[dest].append((source, float(edge.transfer_bytes)))
-        out_edges[source].append((dest, float(edge.transfer_bytes)))
+        in_edges[dest].append((source, float(edge.bytes)))
+        out_edges[source].append((dest, float(edge.bytes)))
     return WidthGraph(
         width=width,
         ids=order,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .candidates import Candidates
-from .dp import INFTY, Choice, WidthPlacement, devices_per_stage, fill_tables, placement
+from .dp import INFTY, Choice, WidthPlacement, data_parallel_options, device_model, fill_tables, placement
 from .inputs import PlacementSettings
 from .layer_graph import WidthGraph
 from .stage_cost import sync_time
@@ -32,8 +32,9 @@ def place_max_stage(candidates: Candidates, graph: WidthGraph, settings: Placeme
     caps = np.unique(costs.parameter_bytes[feasible >= 1])
     levels = np.searchsorted(caps, costs.parameter_bytes)  # first cap that admits each stage
     best, best_time = None, INFTY
-    for start in range(0, len(caps), _batch_size(candidates, settings)):
-        batch = caps[start : start + _batch_size(candidates, settings)]
+    size = _batch_size(candidates, settings)
+    for start in range(0, len(caps), size):
+        batch = caps[start : start + size]
         batch_levels = np.maximum(levels - start, 0)
         tables = fill_tables(candidates, settings, feasible, batch_levels, len(batch))
         found = _cheapest(candidates, tables, settings, feasible, batch_levels, batch)
@@ -49,9 +50,9 @@ def _batch_size(candidates: Candidates, settings: PlacementSettings) -> int:
     """Caps per batch so that tables and final-round arrays stay near BATCH_ELEMENTS elements."""
     layers = int(candidates.space.sizes[-1])
     depth_cap = min(settings.devices, layers)
-    columns = depth_cap + 1 if devices_per_stage(candidates)[1] else 1
+    columns = device_model(candidates, depth_cap).columns
     table = sum(min(int(size), depth_cap) + 1 for size in candidates.space.sizes) * columns
-    final = 2 * min(settings.devices, settings.micro_batches_per_batch) * depth_cap * columns
+    final = 2 * len(data_parallel_options(settings)[0]) * depth_cap
     return max(1, BATCH_ELEMENTS // max(table, final))
 
 
@@ -65,13 +66,9 @@ def _cheapest(
 ) -> tuple[Choice, int] | None:
     """The least F(c) over this batch of caps: the choice (time = F(c)) and the cap's index."""
     space, costs = candidates.space, candidates.costs
-    unit, extra = devices_per_stage(candidates)
-    devices, batch = settings.devices, settings.micro_batches_per_batch
-    degrees = np.arange(1, min(devices, batch) + 1)
-    per_pipeline = devices // degrees
-    micro_batches = (batch + degrees - 1) // degrees
-    depth_cap = min(devices, int(space.sizes[-1]))
-    columns = tables[0].shape[1]
+    degrees, per_pipeline, micro_batches = data_parallel_options(settings)
+    depth_cap = min(settings.devices, int(space.sizes[-1]))
+    model = device_model(candidates, depth_cap)
     first_stages = [
         pair
         for pair in space.pairs(len(tables) - 1)
@@ -80,22 +77,21 @@ def _cheapest(
     groups = sorted({int(costs.devices[pair]) for pair in first_stages})
     earlier = np.arange(depth_cap)  # stages after the first one: s - 1
     times = np.full((len(caps), len(degrees), depth_cap, len(groups)), np.inf)
-    bests, spare_by_group = [], []
+    bests, columns = [], []
     for index, group in enumerate(groups):
         best = _best_first_stage_loads(candidates, tables, feasible, levels, depth_cap, group, first_stages)
-        spare = (per_pipeline - group)[:, None] - unit * earlier[None, :]
-        column = np.clip(spare // extra, 0, columns - 1) if extra else np.zeros_like(spare)
-        load = np.where((spare >= 0)[..., None], best[earlier[None, :], column], np.inf)
+        column = model.column((per_pipeline - group)[:, None], earlier[None, :])
+        load = np.where((column >= 0)[..., None], best[earlier[None, :], np.maximum(column, 0)], np.inf)
         time = load * (micro_batches[:, None] + earlier).astype(float)[..., None]
         time += sync_time(degrees[:, None, None], caps[None, None, :], settings.bandwidth)
         times[..., index] = np.moveaxis(time, 2, 0)
         bests.append(best)
-        spare_by_group.append(column)
+        columns.append(column)
     flat = int(np.argmin(times)) if times.size else 0
     if not times.size or not times.flat[flat] < INFTY:
         return None
     cap, degree, depth, index = np.unravel_index(flat, times.shape)
-    column = int(spare_by_group[index][degree, depth])
+    column = int(columns[index][degree, depth])
     target = bests[index][depth, column, cap]
     for pair in first_stages:
         before = tables[space.rest[pair]]
@@ -103,7 +99,7 @@ def _cheapest(
             continue
         load = costs.load_last[pair] if depth == 0 else costs.load_inner[pair]
         if max(before[depth, column, cap], load) == target:
-            return Choice(float(times.flat[flat]), int(degree) + 1, pair, int(depth) + 1), int(cap)
+            return Choice(float(times.flat[flat]), int(degrees[degree]), pair, int(depth) + 1), int(cap)
     raise RuntimeError("max_stage final round lost its first stage (internal error)")
 
 
