@@ -46,10 +46,10 @@ def random_graphs(rng: random.Random, layers: int, chain: bool) -> dict[int, Pla
 
 def random_settings(rng: random.Random, sync_cost: str) -> PlacementSettings:
     return PlacementSettings(
-        devices=rng.randint(1, 16),
+        devices=rng.randint(1, 40),
         memory_per_device=float(rng.randint(12, 100)),
         bandwidth=rng.choice([0.5, 1.0, 4.0]),
-        micro_batches_per_batch=rng.randint(1, 9),
+        micro_batches_per_batch=rng.randint(1, 30),
         activation_recomputation=rng.random() < 0.5,
         optimizer=rng.choice(["SGD", "Adam"]),
         sync_cost=sync_cost,
