@@ -6,7 +6,7 @@ original program's JSON schema (latencies in ms), at widths 1, 2, 4, 8 on 1024 d
 micro-batches per batch. Cases: 32 GiB per device or memory that never binds, recomputation off
 or on. Each case runs `solve_document` (parse + DP over all widths + baseline) a few times and
 prints the median CPU seconds.
-Run from the repository root: python -m benchmarks.placement [--repeats N]
+Run from the repository root: python -m benchmarks.placement [--repeats N] [--sync-cost max_stage]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 
+from solver.placement.inputs import SYNC_COSTS
 from solver.placement.jsonio import solve_document
 
 GIB = 1024**3
@@ -77,12 +78,12 @@ def chain_document(blocks: int, widths: tuple[int, ...], memory: float, recomput
     }
 
 
-def cpu_seconds(document: dict, repeats: int) -> tuple[float, dict]:
+def cpu_seconds(document: dict, repeats: int, sync_cost: str) -> tuple[float, dict]:
     """Median CPU seconds of `solve_document` and its output."""
     times = []
     for _ in range(repeats):
         start = time.process_time()
-        output = solve_document(document)
+        output = solve_document(document, sync_cost)
         times.append(time.process_time() - start)
     return statistics.median(times), output
 
@@ -90,12 +91,13 @@ def cpu_seconds(document: dict, repeats: int) -> tuple[float, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sync-cost", choices=SYNC_COSTS, default="first_stage")
     args = parser.parse_args()
     print(f"{'memory':>12} {'recompute':>9} {'CPU s':>7}  result (t, d, p, time per batch [ms])")
     for memory_name, memory in (("32 GiB", 32 * GIB), ("never binds", 1e30)):
         for recompute in (False, True):
             document = chain_document(96, (1, 2, 4, 8), memory, recompute)
-            seconds, out = cpu_seconds(document, args.repeats)
+            seconds, out = cpu_seconds(document, args.repeats, args.sync_cost)
             if out["stages"]:
                 summary = f"t={out['tensorParallelDegree']} d={out['dataParallelDegree']} p={len(out['stages'])} "
                 summary += f"{out['finalTimePerBatch']:.2f}"
