@@ -94,9 +94,15 @@ def output_document(result: PlacementResult) -> dict:
 def write_document(document: dict, path: str | os.PathLike) -> None:
     """Write `document` as the original does (4-space indent, sorted keys), atomically."""
     target = Path(path)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as handle:
-        handle.write(json.dumps(document, indent=4, sort_keys=True) + "\n")
-    os.replace(handle.name, target)
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(document, indent=4, sort_keys=True) + "\n")
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def _json_named(error: ValueError) -> ValueError:
