@@ -176,16 +176,18 @@ def _graph_and_layers(model: object) -> tuple[OpGraph, tuple[int, ...]]:
 
 
 def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = None,
-                cache_dir: Path | str | None = None, progress: bool = True) -> EstimateTable:
+                cache_dir: Path | str | None = None, progress: bool = True,
+                area_budget: float | None = None) -> EstimateTable:
     """Fill the estimate table with every GEMM of the models' layers, both directions, on every
     tensor-core configuration of the candidate space (which holds every single-core version too).
 
     `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
-    budget accelerator and technology (default TPUv4-like); `cache_dir`: where estimates persist
-    (default `default_cache_dir()`); what is cached is loaded, the rest computed with a progress bar.
+    budget accelerator and technology (default TPUv4-like); `area_budget` [µm²]: default the
+    template's area; `cache_dir`: where estimates persist (default `default_cache_dir()`); what is
+    cached is loaded, the rest computed with a progress bar.
     """
     template = template or named_accelerator(DEFAULT_BUDGET)
-    table = EstimateTable(template, candidate_space(template).tc_cores,
+    table = EstimateTable(template, candidate_space(template, area_budget).tc_cores,
                           default_cache_dir() if cache_dir is None else cache_dir)
     shapes = []
     for model in models:

@@ -58,6 +58,8 @@ def _run(cfg: DictConfig) -> None:
         _fail(str(error))
     if settings.mode == "extract_graph":
         from phaze.modes.extract_graph import run
+    elif settings.mode == "prepopulate_estimates":
+        from phaze.modes.prepopulate_estimates import run
     else:
         _fail(f"mode: {settings.mode} is not implemented yet")
     run(settings, OmegaConf.to_container(cfg, resolve=True))

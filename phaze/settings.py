@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from estimator import AcceleratorConfig, candidate_space, named_accelerator
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
 
@@ -28,6 +29,8 @@ class Settings:
     hbm_size_bytes: int
     force_reextract: bool
     cache_dir: Path
+    accelerator: AcceleratorConfig  # the template: technology, and the area budget unless area_budget
+    area_budget: float | None  # µm²
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -77,6 +80,20 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         raise ConfigError(f"hbm_size: must be a positive number of GiB, got {hbm_size!r}")
     if not isinstance(cfg.force_reextract, bool):
         raise ConfigError(f"force_reextract: must be true or false, got {cfg.force_reextract!r}")
+    accelerator_fields = OmegaConf.to_container(cfg.accelerator)
+    preset = accelerator_fields.pop("preset")
+    try:
+        accelerator = named_accelerator(preset, **{k: v for k, v in accelerator_fields.items() if v is not None})
+    except (TypeError, ValueError) as problem:
+        raise ConfigError(str(problem)) from None
+    area_budget = cfg.area_budget
+    if area_budget is not None and (isinstance(area_budget, bool) or not isinstance(area_budget, (int, float))
+                                    or area_budget <= 0):
+        raise ConfigError(f"area_budget: must be a positive area in µm² or null, got {area_budget!r}")
+    try:
+        candidate_space(accelerator, area_budget)
+    except ValueError as problem:
+        raise ConfigError(str(problem)) from None
     return Settings(
         mode=cfg.mode,
         spec=spec,
@@ -86,4 +103,6 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         hbm_size_bytes=int(hbm_size * GIB),
         force_reextract=cfg.force_reextract,
         cache_dir=Path(cfg.cache_dir),
+        accelerator=accelerator,
+        area_budget=None if area_budget is None else float(area_budget),
     )

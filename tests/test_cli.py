@@ -29,6 +29,9 @@ def phaze(*arguments, cwd):
         (["model=megatrongpt3", "tensor_parallel_width=16"], "tensor_parallel_width: 16 exceeds"),
         (["-m", "model=bertlarge,gpt5"], "model: unknown 'gpt5'"),
         (["-m", "model=bertlarge", "micro_batch_size=1,-2"], "micro_batch_size"),
+        (["accelerator.tc_width=96"], "accelerator.tc_width: must be a positive power of two"),
+        (["accelerator.num_vc=0"], "accelerator.num_vc: must be a positive power of two"),
+        (["area_budget=1000"], "area_budget: 1,000.00 µm² admits no accelerator configuration"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(arguments, field, tmp_path):
@@ -64,3 +67,11 @@ def test_widths_and_cache_reuse(tmp_path):
     assert [name.split("_")[3] for name in cached] == ["tp1", "tp2", "tp4", "tp8"]
     again = phaze("extract_graph", *arguments, cwd=tmp_path)
     assert again.returncode == 0 and again.stdout == first.stdout
+
+
+def test_prepopulate_estimates_fills_then_reuses_the_cache(tmp_path):
+    first = phaze("prepopulate_estimates", "model=bertlarge", "micro_batch_size=1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "11 GEMM shapes x 4,186 tensor-core configurations: 11 computed, 0 cached" in first.stdout
+    again = phaze("prepopulate_estimates", "model=bertlarge", "micro_batch_size=1", cwd=tmp_path)
+    assert "0 computed, 11 cached" in again.stdout
