@@ -59,6 +59,9 @@ class OpNode:
     ...). `attrs` holds what else decides the cost, as sorted (name, value) pairs, e.g. for an
     all-reduce ("direction", "forward" | "backward"), ("group_size", t), ("reduce_op", "sum");
     for dropout ("p", 0.1); for reductions and softmax ("dim", -1).
+    `weight_names` are the parameters' paths in the model (not part of the signature).
+    `inputs`, when given, names the producing operator of each entry of `input_shapes` (None for a
+    model input or a buffer); it is how `LayerGraph` tells which tensors are activations.
     `dtype_bytes` is the size of one element of the output in training precision (2 for the fp16
     activations the original assumes; 1 for bool masks; 8 for int64 indices).
     """
@@ -72,6 +75,8 @@ class OpNode:
     input_shapes: tuple[Shape, ...]
     output_shapes: tuple[Shape, ...]
     weight_shapes: tuple[Shape, ...] = ()
+    weight_names: tuple[str, ...] = ()
+    inputs: tuple[int | None, ...] = ()
     dtype_bytes: int = 2
     gemm: GemmDims | None = None
     attrs: tuple[tuple[str, object], ...] = ()

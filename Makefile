@@ -1,0 +1,24 @@
+# Two commands on a fresh machine: `make run` (main job on the defaults) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install run test benchmarks
+
+$(BIN)/phaze: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(BIN)/phaze
+
+install: $(BIN)/phaze
+
+run: install
+	$(BIN)/phaze extract_graph
+
+test: install
+	$(BIN)/python -m pytest -q
+
+benchmarks: install
+	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done

@@ -1,0 +1,181 @@
+"""The accelerator template: a chip of tensor cores (TC) and vector cores (VC) around a global buffer.
+
+Units are SI: Hz, bytes, bytes/s, seconds, joules. The bandwidths inside the chip are in words per
+cycle, as a tiling cost model counts them (a word is `bytes_per_element` bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from estimator.area import area_um2
+
+#: Where the data of the estimator lives (area tables, candidate space, named accelerators).
+ARCH_CONFIGS = Path(__file__).resolve().parent.parent / "arch_configs"
+
+#: Fields that must be positive powers of two: the template is built from them.
+POWER_OF_TWO_FIELDS = ("num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes")
+
+
+def _is_power_of_two(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
+
+
+def _check_numbers(owner: object, prefix: str, may_be_zero: tuple[str, ...] = ()) -> None:
+    """Every numeric field of `owner` is a number > 0 (or >= 0 when named in `may_be_zero`)."""
+    for item in fields(owner):
+        value = getattr(owner, item.name)
+        if item.name == "energy":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{prefix}.{item.name}: must be a number, got {value!r}")
+        if not (value > 0 or (item.name in may_be_zero and value == 0)):
+            bound = "zero or positive" if item.name in may_be_zero else "positive"
+            raise ValueError(f"{prefix}.{item.name}: must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """`num` identical cores of `width` x `depth` units that share a `glb_bytes` global buffer.
+
+    A vector core is a core of depth 1 (`width` lanes). This is the key of a latency estimate.
+    """
+
+    num: int
+    width: int
+    depth: int
+    glb_bytes: int
+
+    @property
+    def units_per_core(self) -> int:
+        """MACs of one tensor core, or lanes of one vector core."""
+        return self.width * self.depth
+
+    def single(self) -> CoreConfig:
+        """The same core, alone on the chip: what an operator on one core sees."""
+        return CoreConfig(1, self.width, self.depth, self.glb_bytes)
+
+
+@dataclass(frozen=True)
+class EnergyCosts:
+    """Energy per operation and per word accessed at each level of the memory hierarchy [J].
+
+    Energy is reported, never optimised; the defaults are the per-access values the reference
+    Sunstone runs used (reg, core buffer, GLB, DRAM) = (0.03, 2, 20, 100) pJ and 2.2 pJ per MAC.
+    """
+
+    mac: float = 2.2e-12
+    register: float = 0.03e-12
+    core_buffer: float = 2e-12
+    global_buffer: float = 20e-12
+    dram: float = 100e-12
+
+    def __post_init__(self) -> None:
+        _check_numbers(self, "accelerator.energy")
+
+
+@dataclass(frozen=True)
+class AcceleratorConfig:
+    """One accelerator chip of the template and the technology it is built in.
+
+    Differences from the original (documented choices):
+    * `core_buffer_words_per_cycle` and `glb_words_per_cycle` are per *core*: the aggregate
+      bandwidth of a boundary grows with the number of cores an operator uses. Each core owns its
+      buffer (its read port scales trivially) and the global buffer is banked with one port per
+      core. The original fixed 64 and 256 words/cycle for the whole chip, which made extra cores
+      nearly useless. For one core the two models coincide.
+    * The GLB <- DRAM boundary runs at `hbm_bandwidth` (the original: a fixed 128 words/cycle).
+      The default 1.2 TB/s is the HBM2 bandwidth of a TPUv4 chip.
+    * `clock_hz` is 1.05 GHz: latency = cycles / 1.05e9 seconds (the original divided by 1.05e6).
+    * `link_bandwidth` [B/s] and `link_latency` [s per step] cost the ring all-reduce between the
+      chips of a tensor-parallel group; 4 GiB/s is the original's value.
+    """
+
+    num_tc: int
+    num_vc: int
+    tc_width: int
+    tc_depth: int
+    vc_width: int
+    glb_bytes: int
+    clock_hz: float = 1.05e9
+    bytes_per_element: int = 2
+    hbm_bandwidth: float = 1.2e12
+    link_bandwidth: float = 4 * 2**30
+    link_latency: float = 1e-6
+    core_buffer_words_per_cycle: float = 64.0
+    glb_words_per_cycle: float = 256.0
+    energy: EnergyCosts = field(default_factory=EnergyCosts)
+
+    def __post_init__(self) -> None:
+        for name in POWER_OF_TWO_FIELDS:
+            value = getattr(self, name)
+            if not _is_power_of_two(value):
+                raise ValueError(f"accelerator.{name}: must be a positive power of two (1, 2, 4, ...), got {value!r}")
+        if not isinstance(self.bytes_per_element, int) or isinstance(self.bytes_per_element, bool):
+            raise ValueError(f"accelerator.bytes_per_element: must be a positive integer, got {self.bytes_per_element!r}")
+        if not isinstance(self.energy, EnergyCosts):
+            raise ValueError(f"accelerator.energy: must be EnergyCosts, got {self.energy!r}")
+        _check_numbers(self, "accelerator", may_be_zero=("link_latency",))
+
+    @property
+    def tc_core(self) -> CoreConfig:
+        return CoreConfig(self.num_tc, self.tc_width, self.tc_depth, self.glb_bytes)
+
+    @property
+    def vc_core(self) -> CoreConfig:
+        return CoreConfig(self.num_vc, self.vc_width, 1, self.glb_bytes)
+
+    @property
+    def area(self) -> float:
+        """Chip area [µm²] from the area model of the original (arch_configs/area_model.yaml)."""
+        return float(area_um2(self.num_tc, self.num_vc, self.tc_width, self.tc_depth, self.vc_width, self.glb_bytes))
+
+    @property
+    def dram_words_per_cycle(self) -> float:
+        return self.hbm_bandwidth / (self.bytes_per_element * self.clock_hz)
+
+    def with_dimensions(self, num_tc: int, num_vc: int, width: int, depth: int, glb_bytes: int) -> AcceleratorConfig:
+        """A candidate of the template: these core counts and sizes (vector width = tensor width)."""
+        return replace(self, num_tc=num_tc, num_vc=num_vc, tc_width=width, tc_depth=depth, vc_width=width,
+                       glb_bytes=glb_bytes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping) -> AcceleratorConfig:
+        """Build from a mapping (a hydra `accelerator` node); unknown fields are an error."""
+        values = dict(values)
+        allowed = [item.name for item in fields(cls)]
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ValueError(f"accelerator: unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        energy = values.pop("energy", {})
+        if isinstance(energy, Mapping):
+            energy_fields = [item.name for item in fields(EnergyCosts)]
+            unknown = sorted(set(energy) - set(energy_fields))
+            if unknown:
+                raise ValueError(f"accelerator.energy: unknown field {unknown[0]!r}; allowed: {', '.join(energy_fields)}")
+            energy = EnergyCosts(**energy)
+        missing = [name for name in POWER_OF_TWO_FIELDS if name not in values]
+        if missing:
+            raise ValueError(f"accelerator.{missing[0]}: missing; required: {', '.join(POWER_OF_TWO_FIELDS)}")
+        return cls(energy=energy, **values)
+
+
+def accelerator_names() -> tuple[str, ...]:
+    """Names of the accelerators defined in arch_configs/accelerators/."""
+    return tuple(sorted(path.stem for path in (ARCH_CONFIGS / "accelerators").glob("*.yaml")))
+
+
+def named_accelerator(name: str, **overrides: object) -> AcceleratorConfig:
+    """A named accelerator (e.g. "tpuv4_like"), with optional field overrides."""
+    path = ARCH_CONFIGS / "accelerators" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"accelerator: unknown name {name!r}; available: {', '.join(accelerator_names())}")
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return AcceleratorConfig.from_dict({**values, **overrides})

@@ -1,0 +1,88 @@
+"""On-disk cache of GEMM costs: one Parquet file per GEMM shape, over a fixed list of tensor-core
+configurations. Files are written to a temporary name and renamed, so concurrent multirun jobs
+never see a half-written file; a file that cannot be read or does not match its key is reported
+and rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from estimator.accelerator import CoreConfig
+from estimator.tc_model import GemmCost, MemorySystem
+
+#: Bump when the tensor-core model changes: old cache files then stop matching.
+MODEL_VERSION = 1
+COLUMNS = ("cycles", "core_buffer_words", "glb_words", "dram_words")
+METADATA_KEY = b"phaze_estimates"
+
+
+def default_cache_dir() -> Path:
+    """Where estimates persist between runs: `estimates/` under $PHAZE_CACHE_DIR, else under
+    outputs/cache (the `cache_dir` default of the phaze configuration)."""
+    return Path(os.environ.get("PHAZE_CACHE_DIR", "outputs/cache")) / "estimates"
+
+
+def cache_key(memory: MemorySystem, cores: Sequence[CoreConfig]) -> str:
+    """A digest of everything a GEMM cost depends on besides its shape."""
+    record = [MODEL_VERSION, memory.core_buffer_words_per_cycle, memory.glb_words_per_cycle,
+              memory.dram_words_per_cycle, [(c.num, c.width * c.depth, c.glb_bytes) for c in cores]]
+    return hashlib.sha1(json.dumps(record).encode()).hexdigest()[:16]
+
+
+class GemmCache:
+    """GEMM costs stored under `directory`/tc_gemm/`key`/NxCxK.parquet."""
+
+    def __init__(self, directory: Path | str, key: str, rows: int) -> None:
+        self.directory = Path(directory) / "tc_gemm" / key
+        self.key = key
+        self.rows = rows
+
+    def path(self, n: int, c: int, k: int) -> Path:
+        return self.directory / f"{n}x{c}x{k}.parquet"
+
+    def _metadata(self, n: int, c: int, k: int) -> bytes:
+        return json.dumps({"key": self.key, "shape": [n, c, k], "rows": self.rows}).encode()
+
+    def load(self, n: int, c: int, k: int) -> GemmCost | None:
+        """The stored cost, or None if absent; a damaged or mismatched file is reported and ignored."""
+        path = self.path(n, c, k)
+        if not path.exists():
+            return None
+        try:
+            table = pq.read_table(path)
+            if (table.schema.metadata or {}).get(METADATA_KEY) != self._metadata(n, c, k):
+                raise ValueError("its key, shape or row count does not match")
+            columns = {name: table.column(name).to_numpy().astype(np.float64) for name in COLUMNS}
+            if any(len(column) != self.rows or not np.all(np.isfinite(column)) for column in columns.values()):
+                raise ValueError("a column has the wrong length or a non-finite value")
+            if not np.all(columns["cycles"] > 0):
+                raise ValueError("a latency is not positive")
+        except (OSError, ValueError, KeyError, pa.ArrowException) as error:
+            warnings.warn(f"estimate cache: {path} is unusable ({error}); rebuilding it", RuntimeWarning, stacklevel=2)
+            return None
+        return GemmCost(n * c * k, **columns)
+
+    def store(self, n: int, c: int, k: int, cost: GemmCost) -> None:
+        """Write atomically: a temporary file in the same folder, then a rename over the target."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        table = pa.table({name: getattr(cost, name) for name in COLUMNS})
+        table = table.replace_schema_metadata({METADATA_KEY: self._metadata(n, c, k)})
+        handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        os.close(handle)
+        try:
+            pq.write_table(table, temporary)
+            os.replace(temporary, self.path(n, c, k))
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,113 @@
+"""Operator fusion within one layer (spec §5.4), on our op graph.
+
+Free operators (views, embeddings, gathers) are made transparent first: they vanish and the
+precedence they carried is kept. Then, in program order, a group grows while
+* rule A: the head is a GEMM, its single successor is an activation, injective, norm, dropout or
+  masked_fill op, and that successor is fed only by the group; or
+* rule B: the head is injective, its single successor is injective, a reduction or a dropout, and
+  that successor is fed only by the group.
+A GEMM group with fused ops is a TCandVC operator; the fused elementwise work is costed at its
+real size on the vector cores (the original added a constant, Q13, and dropped the chain head's own
+cycles, Q11).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graph_extract.opgraph import OpGraph
+
+from estimator.work import NOP, TC, TC_AND_VC, core_type, fusion_class
+
+EPILOGUE = ("activation", "injective", "norm", "dropout", "transformation")
+CHAIN = ("injective", "reduction", "dropout")
+_BOUNDARY = -1  # a graph input or output reached through free operators only
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """Operators executed as one: node ids in execution order, the head (which names it) first."""
+
+    members: tuple[int, ...]
+    core_type: str
+
+
+@dataclass(frozen=True)
+class FusedGraph:
+    """The fused operators of one layer in forward program order and the forward edges between them."""
+
+    layer: int
+    ops: tuple[FusedOp, ...]
+    edges: tuple[tuple[int, int], ...]
+
+
+class _Reach:
+    """Neighbours of costly operators once free operators are looked through."""
+
+    def __init__(self, graph: OpGraph) -> None:
+        self.graph = graph
+        self.free = [core_type(node) == NOP for node in graph.nodes]
+        self.succ: list[list[int]] = [[] for _ in graph.nodes]
+        self.pred: list[list[int]] = [[] for _ in graph.nodes]
+        for src, dst in graph.edges:
+            self.succ[src].append(dst)
+            self.pred[dst].append(src)
+
+    def _through_free(self, start: int, step: list[list[int]]) -> frozenset[int]:
+        found, stack, seen = set(), list(step[start]), set()
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if not self.free[node]:
+                found.add(node)
+            elif step[node]:
+                stack.extend(step[node])
+            else:
+                found.add(_BOUNDARY)
+        return frozenset(found)
+
+    def successors(self, node: int) -> frozenset[int]:
+        return self._through_free(node, self.succ)
+
+    def predecessors(self, node: int) -> frozenset[int]:
+        return self._through_free(node, self.pred)
+
+
+def _fuses(head_class: str, tail: int, reach: _Reach, layer: int) -> int | None:
+    """The successor the group ending at `tail` absorbs next, if a rule allows it."""
+    successors = reach.successors(tail)
+    if len(successors) != 1:
+        return None
+    (nxt,) = successors
+    if nxt == _BOUNDARY or reach.graph.nodes[nxt].layer != layer or reach.predecessors(nxt) != {tail}:
+        return None
+    allowed = EPILOGUE if head_class == "gemm" else CHAIN if head_class == "injective" else ()
+    return nxt if fusion_class(reach.graph.nodes[nxt]) in allowed else None
+
+
+def _fuse(reach: _Reach, layer: int) -> FusedGraph:
+    graph = reach.graph
+    costly = [node.id for node in graph.layer_nodes(layer) if not reach.free[node.id]]
+    group_of: dict[int, int] = {}
+    ops: list[FusedOp] = []
+    for node in costly:
+        if node in group_of:
+            continue
+        members, head_class = [node], fusion_class(graph.nodes[node])
+        while (nxt := _fuses(head_class, members[-1], reach, layer)) is not None:
+            members.append(nxt)
+        kind = core_type(graph.nodes[node])
+        ops.append(FusedOp(tuple(members), TC_AND_VC if kind == TC and len(members) > 1 else kind))
+        group_of.update((member, len(ops) - 1) for member in members)
+    edges = {(group_of[member], group_of[succ])
+             for op in ops for member in op.members for succ in reach.successors(member)
+             if succ in group_of and group_of[succ] != group_of[member]}
+    return FusedGraph(layer, tuple(ops), tuple(sorted(edges)))
+
+
+def fuse_layers(graph: OpGraph, layers: tuple[int, ...]) -> tuple[FusedGraph, ...]:
+    """Fuse the operators of each layer; free operators are dropped, their precedence kept."""
+    reach = _Reach(graph)
+    return tuple(_fuse(reach, layer) for layer in layers)

@@ -1,0 +1,140 @@
+"""The estimate table: latency [s] and energy [J] of operator work on core configurations.
+
+GEMM costs, the only expensive part, are computed once per GEMM shape for every tensor-core
+configuration of the table at once and shared by all operators, layers, directions and widths
+with that shape; they persist in the on-disk cache. Vector-core and all-reduce costs are closed
+forms evaluated on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from rich.progress import track
+
+from estimator.accelerator import AcceleratorConfig, CoreConfig, EnergyCosts
+from estimator.cache import GemmCache, cache_key
+from estimator.tc_model import GemmCost, MemorySystem, gemm_cost
+from estimator.work import Gemm, VectorTerm
+
+Shape = tuple[int, int, int]
+
+
+#: The fields of an accelerator that are not its dimensions: what estimates depend on besides the cores.
+TECHNOLOGY_FIELDS = ("clock_hz", "bytes_per_element", "hbm_bandwidth", "link_bandwidth", "link_latency",
+                     "core_buffer_words_per_cycle", "glb_words_per_cycle", "energy")
+
+
+def technology(accelerator: AcceleratorConfig) -> tuple:
+    """The accelerator's technology, as a hashable key."""
+    return tuple(getattr(accelerator, name) for name in TECHNOLOGY_FIELDS)
+
+
+def allreduce_seconds(num_bytes: int, group_size: int, accelerator: AcceleratorConfig) -> float:
+    """Ring all-reduce among `group_size` chips: 2(p-1)/p · bytes over one link, plus 2(p-1) steps."""
+    if group_size <= 1 or num_bytes == 0:
+        return 0.0
+    steps = 2 * (group_size - 1)
+    return steps / group_size * num_bytes / accelerator.link_bandwidth + steps * accelerator.link_latency
+
+
+def vector_cycles(terms: Sequence[VectorTerm], lanes: int) -> int:
+    """Cycles of vector work on `lanes` lanes."""
+    return sum(term.repeat * term.cycles * -(-term.elements // lanes) for term in terms)
+
+
+def gemm_energy(cost: GemmCost, energy: EnergyCosts) -> np.ndarray:
+    """Energy of a GEMM: its MACs (with a register access each) and the words crossing each boundary."""
+    return (cost.macs * (energy.mac + energy.register) + cost.core_buffer_words * energy.core_buffer
+            + cost.glb_words * energy.global_buffer + cost.dram_words * energy.dram)
+
+
+class EstimateTable:
+    """Estimates for accelerators of one technology, over a list of tensor-core configurations.
+
+    Costs for a core configuration outside the list are computed on the fly (not persisted).
+    """
+
+    def __init__(self, template: AcceleratorConfig, tc_cores: Iterable[CoreConfig],
+                 cache_dir: Path | str | None = None) -> None:
+        self.template = template
+        self.technology = technology(template)
+        self.memory = MemorySystem.of(template)
+        self.tc_cores = tuple(dict.fromkeys(tc_cores))
+        self.tc_index = {core: i for i, core in enumerate(self.tc_cores)}
+        self._pes = np.array([core.units_per_core for core in self.tc_cores], dtype=np.int64)
+        self._num = np.array([core.num for core in self.tc_cores], dtype=np.int64)
+        self._glb = np.array([core.glb_bytes for core in self.tc_cores], dtype=np.int64)
+        key = cache_key(self.memory, self.tc_cores)
+        self.cache = None if cache_dir is None else GemmCache(cache_dir, key, len(self.tc_cores))
+        self._gemms: dict[Shape, GemmCost] = {}
+        self.computed = 0  # GEMM shapes computed (not found in memory or in the cache)
+        self._energy: dict[Shape, np.ndarray] = {}
+        self._extra: dict[tuple[Shape, CoreConfig], tuple[float, float]] = {}
+
+    def check(self, accelerator: AcceleratorConfig) -> None:
+        if technology(accelerator) != self.technology:
+            raise ValueError("accelerator: its clock, bandwidths or energies differ from the estimate table's; "
+                             "build a table for this technology")
+
+    @property
+    def gemm_shapes(self) -> tuple[Shape, ...]:
+        """The GEMM shapes (n, c, k) held in memory."""
+        return tuple(self._gemms)
+
+    def gemm(self, shape: Shape) -> GemmCost:
+        """Cost of the GEMM shape (n, c, k) on every tensor-core configuration of the table."""
+        if shape not in self._gemms:
+            self.fill([shape])
+        return self._gemms[shape]
+
+    def fill(self, shapes: Iterable[Shape], progress: bool = False) -> int:
+        """Load every shape from the cache or compute (and store) it; returns how many were computed."""
+        wanted = [shape for shape in dict.fromkeys(shapes) if shape not in self._gemms]
+        for shape in wanted:
+            cost = self.cache.load(*shape) if self.cache else None
+            if cost is not None:
+                self._gemms[shape] = cost
+        missing = [shape for shape in wanted if shape not in self._gemms]
+        for shape in track(missing, description="GEMM estimates") if progress and missing else missing:
+            cost = gemm_cost(*shape, self._pes, self._num, self._glb, self.memory)
+            if self.cache:
+                self.cache.store(*shape, cost)
+            self._gemms[shape] = cost
+        self.computed += len(missing)
+        return len(missing)
+
+    def gemm_arrays(self, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
+        """(cycles, energy [J]) of one GEMM shape on every tensor-core configuration of the table."""
+        if shape not in self._energy:
+            self._energy[shape] = gemm_energy(self.gemm(shape), self.template.energy)
+        return self.gemm(shape).cycles, self._energy[shape]
+
+    def _gemm_on(self, shape: Shape, core: CoreConfig) -> tuple[float, float]:
+        """(cycles, energy) of one GEMM shape on one tensor-core configuration."""
+        index = self.tc_index.get(core)
+        if index is not None:
+            cycles, energy = self.gemm_arrays(shape)
+            return float(cycles[index]), float(energy[index])
+        if (shape, core) not in self._extra:
+            cost = gemm_cost(*shape, [core.units_per_core], [core.num], [core.glb_bytes], self.memory)
+            self._extra[shape, core] = (float(cost.cycles[0]), float(gemm_energy(cost, self.template.energy)[0]))
+        return self._extra[shape, core]
+
+    def tensor_core(self, gemms: Sequence[Gemm], core: CoreConfig) -> tuple[float, float]:
+        """(cycles, energy) of GEMMs run one after the other on the tensor cores `core`."""
+        cycles = energy = 0.0
+        for gemm in gemms:
+            one_cycles, one_energy = self._gemm_on((gemm.n, gemm.c, gemm.k), core)
+            cycles += gemm.batch * one_cycles
+            energy += gemm.batch * one_energy
+        return cycles, energy
+
+    def vector_core(self, terms: Sequence[VectorTerm], lanes: int) -> tuple[float, float]:
+        """(cycles, energy) of vector work on `lanes` lanes: each operation, plus reading and
+        writing each element in the core buffer."""
+        energy = self.template.energy
+        moved = sum(2 * term.repeat * term.elements for term in terms)
+        return float(vector_cycles(terms, lanes)), sum(t.operations for t in terms) * energy.mac + moved * energy.core_buffer

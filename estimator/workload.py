@@ -1,0 +1,210 @@
+"""What the scheduler consumes: a layer's fused operators in one direction with their core type,
+their latency on one core and on all cores of their type, their energies, and the edges.
+
+`prepopulate` fills the estimate table for extracted models; `layer_workload` then prices a layer
+for any accelerator by array indexing.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from graph_extract.opgraph import OpGraph
+
+from estimator.accelerator import AcceleratorConfig, CoreConfig, named_accelerator
+from estimator.cache import default_cache_dir
+from estimator.fusion import FusedGraph, FusedOp, fuse_layers
+from estimator.space import DEFAULT_BUDGET, candidate_space
+from estimator.table import EstimateTable, allreduce_seconds, technology
+from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
+
+
+@dataclass(frozen=True)
+class FusedEstimate:
+    """One fused operator of a layer on one accelerator [s, J].
+
+    `latency`/`energy`: on one core of its type (a TCandVC op: one TC and one VC);
+    `parallel_latency`/`parallel_energy`: split across all cores of its type.
+    `members` are the op-graph node ids it executes, the head first.
+    """
+
+    members: tuple[int, ...]
+    core_type: str
+    latency: float
+    parallel_latency: float
+    energy: float
+    parallel_energy: float
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """A layer's fused operators in execution order of `direction` and the edges between them
+    (indices into `ops`; backward reverses the forward order and edges)."""
+
+    layer: int
+    direction: str
+    ops: tuple[FusedEstimate, ...]
+    edges: tuple[tuple[int, int], ...]
+
+
+def fused_work(graph: OpGraph, op: FusedOp, direction: str) -> Work:
+    """The work of a fused operator: the head's GEMMs or all-reduce, and every member's vector work."""
+    works = [op_work(graph.nodes[member], direction) for member in op.members]
+    vector: tuple[VectorTerm, ...] = sum((work.vector for work in works), ())
+    return replace(works[0], vector=vector)
+
+
+class PreparedLayer:
+    """A fused layer in one direction, with its costs laid out per operator and per tensor-core
+    configuration of the table: pricing it for an accelerator is column indexing.
+
+    An operator's latency is max(tensor-core cycles, vector-core cycles) / clock (a fused epilogue
+    streams the GEMM's output tiles, so the two overlap) plus its all-reduce time on the links.
+    """
+
+    def __init__(self, graph: OpGraph, fused: FusedGraph, direction: str, table: EstimateTable) -> None:
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction: must be 'forward' or 'backward', got {direction!r}")
+        last = len(fused.ops) - 1
+        backward = direction == BACKWARD
+        self.layer, self.direction, self.table = fused.layer, direction, table
+        self.ops = fused.ops[::-1] if backward else fused.ops
+        self.edges = tuple(sorted((last - b, last - a) for a, b in fused.edges)) if backward else fused.edges
+        self.works = tuple(fused_work(graph, op, direction) for op in self.ops)
+        table.fill((g.n, g.c, g.k) for work in self.works for g in work.gemms)
+        shape = (len(self.ops), len(table.tc_cores))
+        self._tc_cycles, self._tc_energy = np.zeros(shape), np.zeros(shape)
+        for row, work in enumerate(self.works):
+            for gemm in work.gemms:
+                cycles, energy = table.gemm_arrays((gemm.n, gemm.c, gemm.k))
+                self._tc_cycles[row] += gemm.batch * cycles
+                self._tc_energy[row] += gemm.batch * energy
+        self._allreduce = np.array([allreduce_seconds(w.allreduce_bytes, w.group_size, table.template)
+                                    for w in self.works])
+        self._vector: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _tensor_cores(self, core: CoreConfig) -> tuple[np.ndarray, np.ndarray]:
+        index = self.table.tc_index.get(core)
+        if index is not None:
+            return self._tc_cycles[:, index], self._tc_energy[:, index]
+        costs = [self.table.tensor_core(work.gemms, core) for work in self.works]
+        return np.array([c for c, _ in costs]), np.array([e for _, e in costs])
+
+    def _vector_cores(self, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+        if lanes not in self._vector:
+            costs = [self.table.vector_core(work.vector, lanes) for work in self.works]
+            self._vector[lanes] = np.array([c for c, _ in costs]), np.array([e for _, e in costs])
+        return self._vector[lanes]
+
+    def _price(self, core: CoreConfig, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+        tc_cycles, tc_energy = self._tensor_cores(core)
+        vc_cycles, vc_energy = self._vector_cores(lanes)
+        seconds = np.maximum(tc_cycles, vc_cycles) / self.table.template.clock_hz + self._allreduce
+        return seconds, tc_energy + vc_energy
+
+    def prices(self, accelerator: AcceleratorConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per operator: (latency, parallel_latency, energy, parallel_energy), as arrays for sweeps."""
+        self.table.check(accelerator)
+        one, one_energy = self._price(accelerator.tc_core.single(), accelerator.vc_width)
+        every, every_energy = self._price(accelerator.tc_core, accelerator.num_vc * accelerator.vc_width)
+        return one, every, one_energy, every_energy
+
+    def on(self, accelerator: AcceleratorConfig) -> FusedLayer:
+        """The layer priced for one accelerator."""
+        columns = (array.tolist() for array in self.prices(accelerator))
+        ops = tuple(FusedEstimate(op.members, op.core_type, *values) for op, *values in zip(self.ops, *columns))
+        return FusedLayer(self.layer, self.direction, ops, self.edges)
+
+
+def budget_template(accelerator: AcceleratorConfig) -> AcceleratorConfig:
+    """The area-budget accelerator (TPUv4-like) built in `accelerator`'s technology."""
+    budget = named_accelerator(DEFAULT_BUDGET)
+    return replace(accelerator, num_tc=budget.num_tc, num_vc=budget.num_vc, tc_width=budget.tc_width,
+                   tc_depth=budget.tc_depth, vc_width=budget.vc_width, glb_bytes=budget.glb_bytes)
+
+
+_tables: dict[tuple, EstimateTable] = {}
+# (table, graph id, layer, direction) -> (the graph, weakly, so a recycled id is noticed; the layer)
+_prepared: dict[tuple[EstimateTable, int, int, str], tuple[weakref.ref, PreparedLayer]] = {}
+
+
+def default_table(accelerator: AcceleratorConfig, cache_dir: Path | str | None = None) -> EstimateTable:
+    """The process-wide table for `accelerator`'s technology and `cache_dir` (default
+    `default_cache_dir()`) over the tensor cores of the default candidate space."""
+    directory = Path(default_cache_dir() if cache_dir is None else cache_dir)
+    key = (technology(accelerator), directory)
+    if key not in _tables:
+        _tables[key] = EstimateTable(accelerator, candidate_space(budget_template(accelerator)).tc_cores, directory)
+    return _tables[key]
+
+
+def prepare_layer(graph: OpGraph, layer: int, direction: str, table: EstimateTable) -> PreparedLayer:
+    """The prepared layer, fused and derived once per (graph, layer, direction, table)."""
+    key = (table, id(graph), layer, direction)
+    if key in _prepared:
+        graph_ref, prepared = _prepared[key]
+        if graph_ref() is graph:
+            return prepared
+    if layer not in graph.layers:
+        raise ValueError(f"layer: {layer!r} is not a layer of the graph; layers: {graph.layers}")
+    (fused,) = fuse_layers(graph, (layer,))
+    prepared = PreparedLayer(graph, fused, direction, table)
+    _prepared[key] = (weakref.ref(graph), prepared)
+    return prepared
+
+
+def layer_workload(op_graph: OpGraph, layer: int, direction: str, accelerator: AcceleratorConfig,
+                   table: EstimateTable | None = None) -> FusedLayer:
+    """The fused operators of `layer` in `direction` priced for `accelerator` (see `FusedLayer`)."""
+    table = table or default_table(accelerator)
+    return prepare_layer(op_graph, layer, direction, table).on(accelerator)
+
+
+def _graph_and_layers(model: object) -> tuple[OpGraph, tuple[int, ...]]:
+    """An OpGraph (all layers) or an extracted model (the representative of each repeat group)."""
+    if isinstance(model, OpGraph):
+        return model, model.layers
+    graph, groups = getattr(model, "op_graph", None), getattr(model, "repeat_groups", None)
+    if not isinstance(graph, OpGraph) or groups is None:
+        raise ValueError(f"models: expected OpGraph or an extracted model, got {type(model).__name__}")
+    return graph, tuple(group[0] for group in groups)
+
+
+def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = None,
+                cache_dir: Path | str | None = None, progress: bool = True,
+                area_budget: float | None = None) -> EstimateTable:
+    """Fill the estimate table with every GEMM of the models' layers, both directions, on every
+    tensor-core configuration of the candidate space (which holds every single-core version too).
+
+    `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
+    budget accelerator and technology (default TPUv4-like); `area_budget` [µm²]: default the
+    template's area; `cache_dir`: where estimates persist (default `default_cache_dir()`); what is
+    cached is loaded, the rest computed with a progress bar.
+    """
+    template = template or named_accelerator(DEFAULT_BUDGET)
+    table = EstimateTable(template, candidate_space(template, area_budget).tc_cores,
+                          default_cache_dir() if cache_dir is None else cache_dir)
+    shapes = []
+    for model in models:
+        graph, layers = _graph_and_layers(model)
+        for fused in fuse_layers(graph, layers):
+            for op in fused.ops:
+                for direction in DIRECTIONS:
+                    shapes.extend((g.n, g.c, g.k) for g in fused_work(graph, op, direction).gemms)
+    table.fill(shapes, progress=progress)
+    return table
+
+
+def estimate(model: object, accelerator: AcceleratorConfig | None = None,
+             table: EstimateTable | None = None) -> dict[tuple[int, str], FusedLayer]:
+    """Every layer of an OpGraph (or representative layer of an extracted model), both directions,
+    priced for `accelerator` (default: the TPUv4-like chip): {(layer, direction): FusedLayer}."""
+    accelerator = accelerator or named_accelerator(DEFAULT_BUDGET)
+    graph, layers = _graph_and_layers(model)
+    return {(layer, direction): layer_workload(graph, layer, direction, accelerator, table)
+            for layer in layers for direction in DIRECTIONS}

@@ -1,0 +1,116 @@
+"""Megatron-style tensor-parallel building blocks, as rank-0 (or rank-r) shards.
+
+A shard is an ordinary module holding its slice of the weights. The collectives are plain
+functions that the tracer keeps as single leaf calls (`COLLECTIVES`); run on one shard they return
+their input, which has the right shape. `verify.py` runs all shards of a width side by side and
+replaces each collective by the real reduction, which proves the shards compute the model.
+
+Every sharded parameter carries `partition_dim`, the dimension its full tensor is split along.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def all_reduce(x: torch.Tensor, group_size: int, reduce_op: str = "sum") -> torch.Tensor:
+    """All-reduce across the tensor-parallel group in the forward pass (identity in backward)."""
+    return x
+
+
+def copy_to_tensor_parallel_region(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Identity in the forward pass; all-reduce of the gradient in the backward pass."""
+    return x
+
+
+COLLECTIVES = (all_reduce, copy_to_tensor_parallel_region)
+
+
+def sharded_parameter(*shape: int, partition_dim: int | None) -> nn.Parameter:
+    """An uninitialised parameter, marked with the dimension it is split along (None: replicated)."""
+    parameter = nn.Parameter(torch.empty(*shape))
+    parameter.partition_dim = partition_dim  # type: ignore[attr-defined]
+    return parameter
+
+
+def _init_linear(weight: nn.Parameter, bias: nn.Parameter | None, fan_in: int) -> None:
+    if weight.device.type == "meta":
+        return
+    bound = 1.0 / math.sqrt(fan_in)
+    nn.init.uniform_(weight, -bound, bound)
+    if bias is not None:
+        nn.init.uniform_(bias, -bound, bound)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x Wᵀ + b with W split by output rows; the input gradient is all-reduced in backward."""
+
+    def __init__(self, in_features: int, out_features: int, width: int, bias: bool = True) -> None:
+        super().__init__()
+        self.width = width
+        self.weight = sharded_parameter(out_features // width, in_features, partition_dim=0)
+        self.bias = sharded_parameter(out_features // width, partition_dim=0) if bias else None
+        _init_linear(self.weight, self.bias, in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_r W_rᵀ) + b with W split by input columns; the bias is replicated."""
+
+    def __init__(self, in_features: int, out_features: int, width: int, bias: bool = True) -> None:
+        super().__init__()
+        self.width = width
+        self.weight = sharded_parameter(out_features, in_features // width, partition_dim=1)
+        self.bias = sharded_parameter(out_features, partition_dim=None) if bias else None
+        _init_linear(self.weight, self.bias, in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce(F.linear(x, self.weight), self.width)
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the (padded) vocabulary split in contiguous ranges over the ranks."""
+
+    def __init__(self, padded_vocab: int, dim: int, width: int, rank: int = 0) -> None:
+        super().__init__()
+        self.width = width
+        rows = padded_vocab // width
+        self.vocab_start, self.vocab_end = rank * rows, (rank + 1) * rows
+        self.weight = sharded_parameter(rows, dim, partition_dim=0)
+        if self.weight.device.type != "meta":
+            nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.width == 1:
+            return all_reduce(F.embedding(ids, self.weight), self.width)
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local_ids = (ids - self.vocab_start).masked_fill(outside, 0)
+        rows = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return all_reduce(rows, self.width)
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, width: int, vocab_start: int, vocab_end: int
+) -> torch.Tensor:
+    """Per-token cross-entropy of logits split over the vocabulary (Megatron's algorithm).
+
+    Each rank holds the columns [vocab_start, vocab_end); the maximum, the sum of exponentials and
+    the target logit are combined by all-reduces.
+    """
+    global_max = all_reduce(logits.amax(dim=-1), width, "max")
+    shifted = logits - global_max.unsqueeze(-1)
+    sum_exp = all_reduce(shifted.exp().sum(dim=-1), width)
+    if width == 1:
+        target = shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    else:
+        outside = (labels < vocab_start) | (labels >= vocab_end)
+        local_labels = (labels - vocab_start).masked_fill(outside, 0)
+        target = shifted.gather(-1, local_labels.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+    return sum_exp.log() - all_reduce(target, width)

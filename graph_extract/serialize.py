@@ -1,0 +1,88 @@
+"""JSON (de)serialisation of extracted graphs, and atomic file writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from graph_extract.layergraph import Layer, LayerEdge, LayerGraph
+from graph_extract.opgraph import GemmDims, OpGraph, OpNode
+
+#: Bump when the content or meaning of the files changes; old cache files are then ignored.
+FORMAT_VERSION = 1
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _shapes(value: list) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(shape) for shape in value)
+
+
+def op_node_to_dict(node: OpNode) -> dict[str, Any]:
+    record = dataclasses.asdict(node)
+    record["gemm"] = None if node.gemm is None else [node.gemm.batch, node.gemm.m, node.gemm.k, node.gemm.n]
+    record["attrs"] = [list(item) for item in node.attrs]
+    return record
+
+
+def op_node_from_dict(record: dict[str, Any]) -> OpNode:
+    return OpNode(
+        **{
+            **record,
+            "input_shapes": _shapes(record["input_shapes"]),
+            "output_shapes": _shapes(record["output_shapes"]),
+            "weight_shapes": _shapes(record["weight_shapes"]),
+            "weight_names": tuple(record["weight_names"]),
+            "inputs": tuple(record["inputs"]),
+            "gemm": None if record["gemm"] is None else GemmDims(*record["gemm"]),
+            "attrs": tuple((name, value) for name, value in record["attrs"]),
+        }
+    )
+
+
+def op_graph_to_dict(graph: OpGraph) -> dict[str, Any]:
+    return {
+        "tensor_parallel_width": graph.tensor_parallel_width,
+        "nodes": [op_node_to_dict(node) for node in graph.nodes],
+        "edges": [list(edge) for edge in graph.edges],
+    }
+
+
+def op_graph_from_dict(record: dict[str, Any]) -> OpGraph:
+    return OpGraph(
+        nodes=tuple(op_node_from_dict(node) for node in record["nodes"]),
+        edges=tuple(tuple(edge) for edge in record["edges"]),
+        tensor_parallel_width=record["tensor_parallel_width"],
+    )
+
+
+def layer_graph_to_dict(graph: LayerGraph) -> dict[str, Any]:
+    return dataclasses.asdict(graph)
+
+
+def layer_graph_from_dict(record: dict[str, Any]) -> LayerGraph:
+    return LayerGraph(
+        layers=tuple(Layer(**layer) for layer in record["layers"]),
+        edges=tuple(LayerEdge(**edge) for edge in record["edges"]),
+        tensor_parallel_width=record["tensor_parallel_width"],
+    )
+
+
+def dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"))

@@ -1,0 +1,243 @@
+"""torch.fx tracing with shape propagation, and the translation of fx nodes into an OpGraph.
+
+Tracing keeps torch.nn modules (Linear, LayerNorm, RMSNorm, Dropout, ...) and the tensor-parallel
+collectives as single nodes, records each node's module path, and propagates shapes with meta (or
+real) tensors. `to_op_graph` then turns every computing fx node into an OpNode; parameters, buffers
+and model inputs become attributes of the operators that read them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import operator
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx._symbolic_trace import _assert_is_none
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+
+from graph_extract.opgraph import GemmDims, OpGraph, OpNode
+from graph_extract.parallel import COLLECTIVES, all_reduce, copy_to_tensor_parallel_region
+
+#: Bytes per element of floating-point activations and weights in training (fp16, as the original).
+TRAINING_DTYPE_BYTES = 2
+
+
+class PhazeTracer(fx.Tracer):
+    """An fx tracer that keeps the collectives as leaf calls and records each node's module path."""
+
+    def __init__(self) -> None:
+        super().__init__(autowrap_functions=COLLECTIVES)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[override]
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        node.meta["module_path"] = target if kind == "call_module" else self.scope.module_path
+        return node
+
+
+def trace(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> fx.GraphModule:
+    """Trace `model` called with keyword `inputs` (its other arguments None), annotate shapes."""
+    unused = [name for name in inspect.signature(model.forward).parameters if name not in inputs]
+    graph = PhazeTracer().trace(model, concrete_args={name: None for name in unused})
+    for node in reversed(graph.nodes):  # drop the placeholders and guards of the None arguments
+        if node.target is _assert_is_none or (node.op == "placeholder" and not node.users):
+            graph.erase_node(node)
+    module = fx.GraphModule(model, graph)
+    placeholders = [node.target for node in graph.nodes if node.op == "placeholder"]
+    ShapeProp(module).propagate(*(inputs[name] for name in placeholders))
+    return module
+
+
+# What each traced operator is: (kind, op). Keys are modules classes, functions or method names.
+_MODULES: dict[type, tuple[str, str]] = {
+    nn.Linear: ("gemm", "linear"),
+    nn.LayerNorm: ("norm", "layernorm"),
+    nn.RMSNorm: ("norm", "rmsnorm"),
+    nn.Dropout: ("elementwise", "dropout"),
+    nn.Embedding: ("embedding", "embedding"),
+}
+
+_ELEMENTWISE_FUNCTIONS: dict[Callable, str] = {
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "div",
+    operator.neg: "neg",
+    operator.lt: "lt",
+    operator.le: "le",
+    operator.gt: "gt",
+    operator.ge: "ge",
+    operator.eq: "eq",
+    operator.or_: "logical_or",
+    operator.and_: "logical_and",
+    torch.add: "add",
+    torch.sub: "sub",
+    torch.mul: "mul",
+    torch.div: "div",
+    torch.neg: "neg",
+    torch.exp: "exp",
+    torch.log: "log",
+    torch.pow: "pow",
+    torch.rsqrt: "rsqrt",
+    torch.sqrt: "sqrt",
+    torch.tanh: "tanh",
+    torch.sigmoid: "sigmoid",
+    torch.cos: "cos",
+    torch.sin: "sin",
+    torch.where: "where",
+    F.gelu: "gelu",
+    F.relu: "relu",
+    F.silu: "silu",
+}
+
+_FUNCTIONS: dict[Callable, tuple[str, str]] = {
+    **{function: ("elementwise", name) for function, name in _ELEMENTWISE_FUNCTIONS.items()},
+    F.linear: ("gemm", "linear"),
+    torch.matmul: ("bmm", "matmul"),
+    operator.matmul: ("bmm", "matmul"),
+    torch.bmm: ("bmm", "matmul"),
+    F.softmax: ("softmax", "softmax"),
+    F.layer_norm: ("norm", "layernorm"),
+    F.rms_norm: ("norm", "rmsnorm"),
+    F.embedding: ("embedding", "embedding"),
+    torch.gather: ("index", "gather"),
+    torch.cat: ("shape", "cat"),
+    torch.flatten: ("shape", "flatten"),
+    torch.transpose: ("shape", "transpose"),
+    operator.getitem: ("shape", "getitem"),
+    all_reduce: ("allreduce", "allreduce"),
+    copy_to_tensor_parallel_region: ("allreduce", "allreduce"),
+}
+
+_METHODS: dict[str, tuple[str, str]] = {
+    **{name: ("elementwise", name) for name in ("add", "sub", "mul", "div", "neg", "exp", "log", "pow",
+                                                 "rsqrt", "sqrt", "tanh", "sigmoid", "cos", "sin",
+                                                 "masked_fill", "lt", "le", "gt", "ge", "eq")},
+    "softmax": ("softmax", "softmax"),
+    "sum": ("reduction", "sum"),
+    "mean": ("reduction", "mean"),
+    "amax": ("reduction", "amax"),
+    "gather": ("index", "gather"),
+    "matmul": ("bmm", "matmul"),
+    **{name: ("shape", name) for name in ("view", "reshape", "transpose", "permute", "contiguous",
+                                           "unsqueeze", "squeeze", "expand", "flatten", "unflatten",
+                                           "float", "to", "type_as", "t", "expand_as")},
+}
+
+
+def _classify(module: fx.GraphModule, node: fx.Node) -> tuple[str, str]:
+    if node.op == "call_module":
+        submodule = module.get_submodule(node.target)
+        table, key = _MODULES, type(submodule)
+    elif node.op == "call_function":
+        table, key = _FUNCTIONS, node.target
+    else:
+        table, key = _METHODS, node.target
+    if key not in table:
+        raise ValueError(f"operator: unsupported {node.op} {key!r} at {node.meta.get('module_path')!r}")
+    return table[key]
+
+
+def _tensor_metas(value: object) -> list[TensorMetadata]:
+    if isinstance(value, TensorMetadata):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [meta for item in value for meta in _tensor_metas(item)]
+    return []
+
+
+def _element_bytes(dtype: torch.dtype) -> int:
+    return TRAINING_DTYPE_BYTES if dtype.is_floating_point else torch.empty((), dtype=dtype).element_size()
+
+
+def _layer_of(module_path: str, num_layers: int) -> int:
+    """Layer id from the module path: embedding 0, block i -> i + 1, head num_layers + 1."""
+    top = module_path.split(".")
+    if top[0] == "embedding":
+        return 0
+    if top[0] == "layers" and len(top) > 1:
+        return int(top[1]) + 1
+    if top[0] == "head":
+        return num_layers + 1
+    raise ValueError(f"module_path: operator outside embedding/layers/head: {module_path!r}")
+
+
+def _gemm_dims(kind: str, inputs: list[tuple[int, ...]], weights: tuple[tuple[int, ...], ...],
+               output: tuple[int, ...]) -> GemmDims:
+    if kind == "gemm":  # activation [..., k] times weight [n, k]
+        n, k = weights[0]
+        return GemmDims(batch=1, m=math.prod(output[:-1]), k=k, n=n)
+    k = inputs[0][-1]
+    return GemmDims(batch=math.prod(output[:-2]), m=output[-2], k=k, n=output[-1])
+
+
+def _attrs(module: fx.GraphModule, node: fx.Node, op: str) -> tuple[tuple[str, object], ...]:
+    attrs: dict[str, object] = {}
+    if node.target is all_reduce:
+        group_size = node.args[1] if len(node.args) > 1 else node.kwargs["group_size"]
+        reduce_op = node.args[2] if len(node.args) > 2 else node.kwargs.get("reduce_op", "sum")
+        attrs.update(direction="forward", group_size=group_size, reduce_op=reduce_op)
+    elif node.target is copy_to_tensor_parallel_region:
+        group_size = node.args[1] if len(node.args) > 1 else node.kwargs["group_size"]
+        attrs.update(direction="backward", group_size=group_size, reduce_op="sum")
+    elif op == "dropout":
+        attrs["p"] = module.get_submodule(node.target).p
+    elif op in ("softmax", "sum", "mean", "amax"):
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+        attrs["dim"] = dim
+    return tuple(sorted(attrs.items()))
+
+
+def to_op_graph(module: fx.GraphModule, num_layers: int, tensor_parallel_width: int) -> OpGraph:
+    """The OpGraph of a traced, shape-annotated model."""
+    parameters = dict(module.named_parameters())
+    ids: dict[fx.Node, int] = {}
+    nodes: list[OpNode] = []
+    edges: list[tuple[int, int]] = []
+    for node in module.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        kind, op = _classify(module, node)
+        weight_names: list[str] = []
+        input_shapes: list[tuple[int, ...]] = []
+        sources: list[int | None] = []
+        for argument in node.all_input_nodes:
+            if argument.op == "get_attr" and argument.target in parameters:
+                weight_names.append(argument.target)
+                continue
+            if argument in ids:
+                edges.append((ids[argument], len(nodes)))
+            for meta in _tensor_metas(argument.meta.get("tensor_meta")):
+                input_shapes.append(tuple(meta.shape))
+                sources.append(ids.get(argument))
+        if node.op == "call_module":
+            submodule = module.get_submodule(node.target)
+            weight_names.extend(f"{node.target}.{name}" for name, _ in submodule.named_parameters())
+        weight_shapes = tuple(tuple(parameters[name].shape) for name in weight_names)
+        outputs = _tensor_metas(node.meta.get("tensor_meta"))
+        output_shapes = tuple(tuple(meta.shape) for meta in outputs)
+        ids[node] = len(nodes)
+        nodes.append(
+            OpNode(
+                id=len(nodes),
+                kind=kind,
+                op=op,
+                layer=_layer_of(node.meta["module_path"], num_layers),
+                name=node.name,
+                module_path=node.meta["module_path"],
+                input_shapes=tuple(input_shapes),
+                output_shapes=output_shapes,
+                weight_shapes=weight_shapes,
+                weight_names=tuple(weight_names),
+                inputs=tuple(sources),
+                dtype_bytes=_element_bytes(outputs[0].dtype) if outputs else 0,
+                gemm=_gemm_dims(kind, input_shapes, weight_shapes, output_shapes[0])
+                if kind in ("gemm", "bmm")
+                else None,
+                attrs=_attrs(module, node, op),
+            )
+        )
+    return OpGraph(nodes=tuple(nodes), edges=tuple(dict.fromkeys(edges)), tensor_parallel_width=tensor_parallel_width)

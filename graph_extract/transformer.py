@@ -1,0 +1,321 @@
+"""One transformer implementation, configured by a ModelSpec, that builds every model of the zoo.
+
+The module tree decides the layers: `embedding`, `layers.<i>` (one per block) and `head`. Every
+model is built as the rank-`rank` shard of tensor-parallel width `width` (width 1 is the whole
+model), with activations laid out [batch, sequence, hidden].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graph_extract.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    copy_to_tensor_parallel_region,
+    sharded_parameter,
+    vocab_parallel_cross_entropy,
+)
+from graph_extract.zoo import ModelSpec
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    eps = 1e-12 if spec.token_types else 1e-5  # BERT uses 1e-12
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden_size, eps=eps)
+    return nn.LayerNorm(spec.hidden_size, eps=eps)
+
+
+def _dropout(spec: ModelSpec) -> nn.Dropout | None:
+    return nn.Dropout(spec.dropout) if spec.dropout > 0 else None
+
+
+def _rotary_tables(sequence_length: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, [sequence, head_dim], base 10000 (Llama)."""
+    inverse_frequency = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(sequence_length, dtype=torch.float32), inverse_frequency)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+class Embedding(nn.Module):
+    """Token (vocabulary-parallel), position and segment embeddings."""
+
+    def __init__(self, spec: ModelSpec, sequence_length: int, width: int, rank: int, padded_vocab: int) -> None:
+        super().__init__()
+        dim = spec.embedding_projection or spec.hidden_size
+        self.word = VocabParallelEmbedding(padded_vocab, dim, width, rank)
+        self.project_in = nn.Linear(dim, spec.hidden_size, bias=False) if spec.embedding_projection else None
+        self.position = None
+        if spec.position_embedding == "learned":
+            table = spec.max_position_embeddings + spec.position_offset
+            self.position = sharded_parameter(table, spec.hidden_size, partition_dim=None)
+            offset = spec.position_offset
+            self.register_buffer("position_ids", torch.arange(offset, offset + sequence_length), persistent=False)
+        self.token_type = None
+        if spec.token_types:
+            self.token_type = sharded_parameter(spec.token_types, spec.hidden_size, partition_dim=None)
+        for table in (self.position, self.token_type):
+            if table is not None and table.device.type != "meta":
+                nn.init.normal_(table, std=0.02)
+        self.norm = _norm(spec) if spec.embedding_norm else None
+        self.dropout = _dropout(spec)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.word(input_ids)
+        if self.project_in is not None:
+            x = self.project_in(x)
+        if self.position is not None:
+            x = x + F.embedding(self.position_ids, self.position)
+        if self.token_type is not None:
+            x = x + F.embedding(token_type_ids, self.token_type)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x) if self.dropout is not None else x
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with the heads split over the tensor-parallel ranks."""
+
+    def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
+        super().__init__()
+        h, self.head_dim = spec.hidden_size, spec.head_dim
+        self.width, self.local_heads = width, spec.num_heads // width
+        # Fused: rows ordered (head, q|k|v, head_dim), so a contiguous slice of rows is whole heads.
+        self.qkv = ColumnParallelLinear(h, 3 * h, width, spec.bias) if spec.fused_qkv else None
+        if not spec.fused_qkv:
+            self.query = ColumnParallelLinear(h, h, width, spec.bias)
+            self.key = ColumnParallelLinear(h, h, width, spec.bias)
+            self.value = ColumnParallelLinear(h, h, width, spec.bias)
+        self.dense = RowParallelLinear(h, h, width, spec.bias)
+        self.dropout = _dropout(spec)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        if spec.causal:
+            mask = torch.ones(sequence_length, sequence_length, dtype=torch.bool).triu(1)
+            self.register_buffer("causal_mask", mask, persistent=False)
+        else:
+            self.causal_mask = None
+        if spec.position_embedding == "rotary":
+            cos, sin = _rotary_tables(sequence_length, self.head_dim)
+            self.register_buffer("rotary_cos", cos, persistent=False)
+            self.register_buffer("rotary_sin", sin, persistent=False)
+        else:
+            self.rotary_cos = None
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, s, heads·d] -> [b, heads, s, d]."""
+        return x.unflatten(-1, (self.local_heads, self.head_dim)).transpose(1, 2)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * self.rotary_cos + rotated * self.rotary_sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_parallel_region(x, self.width)
+        if self.qkv is not None:
+            qkv = self.qkv(x).unflatten(-1, (self.local_heads, 3, self.head_dim)).transpose(1, 2)
+            q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+        else:
+            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        if self.rotary_cos is not None:
+            q, k = self._rotate(q), self._rotate(k)
+        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
+        if self.causal_mask is not None:
+            scores = scores.masked_fill(self.causal_mask, float("-inf"))
+        probabilities = F.softmax(scores, dim=-1)
+        if self.dropout is not None:
+            probabilities = self.dropout(probabilities)
+        context = torch.matmul(probabilities, v).transpose(1, 2).flatten(-2)
+        return self.dense(context)
+
+
+class MLP(nn.Module):
+    """Feed-forward network: column-parallel up projection, activation, row-parallel down projection."""
+
+    def __init__(self, spec: ModelSpec, width: int) -> None:
+        super().__init__()
+        h, ffn = spec.hidden_size, spec.ffn_hidden_size
+        self.width, self.activation = width, spec.activation
+        self.up = ColumnParallelLinear(h, ffn, width, spec.bias)
+        self.gate = ColumnParallelLinear(h, ffn, width, spec.bias) if spec.activation == "swiglu" else None
+        self.down = RowParallelLinear(ffn, h, width, spec.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_parallel_region(x, self.width)
+        if self.gate is not None:
+            hidden = F.silu(self.gate(x)) * self.up(x)
+        elif self.activation == "gelu_tanh":
+            hidden = F.gelu(self.up(x), approximate="tanh")
+        else:
+            hidden = _ACTIVATIONS[self.activation](self.up(x))
+        return self.down(hidden)
+
+
+class Block(nn.Module):
+    """One transformer block, pre- or post-norm."""
+
+    def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
+        super().__init__()
+        self.pre_norm = spec.norm_position == "pre"
+        self.attention_norm, self.mlp_norm = _norm(spec), _norm(spec)
+        self.attention = SelfAttention(spec, sequence_length, width)
+        self.mlp = MLP(spec, width)
+        self.attention_dropout, self.mlp_dropout = _dropout(spec), _dropout(spec)
+
+    @staticmethod
+    def _drop(dropout: nn.Dropout | None, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x) if dropout is not None else x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self._drop(self.attention_dropout, self.attention(self.attention_norm(x)))
+            return x + self._drop(self.mlp_dropout, self.mlp(self.mlp_norm(x)))
+        x = self.attention_norm(x + self._drop(self.attention_dropout, self.attention(x)))
+        return self.mlp_norm(x + self._drop(self.mlp_dropout, self.mlp(x)))
+
+
+class LanguageModelHead(nn.Module):
+    """Final norm, vocabulary-parallel logits (tied or own weights) and per-token cross-entropy."""
+
+    def __init__(self, spec: ModelSpec, width: int, word: VocabParallelEmbedding, padded_vocab: int) -> None:
+        super().__init__()
+        dim = spec.embedding_projection or spec.hidden_size
+        self.width, self.vocab_start, self.vocab_end = width, word.vocab_start, word.vocab_end
+        self.norm = _norm(spec) if spec.final_norm else None
+        self.project_out = nn.Linear(spec.hidden_size, dim, bias=False) if spec.embedding_projection else None
+        if spec.tied_lm_head:
+            self.weight = word.weight
+        else:
+            self.weight = sharded_parameter(padded_vocab // width, dim, partition_dim=0)
+            if self.weight.device.type != "meta":
+                nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        logits = F.linear(copy_to_tensor_parallel_region(x, self.width), self.weight)
+        return vocab_parallel_cross_entropy(logits, labels, self.width, self.vocab_start, self.vocab_end)
+
+
+class Pooler(nn.Module):
+    """BERT pooler: tanh(W·h_[CLS] + b); replicated on every rank."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.dense = nn.Linear(spec.hidden_size, spec.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x[:, 0]))
+
+
+class BertPretrainingHead(nn.Module):
+    """Megatron BERT's heads: masked-LM (dense, gelu, norm, tied logits + bias) and sentence order."""
+
+    def __init__(self, spec: ModelSpec, width: int, word: VocabParallelEmbedding, padded_vocab: int) -> None:
+        super().__init__()
+        self.width, self.vocab_start, self.vocab_end = width, word.vocab_start, word.vocab_end
+        self.final_norm = _norm(spec) if spec.final_norm else None
+        self.transform = nn.Linear(spec.hidden_size, spec.hidden_size)
+        self.transform_norm = _norm(spec)
+        self.weight = word.weight
+        self.bias = sharded_parameter(padded_vocab // width, partition_dim=0)
+        if self.bias.device.type != "meta":
+            nn.init.zeros_(self.bias)
+        self.pooler = Pooler(spec)
+        self.sentence_order = nn.Linear(spec.hidden_size, 2)
+
+    def forward(
+        self, x: torch.Tensor, labels: torch.Tensor, sentence_order_labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        hidden = self.transform_norm(F.gelu(self.transform(x)))
+        logits = F.linear(copy_to_tensor_parallel_region(hidden, self.width), self.weight, self.bias)
+        lm_loss = vocab_parallel_cross_entropy(logits, labels, self.width, self.vocab_start, self.vocab_end)
+        order_logits = self.sentence_order(self.pooler(x))
+        order_loss = vocab_parallel_cross_entropy(order_logits, sentence_order_labels, 1, 0, 2)
+        return lm_loss, order_loss
+
+
+class TransformerModel(nn.Module):
+    """The rank-`rank` shard of a zoo model at tensor-parallel width `width`."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        sequence_length: int,
+        width: int = 1,
+        rank: int = 0,
+        padded_vocab: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        padded_vocab = padded_vocab or spec.padded_vocab_size(width)
+        self.embedding = Embedding(spec, sequence_length, width, rank, padded_vocab)
+        self.layers = nn.ModuleList(Block(spec, sequence_length, width) for _ in range(spec.num_layers))
+        if spec.head == "pooler":
+            self.head: nn.Module = Pooler(spec)
+        elif spec.head == "bert_pretraining":
+            self.head = BertPretrainingHead(spec, width, self.embedding.word, padded_vocab)
+        else:
+            self.head = LanguageModelHead(spec, width, self.embedding.word, padded_vocab)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The forward arguments this model uses, in order."""
+        names = ["input_ids"]
+        if self.spec.token_types:
+            names.append("token_type_ids")
+        if self.spec.head != "pooler":
+            names.append("labels")
+        if self.spec.head == "bert_pretraining":
+            names.append("sentence_order_labels")
+        return tuple(names)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        sentence_order_labels: torch.Tensor | None = None,
+    ):
+        x = self.embedding(input_ids, token_type_ids)
+        for block in self.layers:
+            x = block(x)
+        targets = [t for t in (labels, sentence_order_labels) if t is not None]
+        return self.head(x, *targets)
+
+
+def example_inputs(
+    model: TransformerModel, micro_batch_size: int, sequence_length: int, device: str = "meta", seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Random token ids, segment ids and labels of the right shapes for `model.input_names`."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (micro_batch_size, sequence_length)
+    high = {
+        "input_ids": model.spec.vocab_size,
+        "token_type_ids": max(model.spec.token_types, 1),
+        "labels": model.spec.vocab_size,
+        "sentence_order_labels": 2,
+    }
+    inputs = {}
+    for name in model.input_names:
+        size = (micro_batch_size,) if name == "sentence_order_labels" else shape
+        if device == "meta":
+            inputs[name] = torch.empty(size, dtype=torch.long, device="meta")
+        else:
+            inputs[name] = torch.randint(high[name], size, generator=generator).to(device)
+    return inputs

@@ -1,0 +1,168 @@
+"""The model zoo: hyper-parameters of every model phaze can extract.
+
+Shapes follow the original program's model table (specs/extractor_reference.md §1.2): the HF
+checkpoints' configs for bertbase/bertlarge/gpt2/opt/llama2, and the Megatron shapes hard-coded in
+the original for the `megatron*` models. Everything is written here; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of one transformer model, enough to build it in plain PyTorch."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    default_sequence_length: int
+    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
+    norm_position: str = "pre"  # "pre": x + f(norm(x)); "post": norm(x + f(x))
+    activation: str = "gelu"  # "gelu" | "gelu_tanh" | "relu" | "swiglu"
+    position_embedding: str = "learned"  # "learned" | "rotary"
+    position_offset: int = 0  # OPT's learned positions start at index 2
+    bias: bool = True
+    fused_qkv: bool = False  # one [h -> 3h] projection (GPT-2, Megatron) or three [h -> h]
+    causal: bool = True
+    token_types: int = 0  # BERT's segment embeddings (0 = none)
+    embedding_projection: int | None = None  # OPT-350m: 512-wide embeddings projected to h
+    embedding_norm: bool = False  # BERT: LayerNorm right after the embedding sum
+    head: str = "lm"  # "lm": LM logits + loss; "pooler": BERT pooler; "bert_pretraining"
+    tied_lm_head: bool = True
+    final_norm: bool = True  # a norm after the last block (pre-LN models)
+    dropout: float = 0.1
+    vocab_pad_multiple: int = 1  # Megatron pads the vocabulary to a multiple of 128·t
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def padded_vocab_size(self, tensor_parallel_width: int) -> int:
+        """Smallest multiple of vocab_pad_multiple·t that holds the vocabulary (Megatron's rule)."""
+        multiple = self.vocab_pad_multiple * tensor_parallel_width
+        return -(-self.vocab_size // multiple) * multiple
+
+    def with_overrides(self, **overrides: object) -> ModelSpec:
+        """A copy with some fields replaced (e.g. fewer layers for a quick run)."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"model: unknown field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **overrides)
+
+
+_BERT = dict(
+    vocab_size=30522,
+    max_position_embeddings=512,
+    default_sequence_length=512,
+    norm_position="post",
+    causal=False,
+    token_types=2,
+    embedding_norm=True,
+    head="pooler",
+    final_norm=False,
+)
+
+_MEGATRON_GPT = dict(
+    vocab_size=50257,
+    max_position_embeddings=1024,
+    default_sequence_length=1024,
+    fused_qkv=True,
+    vocab_pad_multiple=128,
+)
+
+_SPECS = (
+    ModelSpec("bertbase", 12, 768, 12, 3072, **_BERT),
+    ModelSpec("bertlarge", 24, 1024, 16, 4096, **_BERT),
+    ModelSpec(
+        "gpt2",  # GPT-2 XL
+        48,
+        1600,
+        25,
+        6400,
+        vocab_size=50257,
+        max_position_embeddings=1024,
+        default_sequence_length=1024,
+        activation="gelu_tanh",
+        fused_qkv=True,
+    ),
+    ModelSpec(
+        "opt",  # OPT-350m
+        24,
+        1024,
+        16,
+        4096,
+        vocab_size=50272,
+        max_position_embeddings=2048,
+        default_sequence_length=2048,
+        norm_position="post",
+        activation="relu",
+        position_offset=2,
+        embedding_projection=512,
+        final_norm=False,
+    ),
+    ModelSpec(
+        "llama2",  # Llama-2 7B
+        32,
+        4096,
+        32,
+        11008,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        default_sequence_length=4096,
+        norm="rmsnorm",
+        activation="swiglu",
+        position_embedding="rotary",
+        bias=False,
+        tied_lm_head=False,
+        dropout=0.0,
+    ),
+    ModelSpec(
+        "megatronbert",
+        24,
+        1024,
+        16,
+        4096,
+        **{
+            **_BERT,
+            "norm_position": "pre",
+            "final_norm": True,
+            "embedding_norm": False,
+            "head": "bert_pretraining",
+        },
+        fused_qkv=True,
+        vocab_pad_multiple=128,
+    ),
+    # The original's "megatrongpt2-xl" is 1024 wide with 40 blocks (its comment says 1.5B).
+    ModelSpec("megatrongpt2-xl", 40, 1024, 16, 4096, **_MEGATRON_GPT),
+    ModelSpec("megatrongpt2-54", 54, 1920, 20, 7680, **_MEGATRON_GPT),
+    ModelSpec("megatrongpt2-72", 72, 3072, 24, 12288, **_MEGATRON_GPT),
+    ModelSpec(
+        "megatrongpt3",  # GPT-3 175B
+        96,
+        12288,
+        96,
+        49152,
+        **{**_MEGATRON_GPT, "max_position_embeddings": 2048, "default_sequence_length": 2048},
+    ),
+)
+
+ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
+
+#: The model names phaze knows.
+MODELS: tuple[str, ...] = tuple(ZOO)
+
+
+def get_spec(model: str | ModelSpec) -> ModelSpec:
+    """The spec of a model name (or the spec itself); a clear error for an unknown name."""
+    if isinstance(model, ModelSpec):
+        return model
+    if model not in ZOO:
+        raise ValueError(f"model: unknown {model!r}; valid: {', '.join(MODELS)}")
+    return ZOO[model]

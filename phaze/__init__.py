@@ -1,0 +1,1 @@
+"""phaze: joint search of accelerator architecture and device placement for LLM training."""

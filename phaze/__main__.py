@@ -1,0 +1,3 @@
+from phaze.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""`phaze extract_graph`: trace the model at every tensor-parallel width and summarise the graphs."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from graph_extract import ExtractedModel, extract
+from graph_extract.serialize import atomic_write_text
+from phaze.settings import Settings
+
+#: Summary columns and their printed headers.
+COLUMNS = {
+    "tensor_parallel_width": "width",
+    "layers": "layers",
+    "repeat_groups": "repeat groups",
+    "parameters": "parameters (model)",
+    "parameters_per_device": "parameters/device",
+    "forward_flops_per_micro_batch": "fwd FLOPs/device/micro-batch",
+    "activation_bytes_per_micro_batch": "activation bytes/device/micro-batch",
+}
+
+
+def extract_all(settings: Settings) -> list[ExtractedModel]:
+    """The graphs of every width of the settings, from the cache when possible, with a progress bar."""
+    extracted = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"extracting {settings.spec.name}", total=len(settings.tensor_parallel_widths))
+        for width in settings.tensor_parallel_widths:
+            extracted.append(
+                extract(
+                    settings.spec,
+                    settings.micro_batch_size,
+                    settings.sequence_length,
+                    width,
+                    cache_dir=settings.cache_dir,
+                    force=settings.force_reextract,
+                )
+            )
+            progress.advance(task)
+    return extracted
+
+
+def summary_row(graphs: ExtractedModel) -> dict[str, int]:
+    """One width's totals per device (rank 0) and for the whole model."""
+    layers = graphs.layer_graph.layers
+    return {
+        "tensor_parallel_width": graphs.tensor_parallel_width,
+        "layers": len(layers),
+        "repeat_groups": len(graphs.repeat_groups),
+        "parameters": graphs.parameter_count,
+        "parameters_per_device": graphs.parameters_per_device,
+        "forward_flops_per_micro_batch": graphs.op_graph.flops,
+        "activation_bytes_per_micro_batch": sum(layer.activation_bytes for layer in layers),
+    }
+
+
+def run(settings: Settings, config: dict) -> None:
+    rows = [summary_row(graphs) for graphs in extract_all(settings)]
+    table = Table(
+        title=f"{settings.spec.name}: micro-batch {settings.micro_batch_size}, sequence {settings.sequence_length}"
+    )
+    for header in COLUMNS.values():
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(f"{row[column]:,}" for column in COLUMNS))
+    Console(width=max(Console().width, 160)).print(table)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(COLUMNS))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(Path(HydraConfig.get().runtime.output_dir) / "extract_summary.csv", text.getvalue())

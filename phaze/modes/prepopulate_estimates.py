@@ -1,0 +1,21 @@
+"""`phaze prepopulate_estimates`: extract (or load) the graphs and fill the estimate table."""
+
+from __future__ import annotations
+
+import time
+
+from estimator import prepopulate
+from phaze.modes.extract_graph import extract_all
+from phaze.settings import Settings
+
+
+def run(settings: Settings, config: dict) -> None:
+    started = time.perf_counter()
+    models = extract_all(settings)
+    table = prepopulate(models, settings.accelerator, cache_dir=settings.cache_dir / "estimates",
+                        area_budget=settings.area_budget)
+    cached = len(table.gemm_shapes) - table.computed
+    print(
+        f"{settings.spec.name}: {len(table.gemm_shapes)} GEMM shapes x {len(table.tc_cores):,} tensor-core configurations: "
+        f"{table.computed} computed, {cached} cached, {time.perf_counter() - started:.1f} s"
+    )

@@ -1,0 +1,48 @@
+"""`solve`: the best pipeline × tensor-parallel × data-parallel placement over all widths."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from .candidates import candidates, chain_space, downset_space
+from .dp import WidthPlacement, place
+from .evaluate import Infeasible, baseline_time
+from .inputs import PlacementGraph, PlacementSettings
+from .layer_graph import checked_widths, topological_order, width_graph
+from .max_stage import place_max_stage
+from .result import PlacedStage, PlacementResult
+
+
+def solve(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> PlacementResult:
+    """Place the layer graph (one PlacementGraph per tensor-parallel width) on the cluster.
+
+    Widths are tried in ascending order and a larger width wins only if strictly faster. Chains
+    use the interval DP, other DAGs the downset DP; both give the original's results on chains.
+    Raises ValueError on malformed input.
+    """
+    widths = checked_widths(graphs)
+    order = topological_order(graphs[widths[0]])
+    by_width = {width: width_graph(graphs[width], width, order) for width in widths}
+    reference = by_width[widths[0]]
+    space = chain_space(reference.n) if reference.is_chain() else downset_space(reference)
+    place_width = place if settings.sync_cost == "first_stage" else place_max_stage
+    best: WidthPlacement | None = None
+    for width in widths:
+        graph = by_width[width]
+        placement = place_width(candidates(graph, settings, space), graph, settings)
+        if placement is not None and (best is None or placement.time_per_batch < best.time_per_batch):
+            best = placement
+    baseline, reason = None, None
+    if settings.fixed_baseline is not None:
+        try:
+            baseline = baseline_time(by_width, settings.fixed_baseline, settings)
+        except Infeasible as infeasible:
+            reason = str(infeasible)
+    if best is None:
+        return PlacementResult((), None, None, math.inf, baseline, reason)
+    stages = tuple(
+        PlacedStage(tuple(order[p] for p in positions), devices, memory)
+        for positions, devices, memory in zip(best.stages, best.stage_devices, best.memory_bytes)
+    )
+    return PlacementResult(stages, best.data_parallel_degree, best.width, best.time_per_batch, baseline, reason)

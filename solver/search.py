@@ -1,0 +1,127 @@
+"""Architecture search strategies over an ordered list of candidate accelerators.
+
+A strategy only sees candidate indices, their areas, an exact `evaluate` (index -> throughput,
+0.0 when no placement fits) and, for `bounded`, optimistic throughputs that never under-estimate.
+The best is the highest throughput, ties going to the lower index, so every exact strategy that
+looks at the winner returns the same one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: index list -> one value per index (lets a strategy hand out a batch to parallel workers)
+BatchFunction = Callable[[list[int]], list[float]]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: int | None  # index of the best candidate, None when no candidate is feasible
+    best_throughput: float
+    evaluated: tuple[int, ...]  # indices evaluated exactly, in order
+    throughputs: tuple[float, ...]  # their throughputs, same order
+
+
+class _Tracker:
+    """Keeps the evaluation order and the best (highest throughput, then lowest index)."""
+
+    def __init__(self) -> None:
+        self.evaluated: list[int] = []
+        self.throughputs: list[float] = []
+        self.best: int | None = None
+        self.best_throughput = 0.0
+
+    def record(self, indices: list[int], throughputs: list[float]) -> None:
+        for index, throughput in zip(indices, throughputs, strict=True):
+            self.evaluated.append(index)
+            self.throughputs.append(throughput)
+            if throughput > 0 and (
+                throughput > self.best_throughput
+                or (throughput == self.best_throughput and self.best is not None and index < self.best)
+            ):
+                self.best, self.best_throughput = index, throughput
+
+    def can_win(self, index: int, optimistic: float) -> bool:
+        """Could a candidate with this optimistic throughput beat or tie-break the best?"""
+        if self.best is None:
+            return optimistic > 0
+        return optimistic > self.best_throughput or (optimistic == self.best_throughput and index < self.best)
+
+    def result(self) -> SearchResult:
+        return SearchResult(self.best, self.best_throughput, tuple(self.evaluated), tuple(self.throughputs))
+
+
+def exhaustive(count: int, evaluate: BatchFunction, batch_size: int = 64) -> SearchResult:
+    """Evaluate every candidate."""
+    tracker = _Tracker()
+    for start in range(0, count, batch_size):
+        indices = list(range(start, min(start + batch_size, count)))
+        tracker.record(indices, evaluate(indices))
+    return tracker.result()
+
+
+def area_buckets(areas: Sequence[float], bucket_size: float) -> list[list[int]]:
+    """Candidate indices grouped by floor(area / bucket_size), largest bucket first, stable inside."""
+    buckets: dict[int, list[int]] = {}
+    for index, area in enumerate(areas):
+        buckets.setdefault(int(area // bucket_size), []).append(index)
+    return [buckets[key] for key in sorted(buckets, reverse=True)]
+
+
+def phaze_sweep(
+    areas: Sequence[float], evaluate: BatchFunction, bucket_size: float = 1e4, hysteresis: int = 5
+) -> SearchResult:
+    """The original's sweep: area buckets from the largest down, stopping at a bucket boundary once
+    the best throughputs of the last `hysteresis` buckets never increase as the area shrinks.
+
+    `bucket_size` is in µm² (the original groups by 10,000 µm²). A bucket with no feasible candidate
+    counts with throughput -1, as in the original.
+    """
+    tracker = _Tracker()
+    bucket_best: list[float] = []
+    for bucket in area_buckets(areas, bucket_size):
+        recent = bucket_best[-hysteresis:]
+        if len(recent) >= hysteresis and all(a >= b for a, b in zip(recent, recent[1:])):
+            break
+        throughputs = evaluate(bucket)
+        tracker.record(bucket, throughputs)
+        bucket_best.append(max((t for t in throughputs if t > 0), default=-1.0))
+    return tracker.result()
+
+
+def bounded(
+    optimistic: np.ndarray,
+    refinements: Sequence[BatchFunction],
+    evaluate: BatchFunction,
+    batch_size: int = 1,
+) -> SearchResult:
+    """Best-first search on upper bounds of the throughput, exact when the bounds are valid.
+
+    `optimistic[i]` bounds candidate i's throughput from above; each refinement is a tighter bound
+    that is still an upper bound. A candidate is refined level by level, then evaluated, always
+    taking the candidate with the highest bound next; the search stops when no remaining bound can
+    beat the best throughput found.
+    """
+    tracker = _Tracker()
+    heap = [(-float(value), index, 0) for index, value in enumerate(optimistic)]
+    heapq.heapify(heap)
+    stages = [*refinements, evaluate]
+    while heap and tracker.can_win(heap[0][1], -heap[0][0]):
+        batch: dict[int, list[int]] = {}
+        for _ in range(batch_size):
+            if not heap or not tracker.can_win(heap[0][1], -heap[0][0]):
+                break
+            _, index, level = heapq.heappop(heap)
+            batch.setdefault(level, []).append(index)
+        for level, indices in sorted(batch.items()):
+            values = stages[level](indices)
+            if level == len(refinements):
+                tracker.record(indices, values)
+            else:
+                for index, value in zip(indices, values, strict=True):
+                    heapq.heappush(heap, (-value, index, level + 1))
+    return tracker.result()

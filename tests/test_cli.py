@@ -1,0 +1,77 @@
+"""The `phaze` command: modes, multirun sweeps, one-line errors with exit code 2."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def phaze(*arguments, cwd):
+    """Run `phaze` in `cwd` (as the console script does, whether or not the package is installed)."""
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    return subprocess.run(
+        [sys.executable, "-m", "phaze", *arguments], cwd=cwd, capture_output=True, text=True, env=environment
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments, field",
+    [
+        (["model=gpt5"], "model: unknown 'gpt5'; valid: bertbase"),
+        (["micro_batch_size=0"], "micro_batch_size"),
+        (["sequence_length=-1"], "sequence_length"),
+        (["model=megatrongpt2-54", "tensor_parallel_width=8"], "tensor_parallel_width: 8 does not divide the 20 heads"),
+        (["model=megatrongpt3", "tensor_parallel_width=16"], "tensor_parallel_width: 16 exceeds"),
+        (["-m", "model=bertlarge,gpt5"], "model: unknown 'gpt5'"),
+        (["-m", "model=bertlarge", "micro_batch_size=1,-2"], "micro_batch_size"),
+        (["accelerator.tc_width=96"], "accelerator.tc_width: must be a positive power of two"),
+        (["accelerator.num_vc=0"], "accelerator.num_vc: must be a positive power of two"),
+        (["area_budget=1000"], "area_budget: 1,000.00 µm² admits no accelerator configuration"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(arguments, field, tmp_path):
+    result = phaze("extract_graph", *arguments, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and field in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_mode_shows_usage(tmp_path):
+    result = phaze("train", cwd=tmp_path)
+    assert result.returncode == 2 and "extract_graph" in result.stderr
+
+
+@pytest.mark.slow
+def test_multirun_sweep_writes_one_summary_per_job(tmp_path):
+    result = phaze("extract_graph", "-m", "model=bertlarge,gpt2", "micro_batch_size=1,2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summaries = sorted(tmp_path.glob("outputs/multirun/*/*/*/extract_summary.csv"))
+    assert len(summaries) == 4
+    rows = [next(csv.DictReader(path.open())) for path in summaries]
+    assert [row["parameters"] for row in rows] == ["335141888"] * 2 + ["1557611200"] * 2
+    assert len(list(tmp_path.glob("outputs/cache/graphs/*.json"))) == 4
+
+
+def test_widths_and_cache_reuse(tmp_path):
+    arguments = ["model=megatrongpt3", "+model.overrides.num_layers=1", "micro_batch_size=1"]
+    first = phaze("extract_graph", *arguments, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    for width in ("1", "2", "4", "8"):
+        assert f"│     {width} │" in first.stdout
+    cached = sorted(path.name for path in tmp_path.glob("outputs/cache/graphs/*.json"))
+    assert [name.split("_")[3] for name in cached] == ["tp1", "tp2", "tp4", "tp8"]
+    again = phaze("extract_graph", *arguments, cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == first.stdout
+
+
+def test_prepopulate_estimates_fills_then_reuses_the_cache(tmp_path):
+    first = phaze("prepopulate_estimates", "model=bertlarge", "micro_batch_size=1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "11 GEMM shapes x 4,186 tensor-core configurations: 11 computed, 0 cached" in first.stdout
+    again = phaze("prepopulate_estimates", "model=bertlarge", "micro_batch_size=1", cwd=tmp_path)
+    assert "0 computed, 11 cached" in again.stdout

