@@ -1,17 +1,19 @@
 """Solve time and gap of the per-layer scheduling backends on transformer blocks.
 
-For each sampled accelerator configuration, the forward and backward graphs of one bertlarge and one
-megatrongpt3 block are scheduled by every backend; the table gives the median and max solve time and
-gap per (model, direction, backend). Target (DESIGN.md): cpsat median < 0.5 s with gap <= 1 %.
+For each sampled accelerator, the forward and backward graphs of one bertlarge block (micro-batch 1,
+no tensor parallelism) and one megatrongpt3 block (micro-batch 1, tensor-parallel width 8) are
+scheduled by every backend; the table gives the median and max solve time and gap per (model,
+direction, backend), and how far each backend's makespan is above the best any backend found.
+Target (DESIGN.md): cpsat median < 0.5 s with gap <= 1 %.
 
-The graphs are synthetic until the extractor and estimator land: `block_problems` is the one function
-to replace with the real ones (same signature). Its graphs follow the fused operators of a Megatron
-block (layernorm, QKV GEMMs with bias epilogue, attention bmm and softmax, output projection,
-all-reduce, MLP with GELU epilogue; backward: data- and weight-gradient GEMMs per GEMM, elementwise
-gradients), with latencies from a roofline of each operator's FLOPs and bytes on the sampled cores.
+--graphs real (default): the blocks from graph_extract and the estimator, priced for accelerators
+drawn from the candidate space. --graphs synthetic: hand-built graphs of the same blocks with
+separate weight-gradient GEMMs (31 and 26 operators backward), priced by a roofline on sampled
+cores: a harder test of the solver than the real graphs, whose backward operators carry both
+gradients of a GEMM.
 
-    python benchmarks/schedule.py [--configs 20] [--time-limit 10] [--relative-gap 0.01]
-                                  [--backends cpsat,milp,milp-highs,heuristic]
+    python benchmarks/schedule.py [--graphs real|synthetic] [--configs 20] [--time-limit 10]
+                                  [--relative-gap 0.01] [--backends cpsat,milp,milp-highs,heuristic]
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from estimator import AcceleratorConfig, candidate_space, layer_workload  # noqa: E402
+from graph_extract import ExtractedModel, extract  # noqa: E402
 from solver.schedule import Op, ScheduleProblem, ScheduleResult, solve  # noqa: E402
 
 
 @dataclass(frozen=True)
-class CoreConfig:
+class SyntheticChip:
     """One sampled accelerator: core counts, per-core peak and bandwidth, intra-op efficiency."""
 
     num_tc: int
@@ -52,14 +57,16 @@ class BlockShape:
     separate_qkv: bool  # HF BERT has three q/k/v GEMMs, Megatron one fused QKV GEMM
 
 
-MODELS = {
+REAL_MODELS = {"bertlarge": {"micro_batch_size": 1, "tensor_parallel_width": 1},
+               "megatrongpt3": {"micro_batch_size": 1, "tensor_parallel_width": 8}}
+SYNTHETIC_MODELS = {
     "bertlarge": BlockShape(hidden=1024, heads=16, sequence=512, batch=4, tensor_parallel=1, separate_qkv=True),
     "megatrongpt3": BlockShape(hidden=12288, heads=96, sequence=2048, batch=1, tensor_parallel=8, separate_qkv=False),
 }
 
 
-def sample_config(rng: random.Random) -> CoreConfig:
-    return CoreConfig(
+def sample_chip(rng: random.Random) -> SyntheticChip:
+    return SyntheticChip(
         num_tc=rng.randint(4, 8),
         num_vc=2,
         tc_flops=rng.uniform(10e12, 100e12),
@@ -72,7 +79,7 @@ def sample_config(rng: random.Random) -> CoreConfig:
 class _GraphBuilder:
     """Adds roofline-costed operators and their dependences."""
 
-    def __init__(self, config: CoreConfig):
+    def __init__(self, config: SyntheticChip):
         self.config, self.ops, self.edges = config, [], []
 
     def _add(self, op: Op, after: tuple[int, ...]) -> int:
@@ -167,30 +174,56 @@ def _backward(shape: BlockShape, g: _GraphBuilder) -> None:
     g.vector("d_residual", 2 * act, (d_ln1, d_res1))
 
 
-def block_problems(model: str, config: CoreConfig) -> dict[str, ScheduleProblem]:
-    """The forward and backward scheduling problems of one block of `model` on `config`.
-
-    Replace with the extractor + estimator output once they land (same signature)."""
+def synthetic_block_problems(model: str, chip: SyntheticChip) -> dict[str, ScheduleProblem]:
+    """The forward and backward scheduling problems of one synthetic block of `model` on `chip`."""
     problems = {}
     for direction, build in (("forward", _forward), ("backward", _backward)):
-        builder = _GraphBuilder(config)
-        build(MODELS[model], builder)
+        builder = _GraphBuilder(chip)
+        build(SYNTHETIC_MODELS[model], builder)
         problems[direction] = builder.problem()
     return problems
 
 
+@cache
+def _extracted(model: str) -> ExtractedModel:
+    return extract(model, **REAL_MODELS[model])
+
+
+def sample_accelerator(rng: random.Random) -> AcceleratorConfig:
+    space = candidate_space()
+    return space[rng.randrange(len(space))]
+
+
+def real_block_problems(model: str, accelerator: AcceleratorConfig) -> dict[str, ScheduleProblem]:
+    """The forward and backward problems of the first transformer block of `model`, extracted and
+    priced by the estimator for `accelerator`."""
+    extracted = _extracted(model)
+    block = extracted.repeat_groups[1][0]
+    return {
+        direction: ScheduleProblem.from_workload(
+            layer_workload(extracted.op_graph, block, direction, accelerator), accelerator.num_tc, accelerator.num_vc
+        )
+        for direction in ("forward", "backward")
+    }
+
+
+GRAPHS = {"real": (sample_accelerator, real_block_problems), "synthetic": (sample_chip, synthetic_block_problems)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graphs", choices=sorted(GRAPHS), default="real")
     parser.add_argument("--configs", type=int, default=20)
     parser.add_argument("--time-limit", type=float, default=10.0)
-    parser.add_argument("--backends", default="cpsat,milp,heuristic", help="comma list; milp-highs for HiGHS")
+    parser.add_argument("--backends", default="cpsat,milp,heuristic", help="comma list; milp-highs: HiGHS")
     parser.add_argument("--relative-gap", type=float, default=0.01, help="exact backends stop within this gap")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    configs = [sample_config(rng) for _ in range(args.configs)]
+    sample, block_problems = GRAPHS[args.graphs]
+    configs = [sample(rng) for _ in range(args.configs)]
     rows: dict[tuple, list[tuple[ScheduleResult, float]]] = {}
-    for model in MODELS:
+    for model in REAL_MODELS:
         for config in configs:
             for direction, problem in block_problems(model, config).items():
                 results = {}

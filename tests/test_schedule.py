@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from estimator.workload import FusedEstimate, FusedLayer
 from solver.schedule import (
     InvalidSchedule,
     LicenceLimitError,
@@ -81,6 +82,24 @@ def test_without_nops_keeps_precedence_through_chains_of_nops() -> None:
     problem = ScheduleProblem.without_nops(ops, edges, 1, 1)
     assert [op.core for op in problem.ops] == ["TC", "VC", "VC", "TC"]
     assert problem.edges == ((0, 1), (0, 2), (2, 3))
+
+
+def test_from_workload_reads_an_estimator_layer() -> None:
+    ops = (
+        FusedEstimate((0, 1), "TCandVC", 4e-3, 1e-3, 2.0, 3.0),
+        FusedEstimate((2,), "Nop", 0.0, 0.0, 0.0, 0.0),
+        FusedEstimate((3,), "collective", 5e-4, 5e-4, 0.1, 0.1),
+        FusedEstimate((4,), "VC", 1e-5, 3e-6, 0.01, 0.02),
+    )
+    layer = FusedLayer(layer=1, direction="backward", ops=ops, edges=((0, 1), (1, 2), (1, 3)))
+    problem = ScheduleProblem.from_workload(layer, num_tc=4, num_vc=2)
+    assert [(op.core, op.latency, op.parallel_latency, op.energy, op.parallel_energy) for op in problem.ops] == [
+        ("TCandVC", 4e-3, 1e-3, 2.0, 3.0),
+        ("collective", 5e-4, 5e-4, 0.1, 0.1),
+        ("VC", 1e-5, 3e-6, 0.01, 0.02),
+    ]
+    assert problem.edges == ((0, 1), (0, 2))
+    assert (problem.num_tc, problem.num_vc) == (4, 2)
 
 
 def test_width_is_the_largest_unordered_set() -> None:

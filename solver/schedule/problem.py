@@ -142,6 +142,23 @@ class ScheduleProblem:
                     stack.extend(successors[node])
         return cls(tuple(ops[i] for i in kept), tuple(new_edges), num_tc, num_vc)
 
+    @classmethod
+    def from_workload(cls, layer, num_tc: int, num_vc: int) -> ScheduleProblem:
+        """The problem of an estimator `FusedLayer` (ops with core_type, latencies and energies, and
+        edges) on a chip with these core counts; Nops are dropped as in `without_nops`."""
+        ops = [
+            Op(
+                op.core_type,
+                op.latency,
+                op.latency if op.core_type == "collective" else op.parallel_latency,
+                op.energy,
+                op.energy if op.core_type == "collective" else op.parallel_energy,
+                name=f"{layer.direction[0]}{'+'.join(map(str, op.members))}",
+            )
+            for op in layer.ops
+        ]
+        return cls.without_nops(ops, layer.edges, num_tc, num_vc)
+
     def rounded(self, digits: int) -> ScheduleProblem:
         """The same problem with latencies and energies rounded to `digits` significant digits."""
 
