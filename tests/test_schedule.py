@@ -339,3 +339,11 @@ def test_gantt_chart_is_written_whole(tmp_path) -> None:
     path = plot_gantt(problem, result, tmp_path / "gantt.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["gantt.png"]
+
+
+def test_gantt_chart_draws_only_the_cores_in_use(tmp_path) -> None:
+    # two TC operators side by side on a 2048-TC chip: 2 TC lanes and 1 VC lane, not 2304
+    problem = ScheduleProblem([Op("TC", 1.0, 1.0), Op("TC", 1.0, 1.0), Op("VC", 1.0, 1.0)], [], 2048, 256)
+    png = plot_gantt(problem, solve(problem), tmp_path / "gantt.png").read_bytes()
+    height = int.from_bytes(png[20:24], "big")
+    assert height < 400

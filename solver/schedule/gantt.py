@@ -16,37 +16,45 @@ from solver.schedule.result import ScheduleResult
 COLOURS = {"TC": "tab:blue", "VC": "tab:orange", "TCandVC": "tab:green", "collective": "tab:gray"}
 
 
-def _rows(problem: ScheduleProblem, result: ScheduleResult) -> tuple[list[str], list[list[int]]]:
-    """Lane labels, and the lanes each operator is drawn on."""
+def _rows(problem: ScheduleProblem, result: ScheduleResult) -> tuple[list[str], list[list[int]], str]:
+    """Lane labels, the lanes each operator is drawn on, and a note on the lanes left out.
+
+    Only the cores that one-core runs use get a lane (a chip may have thousands of cores); a
+    parallel run covers every lane of its type."""
     schedule = Schedule(result.start, result.parallel)
     cores = assign_cores(problem, schedule)
+    shown = []
+    for kind, count in enumerate((problem.num_tc, problem.num_vc)):
+        used = max((c[kind] + 1 for c in cores if c[kind] is not None), default=0)
+        needed = any((op.uses_tc, op.uses_vc)[kind] and op.uses_cores for op in problem.ops)
+        shown.append(min(count, max(used, int(needed))))
     collectives = [i for i, op in enumerate(problem.ops) if op.core == "collective" and op.latency > 0]
     ends = [s + op.latency for s, op in zip(result.start, problem.ops)]
     collective_lane = dict(zip(collectives, lanes([(result.start[i], ends[i]) for i in collectives], 0.0)))
-    tc_rows = list(range(problem.num_tc))
-    vc_rows = [problem.num_tc + c for c in range(problem.num_vc)]
-    first_collective_row = problem.num_tc + problem.num_vc
-    labels = [f"TC{c}" for c in range(problem.num_tc)] + [f"VC{c}" for c in range(problem.num_vc)]
+    tc_rows = list(range(shown[0]))
+    vc_rows = [shown[0] + c for c in range(shown[1])]
+    labels = [f"TC{c}" for c in tc_rows] + [f"VC{c}" for c in range(shown[1])]
     labels += [f"collective{c}" for c in range(max(collective_lane.values(), default=-1) + 1)]
     drawn: list[list[int]] = []
     for i, op in enumerate(problem.ops):
         if i in collective_lane:
-            drawn.append([first_collective_row + collective_lane[i]])
+            drawn.append([shown[0] + shown[1] + collective_lane[i]])
         elif not op.uses_cores:
             drawn.append([])
         elif result.parallel[i]:
-            pairs = min(problem.num_tc, problem.num_vc)
+            pairs = min(shown)
             drawn.append({"TC": tc_rows, "VC": vc_rows, "TCandVC": tc_rows[:pairs] + vc_rows[:pairs]}[op.core])
         else:
             tc, vc = cores[i]
             drawn.append(([] if tc is None else [tc_rows[tc]]) + ([] if vc is None else [vc_rows[vc]]))
-    return labels, drawn
+    note = f"lanes: {shown[0]} of {problem.num_tc} TCs, {shown[1]} of {problem.num_vc} VCs (the others stay idle)"
+    return labels, drawn, note
 
 
 def plot_gantt(problem: ScheduleProblem, result: ScheduleResult, path: str | Path, title: str = "") -> Path:
     """Draw `result` to `path` (any format matplotlib writes, by suffix); write-then-rename."""
     path = Path(path)
-    labels, drawn = _rows(problem, result)
+    labels, drawn, note = _rows(problem, result)
     scale, unit = next((s, u) for s, u in ((1e6, "µs"), (1e3, "ms"), (1.0, "s")) if result.makespan * s < 1000)
     figure = Figure(figsize=(10, 0.45 * len(labels) + 1.5))
     axes = figure.add_subplot()
@@ -63,7 +71,7 @@ def plot_gantt(problem: ScheduleProblem, result: ScheduleResult, path: str | Pat
     axes.set_yticks(range(len(labels)), labels)
     axes.invert_yaxis()
     axes.set_xlim(0, max(result.makespan * scale, 1e-12))
-    axes.set_xlabel(f"time [{unit}]")
+    axes.set_xlabel(f"time [{unit}]; {note}")
     axes.set_title(title or f"makespan {result.makespan * scale:.4g} {unit} ({result.backend}, {result.status})")
     handles = [Patch(facecolor=c, label=k) for k, c in COLOURS.items()]
     handles.append(Patch(facecolor="white", hatch="//", label="parallel"))
