@@ -57,6 +57,7 @@ class BlockShape:
     separate_qkv: bool  # HF BERT has three q/k/v GEMMs, Megatron one fused QKV GEMM
 
 
+MODELS = ("bertlarge", "megatrongpt3")
 REAL_MODELS = {"bertlarge": {"micro_batch_size": 1, "tensor_parallel_width": 1},
                "megatrongpt3": {"micro_batch_size": 1, "tensor_parallel_width": 8}}
 SYNTHETIC_MODELS = {
@@ -223,7 +224,7 @@ def main() -> None:
     sample, block_problems = GRAPHS[args.graphs]
     configs = [sample(rng) for _ in range(args.configs)]
     rows: dict[tuple, list[tuple[ScheduleResult, float]]] = {}
-    for model in REAL_MODELS:
+    for model in MODELS:
         for config in configs:
             for direction, problem in block_problems(model, config).items():
                 results = {}
