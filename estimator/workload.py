@@ -19,7 +19,7 @@ from graph_extract.opgraph import OpGraph
 from estimator.accelerator import AcceleratorConfig, CoreConfig, named_accelerator
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
-from estimator.space import DEFAULT_BUDGET, candidate_space
+from estimator.space import DEFAULT_BUDGET, CandidateSpace, candidate_space
 from estimator.table import EstimateTable, allreduce_seconds, technology
 from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
 
@@ -113,6 +113,21 @@ class PreparedLayer:
         one, one_energy = self._price(accelerator.tc_core.single(), accelerator.vc_width)
         every, every_energy = self._price(accelerator.tc_core, accelerator.num_vc * accelerator.vc_width)
         return one, every, one_energy, every_energy
+
+    def candidate_prices(self, space: CandidateSpace) -> tuple[np.ndarray, np.ndarray]:
+        """(latency, parallel_latency) [s] of every operator on every candidate of `space` at once,
+        as arrays [operators x candidates]: the vectorised form of `prices` for a whole sweep."""
+        self.table.check(space.template)
+        cores = space.tc_cores
+        every = np.array([self.table.tc_index[core] for core in cores])[space.tc_index]
+        single = np.array([self.table.tc_index[core.single()] for core in cores])[space.tc_index]
+        lanes, lane_index = np.unique(np.concatenate([space.num_vc * space.width, space.width]), return_inverse=True)
+        vector = np.stack([self._vector_cores(int(count))[0] for count in lanes], axis=1)[:, lane_index]
+        vector_every, vector_single = vector[:, : len(space)], vector[:, len(space):]
+        clock, allreduce = self.table.template.clock_hz, self._allreduce[:, None]
+        latency = np.maximum(self._tc_cycles[:, single], vector_single) / clock + allreduce
+        parallel = np.maximum(self._tc_cycles[:, every], vector_every) / clock + allreduce
+        return latency, parallel
 
     def on(self, accelerator: AcceleratorConfig) -> FusedLayer:
         """The layer priced for one accelerator."""

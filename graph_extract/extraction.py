@@ -17,7 +17,7 @@ from graph_extract.opgraph import OpGraph
 from graph_extract.repeats import repeat_groups as find_repeat_groups
 from graph_extract.serialize import (
     FORMAT_VERSION,
-    atomic_write_text,
+    atomic_write,
     dumps,
     layer_graph_from_dict,
     layer_graph_to_dict,
@@ -173,5 +173,5 @@ def extract(
             log.warning("rebuilding unreadable graph cache %s (%s)", path, error)
     extracted = _trace(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     if path is not None:
-        atomic_write_text(path, dumps(_to_record(extracted)))
+        atomic_write(path, dumps(_to_record(extracted)))
     return extracted

@@ -16,13 +16,13 @@ from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 FORMAT_VERSION = 1
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename."""
+def atomic_write(path: Path, content: str | bytes) -> None:
+    """Write `content` to `path` through a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb" if isinstance(content, bytes) else "w") as stream:
+            stream.write(content)
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:

@@ -13,12 +13,15 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from phaze.settings import MODES, ConfigError, model_name_error, settings_from_config
 
-USAGE = f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)"
+USAGE = (
+    f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
+    "       phaze report DIR   (summarise the run_solver runs under DIR)"
+)
 
 
 def _fail(message: str) -> None:
@@ -61,12 +64,16 @@ def _run(cfg: DictConfig) -> None:
     elif settings.mode == "prepopulate_estimates":
         from phaze.modes.prepopulate_estimates import run
     else:
-        _fail(f"mode: {settings.mode} is not implemented yet")
-    run(settings, OmegaConf.to_container(cfg, resolve=True))
+        from phaze.modes.run_solver import run
+    run(settings)
 
 
 def main() -> None:
     arguments = sys.argv[1:]
+    if arguments and arguments[0] == "report":
+        from phaze.report import main as report
+
+        sys.exit(report(arguments[1:]))
     if not arguments or arguments[0] not in MODES:
         print(USAGE, file=sys.stderr)
         sys.exit(2)

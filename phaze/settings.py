@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from estimator import AcceleratorConfig, candidate_space, named_accelerator
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
+from solver.codesign import STRATEGIES
+from solver.placement import FixedStrategy
+from solver.placement.inputs import OPTIMIZERS, SYNC_COSTS
+from solver.schedule import BACKENDS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver")
 GIB = 1024**3
@@ -23,20 +28,58 @@ class ConfigError(ValueError):
 class Settings:
     mode: str
     spec: ModelSpec
-    micro_batch_size: int
+    micro_batch_sizes: tuple[int, ...]
     sequence_length: int
     tensor_parallel_widths: tuple[int, ...]
-    hbm_size_bytes: int
+    hbm_sizes_gib: tuple[float, ...]
     force_reextract: bool
     cache_dir: Path
     accelerator: AcceleratorConfig  # the template: technology, and the area budget unless area_budget
     area_budget: float | None  # µm²
+    search: str
+    global_batch_size: int
+    devices: int
+    optimizer: str
+    sync_cost: str
+    schedule_backend: str
+    schedule_time_limit: float
+    candidate_sample: int | None
+    n_jobs: int
+    fixed_megatron: FixedStrategy | None
+
+    @staticmethod
+    def hbm_bytes(gib: float) -> int:
+        return round(gib * GIB)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not _is_int(value) or value <= 0:
         raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
     return value
+
+
+def _positive_number(name: str, value: object, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name}: must be a positive number of {unit}, got {value!r}")
+    return value
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name}: unknown {value!r}; valid: {', '.join(allowed)}")
+    return value
+
+
+def _values(name: str, value: object) -> list:
+    """A scalar or a list from the config, as a non-empty list."""
+    values = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+    if not values:
+        raise ConfigError(f"{name}: must be a value or a non-empty list")
+    return values
 
 
 def model_name_error(name: object) -> ConfigError | None:
@@ -46,10 +89,7 @@ def model_name_error(name: object) -> ConfigError | None:
     return ConfigError(f"model: unknown {name!r}; valid: {', '.join(MODELS)}")
 
 
-def settings_from_config(cfg: DictConfig) -> Settings:
-    """Check every user-facing key of the composed config."""
-    if cfg.mode not in MODES:
-        raise ConfigError(f"mode: unknown {cfg.mode!r}; valid: {', '.join(MODES)}")
+def _spec(cfg: DictConfig) -> ModelSpec:
     error = model_name_error(cfg.model.name)
     if error:
         raise error
@@ -57,52 +97,96 @@ def settings_from_config(cfg: DictConfig) -> Settings:
     if not isinstance(overrides, dict):
         raise ConfigError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
     try:
-        spec = get_spec(cfg.model.name).with_overrides(**overrides)
+        return get_spec(cfg.model.name).with_overrides(**overrides)
     except (TypeError, ValueError) as problem:
         raise ConfigError(f"model.overrides: {problem}") from None
-    micro_batch_size = _positive_int("micro_batch_size", cfg.micro_batch_size)
-    sequence_length = spec.default_sequence_length if cfg.sequence_length is None else cfg.sequence_length
+
+
+def _widths(cfg: DictConfig, spec: ModelSpec) -> tuple[int, ...]:
     maximum = _positive_int("max_tensor_parallel_width", cfg.max_tensor_parallel_width)
     if cfg.tensor_parallel_width is None:
-        widths = valid_tensor_parallel_widths(spec, maximum)
-    else:
-        width = cfg.tensor_parallel_width
-        if isinstance(width, int) and not isinstance(width, bool) and width > maximum:
-            raise ConfigError(f"tensor_parallel_width: {width} exceeds max_tensor_parallel_width={maximum}")
-        widths = (width,)
+        return valid_tensor_parallel_widths(spec, maximum)
+    width = cfg.tensor_parallel_width
+    if _is_int(width) and width > maximum:
+        raise ConfigError(f"tensor_parallel_width: {width} exceeds max_tensor_parallel_width={maximum}")
+    return (width,)
+
+
+def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None]:
+    fields = OmegaConf.to_container(cfg.accelerator)
+    preset = fields.pop("preset")
     try:
-        for width in widths:
-            check_request(spec, micro_batch_size, sequence_length, width)
-    except ValueError as problem:
-        raise ConfigError(str(problem)) from None
-    hbm_size = cfg.hbm_size
-    if isinstance(hbm_size, bool) or not isinstance(hbm_size, (int, float)) or hbm_size <= 0:
-        raise ConfigError(f"hbm_size: must be a positive number of GiB, got {hbm_size!r}")
-    if not isinstance(cfg.force_reextract, bool):
-        raise ConfigError(f"force_reextract: must be true or false, got {cfg.force_reextract!r}")
-    accelerator_fields = OmegaConf.to_container(cfg.accelerator)
-    preset = accelerator_fields.pop("preset")
-    try:
-        accelerator = named_accelerator(preset, **{k: v for k, v in accelerator_fields.items() if v is not None})
+        accelerator = named_accelerator(preset, **{k: v for k, v in fields.items() if v is not None})
     except (TypeError, ValueError) as problem:
         raise ConfigError(str(problem)) from None
     area_budget = cfg.area_budget
-    if area_budget is not None and (isinstance(area_budget, bool) or not isinstance(area_budget, (int, float))
-                                    or area_budget <= 0):
-        raise ConfigError(f"area_budget: must be a positive area in µm² or null, got {area_budget!r}")
+    if area_budget is not None:
+        area_budget = float(_positive_number("area_budget", area_budget, "µm² or null"))
     try:
         candidate_space(accelerator, area_budget)
     except ValueError as problem:
         raise ConfigError(str(problem)) from None
+    return accelerator, area_budget
+
+
+def _fixed_megatron(cfg: DictConfig, spec: ModelSpec) -> FixedStrategy | None:
+    fixed = cfg.model.get("fixed_megatron")
+    if fixed is None:
+        return None
+    return FixedStrategy(
+        *(_positive_int(f"model.fixed_megatron.{name}", fixed[name])
+          for name in ("pipeline_stages", "tensor_parallel_width", "data_parallel_degree")),
+        spec.num_layers,
+    )
+
+
+def settings_from_config(cfg: DictConfig) -> Settings:
+    """Check every user-facing key of the composed config."""
+    mode = _choice("mode", cfg.mode, MODES)
+    spec = _spec(cfg)
+    micro_batch_sizes = tuple(_positive_int("micro_batch_size", v) for v in _values("micro_batch_size", cfg.micro_batch_size))
+    sequence_length = spec.default_sequence_length if cfg.sequence_length is None else cfg.sequence_length
+    widths = _widths(cfg, spec)
+    try:
+        for micro_batch_size in micro_batch_sizes:
+            for width in widths:
+                check_request(spec, micro_batch_size, sequence_length, width)
+    except ValueError as problem:
+        raise ConfigError(str(problem)) from None
+    hbm_sizes = tuple(float(_positive_number("hbm_size", v, "GiB")) for v in _values("hbm_size", cfg.hbm_size))
+    if not isinstance(cfg.force_reextract, bool):
+        raise ConfigError(f"force_reextract: must be true or false, got {cfg.force_reextract!r}")
+    accelerator, area_budget = _accelerator(cfg)
+    global_batch_size = _positive_int("global_batch_size", cfg.global_batch_size)
+    if mode == "run_solver":
+        for micro_batch_size in micro_batch_sizes:
+            if global_batch_size % micro_batch_size:
+                raise ConfigError(
+                    f"micro_batch_size: {micro_batch_size} does not divide global_batch_size={global_batch_size}"
+                )
+    sample = cfg.candidate_sample
+    n_jobs = cfg.n_jobs
+    if not _is_int(n_jobs) or n_jobs == 0 or n_jobs < -1:
+        raise ConfigError(f"n_jobs: must be a positive integer or -1 (all cores), got {n_jobs!r}")
     return Settings(
-        mode=cfg.mode,
+        mode=mode,
         spec=spec,
-        micro_batch_size=micro_batch_size,
+        micro_batch_sizes=micro_batch_sizes,
         sequence_length=sequence_length,
         tensor_parallel_widths=widths,
-        hbm_size_bytes=int(hbm_size * GIB),
+        hbm_sizes_gib=hbm_sizes,
         force_reextract=cfg.force_reextract,
         cache_dir=Path(cfg.cache_dir),
         accelerator=accelerator,
-        area_budget=None if area_budget is None else float(area_budget),
+        area_budget=area_budget,
+        search=_choice("search", cfg.search, STRATEGIES),
+        global_batch_size=global_batch_size,
+        devices=_positive_int("num_devices", cfg.num_devices),
+        optimizer=_choice("optimizer", cfg.optimizer, OPTIMIZERS),
+        sync_cost=_choice("sync_cost", cfg.sync_cost, SYNC_COSTS),
+        schedule_backend=_choice("schedule.backend", cfg.schedule.backend, BACKENDS),
+        schedule_time_limit=float(_positive_number("schedule.time_limit", cfg.schedule.time_limit, "seconds")),
+        candidate_sample=None if sample is None else _positive_int("candidate_sample", sample),
+        n_jobs=(os.cpu_count() or 1) if n_jobs == -1 else n_jobs,
+        fixed_megatron=_fixed_megatron(cfg, spec),
     )

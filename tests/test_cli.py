@@ -62,7 +62,7 @@ def test_widths_and_cache_reuse(tmp_path):
     first = phaze("extract_graph", *arguments, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     for width in ("1", "2", "4", "8"):
-        assert f"│     {width} │" in first.stdout
+        assert f"│           1 │     {width} │" in first.stdout
     cached = sorted(path.name for path in tmp_path.glob("outputs/cache/graphs/*.json"))
     assert [name.split("_")[3] for name in cached] == ["tp1", "tp2", "tp4", "tp8"]
     again = phaze("extract_graph", *arguments, cwd=tmp_path)

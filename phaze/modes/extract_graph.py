@@ -1,4 +1,4 @@
-"""`phaze extract_graph`: trace the model at every tensor-parallel width and summarise the graphs."""
+"""`phaze extract_graph`: trace the model at every micro-batch size and width, summarise the graphs."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from graph_extract import ExtractedModel, extract
-from graph_extract.serialize import atomic_write_text
+from graph_extract.serialize import atomic_write
 from phaze.settings import Settings
 
 #: Summary columns and their printed headers.
 COLUMNS = {
+    "micro_batch_size": "micro-batch",
     "tensor_parallel_width": "width",
     "layers": "layers",
     "repeat_groups": "repeat groups",
@@ -27,21 +28,20 @@ COLUMNS = {
 }
 
 
-def extract_all(settings: Settings) -> list[ExtractedModel]:
-    """The graphs of every width of the settings, from the cache when possible, with a progress bar."""
-    extracted = []
+def extract_all(settings: Settings) -> dict[int, dict[int, ExtractedModel]]:
+    """micro-batch size -> width -> graphs, from the cache when possible, with a progress bar."""
+    jobs = [(b, t) for b in settings.micro_batch_sizes for t in settings.tensor_parallel_widths]
+    extracted: dict[int, dict[int, ExtractedModel]] = {}
     with Progress(transient=True) as progress:
-        task = progress.add_task(f"extracting {settings.spec.name}", total=len(settings.tensor_parallel_widths))
-        for width in settings.tensor_parallel_widths:
-            extracted.append(
-                extract(
-                    settings.spec,
-                    settings.micro_batch_size,
-                    settings.sequence_length,
-                    width,
-                    cache_dir=settings.cache_dir,
-                    force=settings.force_reextract,
-                )
+        task = progress.add_task(f"extracting {settings.spec.name}", total=len(jobs))
+        for micro_batch_size, width in jobs:
+            extracted.setdefault(micro_batch_size, {})[width] = extract(
+                settings.spec,
+                micro_batch_size,
+                settings.sequence_length,
+                width,
+                cache_dir=settings.cache_dir,
+                force=settings.force_reextract,
             )
             progress.advance(task)
     return extracted
@@ -51,6 +51,7 @@ def summary_row(graphs: ExtractedModel) -> dict[str, int]:
     """One width's totals per device (rank 0) and for the whole model."""
     layers = graphs.layer_graph.layers
     return {
+        "micro_batch_size": graphs.micro_batch_size,
         "tensor_parallel_width": graphs.tensor_parallel_width,
         "layers": len(layers),
         "repeat_groups": len(graphs.repeat_groups),
@@ -61,18 +62,16 @@ def summary_row(graphs: ExtractedModel) -> dict[str, int]:
     }
 
 
-def run(settings: Settings, config: dict) -> None:
-    rows = [summary_row(graphs) for graphs in extract_all(settings)]
-    table = Table(
-        title=f"{settings.spec.name}: micro-batch {settings.micro_batch_size}, sequence {settings.sequence_length}"
-    )
+def run(settings: Settings) -> None:
+    rows = [summary_row(graphs) for by_width in extract_all(settings).values() for graphs in by_width.values()]
+    table = Table(title=f"{settings.spec.name}, sequence {settings.sequence_length}")
     for header in COLUMNS.values():
         table.add_column(header, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*(f"{row[column]:,}" for column in COLUMNS))
-    Console(width=max(Console().width, 160)).print(table)
+    Console(width=max(Console().width, 180)).print(table)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(COLUMNS))
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write_text(Path(HydraConfig.get().runtime.output_dir) / "extract_summary.csv", text.getvalue())
+    atomic_write(Path(HydraConfig.get().runtime.output_dir) / "extract_summary.csv", text.getvalue())

@@ -9,9 +9,9 @@ from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
 
 
-def run(settings: Settings, config: dict) -> None:
+def run(settings: Settings) -> None:
     started = time.perf_counter()
-    models = extract_all(settings)
+    models = [graphs for by_width in extract_all(settings).values() for graphs in by_width.values()]
     table = prepopulate(models, settings.accelerator, cache_dir=settings.cache_dir / "estimates",
                         area_budget=settings.area_budget)
     cached = len(table.gemm_shapes) - table.computed

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
-from contextlib import closing
 from pathlib import Path
 
+from solver.kvstore import KeyValueStore
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import ScheduleResult
 from solver.schedule.solve import solve
@@ -29,13 +28,7 @@ class ScheduleCache:
         self.digits = digits
         self.solved = 0  # solver runs made by this cache object (misses)
         self._memory: dict[str, ScheduleResult] = {}
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with closing(self._connect()) as db, db:
-                db.execute("CREATE TABLE IF NOT EXISTS schedules (key TEXT PRIMARY KEY, result TEXT NOT NULL)")
-
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=60.0)
+        self._store = None if path is None else KeyValueStore(path, "schedules")
 
     def key(self, problem: ScheduleProblem, backend: str, time_limit: float, **options) -> str:
         """The content key of a (rounded) problem solved with these settings."""
@@ -53,23 +46,13 @@ class ScheduleCache:
         """`solve.solve` on the rounded problem, unless the same key was solved before."""
         rounded = problem.rounded(self.digits)
         key = self.key(rounded, backend, time_limit, **options)
-        result = self._memory.get(key) or self._load(key)
+        result = self._memory.get(key)
+        if result is None and self._store is not None and (stored := self._store.get(key)) is not None:
+            result = ScheduleResult.from_dict(stored)
         if result is None:
             result = solve(rounded, backend, time_limit, **options)
             self.solved += 1
-            self._store(key, result)
+            if self._store is not None:
+                self._store.put(key, result.to_dict())
         self._memory[key] = result
         return result
-
-    def _load(self, key: str) -> ScheduleResult | None:
-        if self.path is None:
-            return None
-        with closing(self._connect()) as db:
-            row = db.execute("SELECT result FROM schedules WHERE key = ?", (key,)).fetchone()
-        return None if row is None else ScheduleResult.from_dict(json.loads(row[0]))
-
-    def _store(self, key: str, result: ScheduleResult) -> None:
-        if self.path is None:
-            return
-        with closing(self._connect()) as db, db:
-            db.execute("INSERT OR REPLACE INTO schedules VALUES (?, ?)", (key, json.dumps(result.to_dict())))

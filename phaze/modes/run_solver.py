@@ -1,0 +1,247 @@
+"""`phaze run_solver`: the co-design search per micro-batch size and HBM size, with its baselines.
+
+Writes into the run directory: results.parquet/.csv (one row per evaluated architecture,
+micro-batch size, HBM size and recomputation), best.json, and plots. Ctrl-C stops the search and
+still writes what was evaluated (best.json then says "complete": false); the caches make a re-run
+resume where it stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from estimator import AcceleratorConfig, CandidateSpace, candidate_space, layer_workload, prepopulate
+from phaze import plots, results
+from phaze.modes.extract_graph import extract_all
+from phaze.settings import Settings
+from solver.codesign import CandidateOutcome, Search, SearchContext, accelerator_costs, evaluate_accelerator, resources
+from solver.evaluate import evaluate_placements, schedule_problem
+from solver.schedule import plot_gantt
+
+
+def sample(count: int, size: int | None) -> list[int]:
+    """`size` candidate indices evenly spaced over `count` (all of them when size is None)."""
+    if size is None or size >= count:
+        return list(range(count))
+    return sorted(set(np.linspace(0, count - 1, size).round().astype(int).tolist()))
+
+
+def index_in_space(space: CandidateSpace, accelerator: AcceleratorConfig) -> int:
+    """The accelerator's position in the candidate space, or -1."""
+    match = np.flatnonzero(
+        (space.num_tc == accelerator.num_tc) & (space.num_vc == accelerator.num_vc) & (space.width == accelerator.tc_width)
+        & (space.depth == accelerator.tc_depth) & (space.glb_bytes == accelerator.glb_bytes)
+        & (accelerator.vc_width == accelerator.tc_width)
+    )
+    return int(match[0]) if len(match) else -1
+
+
+def search_context(settings: Settings, micro_batch_size: int) -> SearchContext:
+    return SearchContext(
+        spec=settings.spec,
+        micro_batch_size=micro_batch_size,
+        sequence_length=settings.sequence_length,
+        widths=settings.tensor_parallel_widths,
+        global_batch_size=settings.global_batch_size,
+        devices=settings.devices,
+        optimizer=settings.optimizer,
+        sync_cost=settings.sync_cost,
+        template=settings.accelerator,
+        area_budget=settings.area_budget,
+        cache_dir=settings.cache_dir,
+        schedule_backend=settings.schedule_backend,
+        schedule_time_limit=settings.schedule_time_limit,
+    )
+
+
+def _speedup(best: float, baseline: float) -> float | None:
+    return best / baseline if baseline > 0 else None
+
+
+def tpuv4_baseline(settings: Settings, context: SearchContext, space: CandidateSpace, hbm: int, best: float) -> dict:
+    """The budget accelerator (TPUv4-like preset) with its best placement."""
+    outcome = evaluate_accelerator(context, settings.accelerator, [hbm], index_in_space(space, settings.accelerator))
+    record = results.best_record(outcome, context.micro_batch_size, hbm)
+    return {**record, "speedup": _speedup(best, record["throughput"])}
+
+
+def fixed_megatron_baseline(settings: Settings, context: SearchContext, best: CandidateOutcome, hbm: int) -> dict:
+    """The model's fixed Megatron-style (p, t, d) on the best accelerator, recomputation off or on."""
+    fixed = settings.fixed_megatron
+    if fixed is None:
+        return {"throughput": 0.0, "speedup": None, "infeasible_reason": "the model defines no fixed_megatron"}
+    costs = accelerator_costs(context, best.accelerator)
+    evaluations = evaluate_placements(resources(context).job, best.accelerator, costs, hbm, fixed)
+    times = [e.placement.fixed_baseline_time for e in evaluations if e.placement.fixed_baseline_time is not None]
+    throughput = context.global_batch_size / min(times) if times else 0.0
+    return {
+        "placement": {"pipeline_stages": fixed.pipeline_stages, "tensor_parallel_width": fixed.tensor_parallel_width,
+                      "data_parallel_degree": fixed.data_parallel_degree},
+        "throughput": throughput,
+        "time_per_batch_s": min(times) if times else None,
+        "speedup": _speedup(best.best(hbm).throughput, throughput),
+        "infeasible_reason": None if times else evaluations[0].placement.fixed_baseline_infeasible_reason,
+    }
+
+
+@dataclass
+class Run:
+    """What a run has produced so far; `write` can be called at any time (e.g. after Ctrl-C)."""
+
+    settings: Settings
+    directory: Path
+    rows: list[dict] = field(default_factory=list)
+    per_setting: list[dict] = field(default_factory=list)
+    evaluated: set = field(default_factory=set)
+
+    def add(self, outcome: CandidateOutcome, micro_batch_size: int) -> None:
+        self.evaluated.add((micro_batch_size, outcome.index))
+        for hbm, evaluations in outcome.evaluations.items():
+            self.rows.extend(results.evaluation_row(outcome, micro_batch_size, hbm, e) for e in evaluations)
+
+    def setting(self, search: Search, hbm: int, evaluated: int, complete: bool) -> dict:
+        """best.json's record of one (micro-batch, HBM) setting, from the outcomes seen so far."""
+        context = search.context
+        feasible = [o for o in search.outcomes.values() if o.best(hbm).feasible]
+        base = {"micro_batch_size": context.micro_batch_size, "hbm_size_gib": hbm / results.GIB,
+                "architectures_evaluated": evaluated, "complete": complete}
+        if not feasible:
+            scope = f"the {len(search.candidates)} candidate" if complete else f"the {evaluated} evaluated"
+            reason = (f"no placement of {self.settings.spec.name} fits in {hbm / results.GIB:.4g} GiB per device on "
+                      f"any of {scope} accelerators")
+            return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
+        best = max(feasible, key=lambda o: (o.best(hbm).throughput, -o.index))
+        record = {**results.best_record(best, context.micro_batch_size, hbm), **base}
+        if complete:
+            space = resources(context).space
+            record["baselines"] = {
+                "tpuv4_like": tpuv4_baseline(self.settings, context, space, hbm, record["throughput"]),
+                "fixed_megatron": fixed_megatron_baseline(self.settings, context, best, hbm),
+            }
+        return record
+
+    def write(self, complete: bool) -> dict:
+        frame = results.write_table(self.directory, self.rows)
+        best = max(self.per_setting, key=lambda record: record["throughput"], default={})
+        summary = {
+            "model": self.settings.spec.name,
+            "sequence_length": self.settings.sequence_length,
+            "search": self.settings.search,
+            "global_batch_size": self.settings.global_batch_size,
+            "num_devices": self.settings.devices,
+            **best,
+            "architectures_evaluated": len(self.evaluated),
+            "per_setting": self.per_setting,
+        }
+        summary["complete"] = complete
+        results.write_best(self.directory, summary)
+        if len(frame):
+            marks = {}
+            if best.get("feasible"):
+                marks["best"] = (best["accelerator"]["area"], best["throughput"])
+                tpu = best.get("baselines", {}).get("tpuv4_like")
+                if tpu and tpu["feasible"]:
+                    marks["tpuv4_like"] = (tpu["accelerator"]["area"], tpu["throughput"])
+            plots.plot_throughput_vs_area(frame.assign(series=plots.series_label(frame)), marks, self.directory / "throughput_vs_area.png",
+                                          f"{self.settings.spec.name}: {self.settings.search} search")
+        return summary
+
+
+def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
+    """The best placement's stages and the Gantt chart of its largest repeated layer, forward."""
+    context = search_context(settings, summary["micro_batch_size"])
+    accelerator = settings.accelerator.with_dimensions(
+        *(summary["accelerator"][k] for k in ("num_tc", "num_vc", "tc_width", "tc_depth", "glb_bytes"))
+    )
+    width = summary["placement"]["tensor_parallel_width"]
+    costs = accelerator_costs(context, accelerator)[width]
+    stages = summary["placement"]["stages"]
+    loads = [sum(costs[layer].forward + costs[layer].backward for layer in stage["layers"]) for stage in stages]
+    labels = [f"{stage['layers'][0]}-{stage['layers'][-1]}" for stage in stages]
+    plots.plot_stages(loads, labels, directory / "placement.png",
+                      f"{settings.spec.name}: {len(stages)} stages x width {width} x "
+                      f"{summary['placement']['data_parallel_degree']} replicas")
+    res = resources(context)
+    graphs = res.job.graphs[width]
+    layer = max(graphs.repeat_groups, key=len)[0]
+    problem = schedule_problem(layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table), accelerator)
+    schedule = res.schedules.solve(problem, backend=settings.schedule_backend, time_limit=settings.schedule_time_limit)
+    name = graphs.layer_graph.layer(layer).name
+    plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")
+
+
+def execute(settings: Settings, directory: Path) -> dict:
+    """Search every (micro-batch, HBM) setting, write the run's files into `directory`, return best.json."""
+    graphs = extract_all(settings)
+    prepopulate([g for by_width in graphs.values() for g in by_width.values()], settings.accelerator,
+                cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
+    space = candidate_space(settings.accelerator, settings.area_budget)
+    candidates = sample(len(space), settings.candidate_sample)
+    record = Run(settings, directory)
+    complete = False
+    columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed} architectures"), TimeElapsedColumn())
+    try:
+        with Progress(*columns, transient=True) as progress:
+            for micro_batch_size in settings.micro_batch_sizes:
+                hbm_sizes = [settings.hbm_bytes(gib) for gib in settings.hbm_sizes_gib]
+                task = progress.add_task(f"{settings.search} search, micro-batch {micro_batch_size}", total=None)
+
+                def on_outcome(outcome: CandidateOutcome, mbs: int = micro_batch_size, task=task) -> None:
+                    record.add(outcome, mbs)
+                    progress.advance(task)
+
+                search = Search(search_context(settings, micro_batch_size), hbm_sizes, settings.n_jobs, on_outcome,
+                                candidates)
+                for hbm in hbm_sizes:
+                    try:
+                        found = search.run(settings.search, hbm)
+                    except KeyboardInterrupt:
+                        record.per_setting.append(record.setting(search, hbm, len(search.outcomes), complete=False))
+                        raise
+                    record.per_setting.append(record.setting(search, hbm, len(found.evaluated), complete=True))
+        complete = True
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted: writing what was evaluated")
+    finally:
+        summary = record.write(complete)
+    if complete and summary.get("feasible"):
+        plot_best(settings, summary, directory)
+    return summary
+
+
+def run(settings: Settings) -> None:
+    directory = Path(HydraConfig.get().runtime.output_dir)
+    summary = execute(settings, directory)
+    report(summary, directory)
+    infeasible = [s for s in summary["per_setting"] if not s.get("feasible")]
+    if summary["complete"] and infeasible:
+        print(f"phaze: error: hbm_size: {infeasible[0]['reason']}", file=sys.stderr)
+        sys.exit(2)
+
+
+def report(summary: dict, directory: Path) -> None:
+    console = Console(width=max(Console().width, 120))
+    for setting in summary["per_setting"]:
+        head = f"micro-batch {setting['micro_batch_size']}, HBM {setting['hbm_size_gib']:.4g} GiB"
+        if not setting.get("feasible"):
+            console.print(f"{head}: {setting.get('reason', 'interrupted')}")
+            continue
+        accelerator, placement = setting["accelerator"], setting["placement"]
+        line = (f"{head}: {setting['throughput']:.1f} samples/s on {accelerator['num_tc']} TC "
+                f"{accelerator['tc_width']}x{accelerator['tc_depth']}, {accelerator['num_vc']} VC, "
+                f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²); "
+                f"p={placement['pipeline_stages']} t={placement['tensor_parallel_width']} "
+                f"d={placement['data_parallel_degree']}, recompute={setting['activation_recomputation']}; "
+                f"{setting['architectures_evaluated']} architectures evaluated")
+        for name, baseline in setting.get("baselines", {}).items():
+            speedup = baseline.get("speedup")
+            line += f"; vs {name}: " + (f"{speedup:.2f}x" if speedup else "infeasible")
+        console.print(line)
+    console.print(f"results: {directory}")

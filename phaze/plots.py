@@ -1,0 +1,69 @@
+"""Plots of a run: throughput against area with the Pareto front, and the best placement's stages."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from graph_extract.serialize import atomic_write
+
+MM2 = 1e6  # µm² per mm²
+
+
+def save(figure: Figure, path: Path) -> Path:
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=path.suffix.lstrip("."), dpi=120, bbox_inches="tight")
+    atomic_write(path, buffer.getvalue())
+    return path
+
+
+def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
+    """The points no smaller-or-equal-area point beats on throughput, by increasing area."""
+    ordered = points.sort_values(["area", "throughput"], ascending=[True, False])
+    return ordered[ordered["throughput"] > ordered["throughput"].cummax().shift(fill_value=0.0)]
+
+
+def series_label(frame: pd.DataFrame) -> pd.Series:
+    """"mbs <b>, <h> GiB" for each row of a results table."""
+    return "mbs " + frame["micro_batch_size"].astype(str) + ", " + frame["hbm_size_gib"].map("{:.4g} GiB".format)
+
+
+def plot_throughput_vs_area(frame: pd.DataFrame, marks: dict[str, tuple[float, float]], path: Path, title: str) -> Path:
+    """Every evaluated architecture (best of recomputation off/on) of each `series` of a results
+    table, its Pareto front, and marked points (`marks`: label -> (area µm², throughput))."""
+    figure = Figure(figsize=(8, 5))
+    axes = figure.add_subplot()
+    feasible = frame[frame["feasible"]]
+    per_arch = feasible.groupby(["series", "candidate_index"], as_index=False).agg(
+        area=("area", "first"), throughput=("throughput", "max")
+    )
+    for label, points in per_arch.groupby("series"):
+        dots = axes.scatter(points["area"] / MM2, points["throughput"], s=10, alpha=0.5, label=label)
+        front = pareto_front(points)
+        axes.step(front["area"] / MM2, front["throughput"], where="post", color=dots.get_facecolor()[0])
+    for label, (area, throughput) in marks.items():
+        axes.scatter([area / MM2], [throughput], marker="*", s=180, edgecolors="black", zorder=3, label=label)
+    axes.set_xlabel("accelerator area [mm²]")
+    axes.set_ylabel("throughput [samples/s]")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    return save(figure, path)
+
+
+def plot_stages(loads: list[float], labels: list[str], path: Path, title: str) -> Path:
+    """Per-stage compute time per micro-batch (forward + backward) of a placement."""
+    figure = Figure(figsize=(max(6, 0.35 * len(loads) + 2), 4))
+    axes = figure.add_subplot()
+    axes.bar(range(len(loads)), [load * 1e3 for load in loads], color="tab:blue")
+    axes.set_xticks(range(len(loads)), labels, rotation=90 if len(loads) > 8 else 0, fontsize="small")
+    axes.set_xlabel("pipeline stage (layers)")
+    axes.set_ylabel("compute per micro-batch [ms]")
+    axes.set_title(title)
+    axes.grid(axis="y", alpha=0.3)
+    return save(figure, path)

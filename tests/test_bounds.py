@@ -1,0 +1,73 @@
+"""The vectorised bounds of the bounded search: equal to the scalar definitions, never below the truth."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from estimator.workload import prepare_layer
+from solver.bounds import lower_bounds, optimistic_throughputs
+from solver.codesign import evaluate_candidates, refined_throughputs, resources
+from solver.evaluate import schedule_problem
+from solver.schedule import Op, ScheduleProblem, lower_bound
+from phaze.modes.run_solver import search_context
+
+
+@pytest.fixture
+def context(tmp_path, tiny_settings):
+    return search_context(tiny_settings(tmp_path), 1)
+
+
+def test_candidate_prices_match_one_accelerator_at_a_time(context):
+    res = resources(context)
+    graphs = res.job.graphs[2]
+    prepared = prepare_layer(graphs.op_graph, 1, "backward", res.table)
+    latency, parallel = prepared.candidate_prices(res.space)
+    for index in (0, 17, 4321, len(res.space) - 1):
+        one, every, _, _ = prepared.prices(res.space[index])
+        assert latency[:, index].tolist() == one.tolist()
+        assert parallel[:, index].tolist() == every.tolist()
+
+
+def test_vectorised_lower_bound_equals_the_schedulers(context):
+    res = resources(context)
+    graphs = res.job.graphs[1]
+    for layer in (0, 1, 3):
+        for direction in ("forward", "backward"):
+            prepared = prepare_layer(graphs.op_graph, layer, direction, res.table)
+            latency, parallel = prepared.candidate_prices(res.space)
+            cores = [op.core_type for op in prepared.ops]
+            vector = lower_bounds(latency, parallel, cores, prepared.edges, res.space.num_tc, res.space.num_vc)
+            for index in (3, 999, 20000):
+                accelerator = res.space[index]
+                problem = schedule_problem(prepared.on(accelerator), accelerator)
+                assert vector[index] == pytest.approx(lower_bound(problem), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_lower_bounds_on_random_dags(data):
+    count = data.draw(st.integers(1, 7))
+    cores = data.draw(st.lists(st.sampled_from(["TC", "VC", "TCandVC", "collective"]), min_size=count, max_size=count))
+    ops = []
+    for core in cores:
+        latency = data.draw(st.floats(1e-6, 1e-2))
+        parallel = latency if core == "collective" else data.draw(st.floats(1e-7, 1e-2))
+        ops.append(Op(core, latency, parallel))
+    edges = [(i, j) for i in range(count) for j in range(i + 1, count) if data.draw(st.booleans())]
+    num_tc, num_vc = data.draw(st.sampled_from([1, 2, 8])), data.draw(st.sampled_from([1, 2, 4]))
+    vector = lower_bounds(np.array([[op.latency] for op in ops]), np.array([[op.parallel_latency] for op in ops]),
+                          cores, edges, np.array([num_tc]), np.array([num_vc]))
+    assert vector[0] == pytest.approx(lower_bound(ScheduleProblem(ops, edges, num_tc, num_vc)), rel=1e-12)
+
+
+def test_bounds_never_below_the_exact_throughput(context):
+    res = resources(context)
+    hbm = 2**30
+    optimistic = optimistic_throughputs(res.job, res.space, res.table)
+    indices = np.linspace(0, len(res.space) - 1, 25).round().astype(int).tolist()
+    refined = refined_throughputs(context, indices, hbm)
+    exact = [outcome.best(hbm).throughput for outcome in evaluate_candidates(context, indices, [hbm])]
+    assert any(value > 0 for value in exact)
+    for level0, level1, truth in zip(optimistic[indices], refined, exact):
+        assert level0 >= level1 >= truth

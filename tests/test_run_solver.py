@@ -1,0 +1,117 @@
+"""run_solver end to end on a tiny model: strategies agree, files are complete, runs resume."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import solver.codesign as codesign
+from phaze import results
+from phaze.modes.run_solver import execute
+from tests.conftest import TINY
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+
+@pytest.fixture
+def run_in(tmp_path, tiny_settings):
+    """run_in(name, *overrides): execute run_solver in tmp_path/name, sharing one cache."""
+
+    def run(name, *overrides):
+        directory = tmp_path / name
+        directory.mkdir()
+        return execute(tiny_settings(tmp_path / "cache", "n_jobs=1", *overrides), directory), directory
+
+    return run
+
+
+def test_bounded_agrees_with_exhaustive_and_evaluates_fewer(run_in):
+    exhaustive, _ = run_in("exhaustive", "search=exhaustive", "candidate_sample=80")
+    bounded, _ = run_in("bounded", "search=bounded", "candidate_sample=80")
+    assert exhaustive["architectures_evaluated"] == 80
+    assert bounded["accelerator"] == exhaustive["accelerator"]
+    assert bounded["throughput"] == exhaustive["throughput"]
+    assert bounded["architectures_evaluated"] < 80
+    phaze_sweep, _ = run_in("phaze", "search=phaze", "candidate_sample=80")
+    assert phaze_sweep["architectures_evaluated"] <= 80
+    assert phaze_sweep["throughput"] <= exhaustive["throughput"]
+
+
+def test_interrupted_run_leaves_complete_files_and_resumes(run_in, monkeypatch):
+    real = codesign.evaluate_candidates
+    calls = []
+
+    def interrupt_on_third_batch(*arguments):
+        calls.append(arguments)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*arguments)
+
+    monkeypatch.setattr(codesign, "evaluate_candidates", interrupt_on_third_batch)
+    partial, directory = run_in("interrupted", "search=exhaustive", "candidate_sample=40")
+    assert partial["complete"] is False
+    best, table = results.read_run(directory)
+    assert best == partial and best["per_setting"][0]["complete"] is False
+    evaluated = sorted(set(table["candidate_index"]))
+    assert len(evaluated) == 16 == best["architectures_evaluated"]  # two batches of 8
+    assert len(table) == 2 * len(evaluated)  # recomputation off and on
+    assert (directory / "results.csv").read_text().count("\n") == len(table) + 1
+
+    monkeypatch.setattr(codesign, "evaluate_candidates", real)
+    resumed, directory = run_in("resumed", "search=exhaustive", "candidate_sample=40")
+    assert resumed["complete"] is True and resumed["architectures_evaluated"] == 40
+    again = results.read_run(directory)[1].set_index(["candidate_index", "activation_recomputation"])
+    before = table.set_index(["candidate_index", "activation_recomputation"])
+    assert again.loc[before.index, "throughput"].tolist() == before["throughput"].tolist()
+
+
+def phaze_command(*arguments, cwd):
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    return subprocess.run([sys.executable, "-m", "phaze", *arguments], cwd=cwd, capture_output=True, text=True,
+                          env=environment)
+
+
+@pytest.mark.slow
+def test_run_solver_end_to_end_files_and_report(tmp_path):
+    result = phaze_command("run_solver", *TINY, "candidate_sample=50", "n_jobs=2", "micro_batch_size=[1,2]",
+                           "hbm_size=[1,2]", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
+    best = json.loads((run / "best.json").read_text())
+    for key in ("model", "micro_batch_size", "hbm_size_gib", "activation_recomputation", "throughput",
+                "time_per_batch_s", "architectures_evaluated"):
+        assert key in best
+    assert set(best["accelerator"]) >= {"num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "area"}
+    assert set(best["placement"]) >= {"pipeline_stages", "tensor_parallel_width", "data_parallel_degree"}
+    for name in ("tpuv4_like", "fixed_megatron"):
+        assert best["baselines"][name]["throughput"] > 0 and best["baselines"][name]["speedup"] > 0
+    assert len(best["per_setting"]) == 4
+    assert best["throughput"] == max(setting["throughput"] for setting in best["per_setting"])
+    assert abs(best["time_per_batch_s"] * best["throughput"] - 64) < 1e-6  # samples per batch
+    _, table = results.read_run(run)
+    assert set(table["micro_batch_size"]) == {1, 2} and set(table["hbm_size_gib"]) == {1.0, 2.0}
+    for plot in ("throughput_vs_area.png", "placement.png", "gantt.png"):
+        assert (run / plot).stat().st_size > 0
+    report = phaze_command("report", str(tmp_path / "outputs"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "outputs" / "report.csv").read_text().count("\n") == 1 + 4
+
+
+def test_hbm_that_fits_nothing_is_reported_with_exit_code_2(tmp_path):
+    result = phaze_command("run_solver", *TINY, "hbm_size=0.0001", "candidate_sample=5", "n_jobs=1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "hbm_size: no placement of megatrongpt3 fits in 0.0001 GiB" in result.stderr
+    (best_file,) = (tmp_path / "outputs" / "runs").glob("*/*/best.json")
+    best = json.loads(best_file.read_text())
+    assert best["per_setting"][0]["feasible"] is False and "no placement" in best["per_setting"][0]["reason"]
+
+
+def test_micro_batch_that_does_not_divide_the_batch(tmp_path):
+    result = phaze_command("run_solver", *TINY, "micro_batch_size=3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "phaze: error: micro_batch_size: 3 does not divide global_batch_size=64"
+    assert list(tmp_path.iterdir()) == []
