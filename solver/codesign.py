@@ -220,13 +220,14 @@ class Search:
         evaluate = partial(self._evaluate, hbm_bytes)
         batch_size = BATCH_PER_WORKER * self.n_jobs
         pool = joblib.Parallel(n_jobs=self.n_jobs, max_nbytes=None) if self.n_jobs > 1 else nullcontext()
+        areas = self.space.area[self.candidates]
         with pool as self._pool:
             try:
                 if strategy == "exhaustive":
-                    return search.exhaustive(len(self.candidates), evaluate, batch_size)
+                    return search.exhaustive(len(self.candidates), evaluate, batch_size, areas)
                 if strategy == "phaze":
-                    return search.phaze_sweep(self.space.area[self.candidates], evaluate)
+                    return search.phaze_sweep(areas, evaluate)
                 refine = partial(self._refine, hbm_bytes)
-                return search.bounded(self.optimistic(), [refine], evaluate, batch_size)
+                return search.bounded(self.optimistic(), [refine], evaluate, batch_size, areas)
             finally:
                 self._pool = None

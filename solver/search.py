@@ -2,8 +2,8 @@
 
 A strategy only sees candidate indices, their areas, an exact `evaluate` (index -> throughput,
 0.0 when no placement fits) and, for `bounded`, optimistic throughputs that never under-estimate.
-The best is the highest throughput, ties going to the lower index, so every exact strategy that
-looks at the winner returns the same one.
+The best is the highest throughput, ties going to the smaller area, then to the lower index, so
+every exact strategy that looks at the winner returns the same one.
 """
 
 from __future__ import annotations
@@ -27,37 +27,45 @@ class SearchResult:
 
 
 class _Tracker:
-    """Keeps the evaluation order and the best (highest throughput, then lowest index)."""
+    """Keeps the evaluation order and the best (highest throughput, then smallest area and index)."""
 
-    def __init__(self) -> None:
+    def __init__(self, areas: Sequence[float] | None) -> None:
+        self.areas = areas
         self.evaluated: list[int] = []
         self.throughputs: list[float] = []
         self.best: int | None = None
         self.best_throughput = 0.0
 
+    def _before(self, index: int, other: int) -> bool:
+        """Does `index` win a tie against `other`?"""
+        if self.areas is None:
+            return index < other
+        return (self.areas[index], index) < (self.areas[other], other)
+
     def record(self, indices: list[int], throughputs: list[float]) -> None:
         for index, throughput in zip(indices, throughputs, strict=True):
             self.evaluated.append(index)
             self.throughputs.append(throughput)
-            if throughput > 0 and (
-                throughput > self.best_throughput
-                or (throughput == self.best_throughput and self.best is not None and index < self.best)
-            ):
+            if throughput > 0 and self.can_win(index, throughput):
                 self.best, self.best_throughput = index, throughput
 
     def can_win(self, index: int, optimistic: float) -> bool:
         """Could a candidate with this optimistic throughput beat or tie-break the best?"""
         if self.best is None:
             return optimistic > 0
-        return optimistic > self.best_throughput or (optimistic == self.best_throughput and index < self.best)
+        return optimistic > self.best_throughput or (
+            optimistic == self.best_throughput and self._before(index, self.best)
+        )
 
     def result(self) -> SearchResult:
         return SearchResult(self.best, self.best_throughput, tuple(self.evaluated), tuple(self.throughputs))
 
 
-def exhaustive(count: int, evaluate: BatchFunction, batch_size: int = 64) -> SearchResult:
+def exhaustive(
+    count: int, evaluate: BatchFunction, batch_size: int = 64, areas: Sequence[float] | None = None
+) -> SearchResult:
     """Evaluate every candidate."""
-    tracker = _Tracker()
+    tracker = _Tracker(areas)
     for start in range(0, count, batch_size):
         indices = list(range(start, min(start + batch_size, count)))
         tracker.record(indices, evaluate(indices))
@@ -81,7 +89,7 @@ def phaze_sweep(
     `bucket_size` is in µm² (the original groups by 10,000 µm²). A bucket with no feasible candidate
     counts with throughput -1, as in the original.
     """
-    tracker = _Tracker()
+    tracker = _Tracker(areas)
     bucket_best: list[float] = []
     for bucket in area_buckets(areas, bucket_size):
         recent = bucket_best[-hysteresis:]
@@ -98,6 +106,7 @@ def bounded(
     refinements: Sequence[BatchFunction],
     evaluate: BatchFunction,
     batch_size: int = 1,
+    areas: Sequence[float] | None = None,
 ) -> SearchResult:
     """Best-first search on upper bounds of the throughput, exact when the bounds are valid.
 
@@ -106,7 +115,7 @@ def bounded(
     taking the candidate with the highest bound next; the search stops when no remaining bound can
     beat the best throughput found.
     """
-    tracker = _Tracker()
+    tracker = _Tracker(areas)
     heap = [(-float(value), index, 0) for index, value in enumerate(optimistic)]
     heapq.heapify(heap)
     stages = [*refinements, evaluate]

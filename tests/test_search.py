@@ -24,11 +24,12 @@ def test_bounded_finds_the_exhaustive_best_with_fewer_evaluations(seed, batch_si
     throughput = np.where(rng.random(count) < 0.2, 0.0, rng.integers(1, 30, count).astype(float))  # ties
     loose = throughput * (1 + rng.random(count)) + rng.random(count)  # valid upper bounds
     tight = throughput + (loose - throughput) * rng.random(count)
+    areas = rng.integers(1, 5, count).astype(float)  # ties in area too
     evaluate, calls = counting(throughput)
-    result = bounded(loose, [lambda ids: [float(tight[i]) for i in ids]], evaluate, batch_size)
-    best = exhaustive(count, counting(throughput)[0])
-    brute = max((t, -i) for i, t in enumerate(throughput) if t > 0)
-    assert (best.best_throughput, -best.best) == brute
+    result = bounded(loose, [lambda ids: [float(tight[i]) for i in ids]], evaluate, batch_size, areas)
+    best = exhaustive(count, counting(throughput)[0], areas=areas)
+    brute = max((t, -areas[i], -i) for i, t in enumerate(throughput) if t > 0)
+    assert (best.best_throughput, -areas[best.best], -best.best) == brute
     assert (result.best, result.best_throughput) == (best.best, best.best_throughput)
     assert len(set(calls)) == len(calls) < count
 

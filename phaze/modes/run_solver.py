@@ -23,6 +23,7 @@ from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
 from solver.codesign import CandidateOutcome, Search, SearchContext, accelerator_costs, evaluate_accelerator, resources
 from solver.evaluate import evaluate_placements, schedule_problem
+from solver.search import SearchResult
 from solver.schedule import plot_gantt
 
 
@@ -106,18 +107,23 @@ class Run:
         for hbm, evaluations in outcome.evaluations.items():
             self.rows.extend(results.evaluation_row(outcome, micro_batch_size, hbm, e) for e in evaluations)
 
-    def setting(self, search: Search, hbm: int, evaluated: int, complete: bool) -> dict:
-        """best.json's record of one (micro-batch, HBM) setting, from the outcomes seen so far."""
-        context = search.context
-        feasible = [o for o in search.outcomes.values() if o.best(hbm).feasible]
+    def setting(self, search: Search, hbm: int, found: SearchResult | None) -> dict:
+        """best.json's record of one (micro-batch, HBM) setting: the search's result, or (`found` None,
+        an interrupted search) the best of the outcomes seen so far."""
+        context, complete = search.context, found is not None
+        evaluated = len(found.evaluated) if complete else len(search.outcomes)
+        if complete:
+            best = None if found.best is None else search.outcomes[search.candidates[found.best]]
+        else:
+            feasible = [o for o in search.outcomes.values() if o.best(hbm).feasible]
+            best = max(feasible, key=lambda o: (o.best(hbm).throughput, -o.accelerator.area, -o.index), default=None)
         base = {"micro_batch_size": context.micro_batch_size, "hbm_size_gib": hbm / results.GIB,
                 "architectures_evaluated": evaluated, "complete": complete}
-        if not feasible:
+        if best is None:
             scope = f"the {len(search.candidates)} candidate" if complete else f"the {evaluated} evaluated"
             reason = (f"no placement of {self.settings.spec.name} fits in {hbm / results.GIB:.4g} GiB per device on "
                       f"any of {scope} accelerators")
             return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
-        best = max(feasible, key=lambda o: (o.best(hbm).throughput, -o.index))
         record = {**results.best_record(best, context.micro_batch_size, hbm), **base}
         if complete:
             space = resources(context).space
@@ -203,9 +209,9 @@ def execute(settings: Settings, directory: Path) -> dict:
                     try:
                         found = search.run(settings.search, hbm)
                     except KeyboardInterrupt:
-                        record.per_setting.append(record.setting(search, hbm, len(search.outcomes), complete=False))
+                        record.per_setting.append(record.setting(search, hbm, None))
                         raise
-                    record.per_setting.append(record.setting(search, hbm, len(found.evaluated), complete=True))
+                    record.per_setting.append(record.setting(search, hbm, found))
         complete = True
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: writing what was evaluated")
