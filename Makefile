@@ -15,7 +15,7 @@ $(BIN)/phaze: pyproject.toml
 install: $(BIN)/phaze
 
 run: install
-	$(BIN)/phaze extract_graph
+	$(BIN)/phaze run_solver
 
 test: install
 	$(BIN)/python -m pytest -q

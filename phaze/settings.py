@@ -11,10 +11,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from estimator import AcceleratorConfig, candidate_space, named_accelerator
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
-from solver.codesign import STRATEGIES
+from solver.codesign import STRATEGIES, ScheduleSettings
 from solver.placement import FixedStrategy
 from solver.placement.inputs import OPTIMIZERS, SYNC_COSTS
-from solver.schedule import BACKENDS
+from solver.schedule import BACKENDS, MILP_SOLVERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver")
 GIB = 1024**3
@@ -41,8 +41,7 @@ class Settings:
     devices: int
     optimizer: str
     sync_cost: str
-    schedule_backend: str
-    schedule_time_limit: float
+    schedule: ScheduleSettings
     candidate_sample: int | None
     n_jobs: int
     fixed_megatron: FixedStrategy | None
@@ -140,6 +139,18 @@ def _fixed_megatron(cfg: DictConfig, spec: ModelSpec) -> FixedStrategy | None:
     )
 
 
+def _schedule(cfg: DictConfig) -> ScheduleSettings:
+    gap = cfg.schedule.relative_gap
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap < 1:
+        raise ConfigError(f"schedule.relative_gap: must be in [0, 1), got {gap!r}")
+    return ScheduleSettings(
+        backend=_choice("schedule.backend", cfg.schedule.backend, BACKENDS),
+        time_limit=float(_positive_number("schedule.time_limit", cfg.schedule.time_limit, "seconds")),
+        milp_solver=_choice("schedule.milp_solver", cfg.schedule.milp_solver, MILP_SOLVERS),
+        relative_gap=float(gap),
+    )
+
+
 def settings_from_config(cfg: DictConfig) -> Settings:
     """Check every user-facing key of the composed config."""
     mode = _choice("mode", cfg.mode, MODES)
@@ -184,8 +195,7 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         devices=_positive_int("num_devices", cfg.num_devices),
         optimizer=_choice("optimizer", cfg.optimizer, OPTIMIZERS),
         sync_cost=_choice("sync_cost", cfg.sync_cost, SYNC_COSTS),
-        schedule_backend=_choice("schedule.backend", cfg.schedule.backend, BACKENDS),
-        schedule_time_limit=float(_positive_number("schedule.time_limit", cfg.schedule.time_limit, "seconds")),
+        schedule=_schedule(cfg),
         candidate_sample=None if sample is None else _positive_int("candidate_sample", sample),
         n_jobs=(os.cpu_count() or 1) if n_jobs == -1 else n_jobs,
         fixed_megatron=_fixed_megatron(cfg, spec),

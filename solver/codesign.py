@@ -45,6 +45,21 @@ COSTS_VERSION = 1
 
 
 @dataclass(frozen=True)
+class ScheduleSettings:
+    """How every layer is scheduled (see `solver.schedule.solve`)."""
+
+    backend: str = "cpsat"
+    time_limit: float = 10.0  # seconds per layer
+    milp_solver: str = "cbc"
+    relative_gap: float = 0.0
+
+    def scheduler(self, cache: ScheduleCache) -> Callable:
+        """problem -> result, through the cache."""
+        return partial(cache.solve, backend=self.backend, time_limit=self.time_limit,
+                       milp_solver=self.milp_solver, relative_gap=self.relative_gap)
+
+
+@dataclass(frozen=True)
 class SearchContext:
     """What evaluating a candidate of one micro-batch size depends on (besides the HBM size)."""
 
@@ -59,8 +74,7 @@ class SearchContext:
     template: AcceleratorConfig  # technology of every candidate and the area budget's chip
     area_budget: float | None
     cache_dir: Path
-    schedule_backend: str = "cpsat"
-    schedule_time_limit: float = 10.0
+    schedule: ScheduleSettings = ScheduleSettings()
 
     def costs_key(self, accelerator: AcceleratorConfig) -> str:
         record = [
@@ -70,8 +84,7 @@ class SearchContext:
             self.sequence_length,
             self.widths,
             accelerator.to_dict(),
-            self.schedule_backend,
-            self.schedule_time_limit,
+            dataclasses.asdict(self.schedule),
         ]
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
@@ -112,8 +125,7 @@ def accelerator_costs(context: SearchContext, accelerator: AcceleratorConfig) ->
     stored = res.costs.get(key)
     if stored is not None:
         return {int(w): {int(layer): LayerCost(**cost) for layer, cost in layers.items()} for w, layers in stored.items()}
-    scheduler = partial(res.schedules.solve, backend=context.schedule_backend, time_limit=context.schedule_time_limit)
-    costs = layer_costs(res.job, accelerator, res.table, scheduler)
+    costs = layer_costs(res.job, accelerator, res.table, context.schedule.scheduler(res.schedules))
     res.costs.put(key, {w: {layer: dataclasses.asdict(c) for layer, c in layers.items()} for w, layers in costs.items()})
     return costs
 

@@ -57,8 +57,7 @@ def search_context(settings: Settings, micro_batch_size: int) -> SearchContext:
         template=settings.accelerator,
         area_budget=settings.area_budget,
         cache_dir=settings.cache_dir,
-        schedule_backend=settings.schedule_backend,
-        schedule_time_limit=settings.schedule_time_limit,
+        schedule=settings.schedule,
     )
 
 
@@ -178,7 +177,7 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     graphs = res.job.graphs[width]
     layer = max(graphs.repeat_groups, key=len)[0]
     problem = schedule_problem(layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table), accelerator)
-    schedule = res.schedules.solve(problem, backend=settings.schedule_backend, time_limit=settings.schedule_time_limit)
+    schedule = settings.schedule.scheduler(res.schedules)(problem)
     name = graphs.layer_graph.layer(layer).name
     plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")
 
