@@ -15,7 +15,6 @@ import numpy as np
 from omegaconf import OmegaConf
 
 AREA_MODEL = Path(__file__).resolve().parent.parent / "arch_configs" / "area_model.yaml"
-KIB = 1024
 MIB = 1024 * 1024
 
 

@@ -157,12 +157,6 @@ class OpGraph:
     def layer_nodes(self, layer: int) -> tuple[OpNode, ...]:
         return tuple(node for node in self.nodes if node.layer == layer)
 
-    def layer_edges(self, layer: int) -> tuple[tuple[int, int], ...]:
-        """Edges with both ends in `layer`."""
-        return tuple(
-            (s, d) for s, d in self.edges if self.nodes[s].layer == layer and self.nodes[d].layer == layer
-        )
-
     @cached_property
     def _successor_map(self) -> dict[int, tuple[int, ...]]:
         succ: dict[int, list[int]] = {}
