@@ -15,6 +15,13 @@ from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation
 
 GIB = 1024**3
+
+
+def gibibytes(num_bytes: int) -> float:
+    """HBM size in GiB as the user wrote it (the byte count was rounded to a whole number)."""
+    return round(num_bytes / GIB, 9)
+
+
 TABLE = "results"  # results.parquet and results.csv
 BEST = "best.json"
 
@@ -52,7 +59,7 @@ def evaluation_row(outcome: CandidateOutcome, micro_batch_size: int, hbm_bytes: 
     return {
         **accelerator_record(outcome.accelerator, outcome.index),
         "micro_batch_size": micro_batch_size,
-        "hbm_size_gib": hbm_bytes / GIB,
+        "hbm_size_gib": gibibytes(hbm_bytes),
         "activation_recomputation": evaluation.activation_recomputation,
         "feasible": feasible,
         "throughput": evaluation.throughput,
@@ -74,7 +81,7 @@ def best_record(outcome: CandidateOutcome, micro_batch_size: int, hbm_bytes: int
     evaluation = outcome.best(hbm_bytes)
     return {
         "micro_batch_size": micro_batch_size,
-        "hbm_size_gib": hbm_bytes / GIB,
+        "hbm_size_gib": gibibytes(hbm_bytes),
         "feasible": evaluation.feasible,
         "activation_recomputation": evaluation.activation_recomputation,
         "accelerator": accelerator_record(outcome.accelerator, outcome.index),

@@ -11,13 +11,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from estimator import AcceleratorConfig, candidate_space, named_accelerator
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
+from phaze.results import GIB
 from solver.codesign import STRATEGIES, ScheduleSettings
 from solver.placement import FixedStrategy
 from solver.placement.inputs import OPTIMIZERS, SYNC_COSTS
 from solver.schedule import BACKENDS, MILP_SOLVERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver")
-GIB = 1024**3
 
 
 class ConfigError(ValueError):

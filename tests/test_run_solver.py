@@ -108,6 +108,7 @@ def test_hbm_that_fits_nothing_is_reported_with_exit_code_2(tmp_path):
     (best_file,) = (tmp_path / "outputs" / "runs").glob("*/*/best.json")
     best = json.loads(best_file.read_text())
     assert best["per_setting"][0]["feasible"] is False and "no placement" in best["per_setting"][0]["reason"]
+    assert best["hbm_size_gib"] == 0.0001  # as written, although 0.0001 GiB is not a whole number of bytes
 
 
 def test_micro_batch_that_does_not_divide_the_batch(tmp_path):

@@ -116,11 +116,11 @@ class Run:
         else:
             feasible = [o for o in search.outcomes.values() if o.best(hbm).feasible]
             best = max(feasible, key=lambda o: (o.best(hbm).throughput, -o.accelerator.area, -o.index), default=None)
-        base = {"micro_batch_size": context.micro_batch_size, "hbm_size_gib": hbm / results.GIB,
+        base = {"micro_batch_size": context.micro_batch_size, "hbm_size_gib": results.gibibytes(hbm),
                 "architectures_evaluated": evaluated, "complete": complete}
         if best is None:
             scope = f"the {len(search.candidates)} candidate" if complete else f"the {evaluated} evaluated"
-            reason = (f"no placement of {self.settings.spec.name} fits in {hbm / results.GIB:.4g} GiB per device on "
+            reason = (f"no placement of {self.settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB per device on "
                       f"any of {scope} accelerators")
             return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
         record = {**results.best_record(best, context.micro_batch_size, hbm), **base}
