@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 
@@ -10,7 +9,6 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from graph_extract.serialize import atomic_write
 from phaze import plots, results
 
 COLUMNS = {
@@ -72,10 +70,7 @@ def main(arguments: list[str]) -> int:
     if summary.empty:
         print(f"phaze: error: DIR: no {results.BEST} under {directory}", file=sys.stderr)
         return 2
-    atomic_write(directory / "report.csv", summary.to_csv(index=False))
-    buffer = io.BytesIO()
-    summary.to_parquet(buffer, index=False)
-    atomic_write(directory / "report.parquet", buffer.getvalue())
+    results.write_frame(directory, "report", summary)
     if len(evaluations):
         evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
         plots.plot_throughput_vs_area(evaluations, {}, directory / "report_throughput_vs_area.png",

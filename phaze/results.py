@@ -94,13 +94,18 @@ def best_record(outcome: CandidateOutcome, micro_batch_size: int, hbm_bytes: int
     }
 
 
-def write_table(directory: Path, rows: list[dict]) -> pd.DataFrame:
-    """results.parquet and results.csv, each written to a temporary file and renamed."""
-    frame = pd.DataFrame(rows)
-    atomic_write(directory / f"{TABLE}.csv", frame.to_csv(index=False))
+def write_frame(directory: Path, name: str, frame: pd.DataFrame) -> None:
+    """NAME.csv and NAME.parquet, each written to a temporary file and renamed."""
+    atomic_write(directory / f"{name}.csv", frame.to_csv(index=False))
     buffer = io.BytesIO()
     frame.to_parquet(buffer, index=False)
-    atomic_write(directory / f"{TABLE}.parquet", buffer.getvalue())
+    atomic_write(directory / f"{name}.parquet", buffer.getvalue())
+
+
+def write_table(directory: Path, rows: list[dict]) -> pd.DataFrame:
+    """The evaluation table: results.parquet and results.csv."""
+    frame = pd.DataFrame(rows)
+    write_frame(directory, TABLE, frame)
     return frame
 
 

@@ -161,9 +161,9 @@ def _evaluation(
     if not result.feasible:
         return Evaluation(recompute, result, 0.0, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
     width_costs = costs[result.tensor_parallel_width]
-    layers = [width_costs[layer] for layer in width_costs]
+    layers = list(width_costs.values())
     last_stage = set(result.stages[-1].layer_ids)
-    recomputed = sum(c.forward for layer, c in width_costs.items() if recompute and layer not in last_stage)
+    recomputed = sum(c.forward for layer, c in width_costs.items() if layer not in last_stage) if recompute else 0.0
     computing = sum(c.forward + c.backward for c in layers) + recomputed
     energy_shard = sum(c.energy for c in layers)  # recomputed forwards add little; not counted
     return Evaluation(

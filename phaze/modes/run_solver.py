@@ -189,13 +189,13 @@ def execute(settings: Settings, directory: Path) -> dict:
                 cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
     space = candidate_space(settings.accelerator, settings.area_budget)
     candidates = sample(len(space), settings.candidate_sample)
+    hbm_sizes = [settings.hbm_bytes(gib) for gib in settings.hbm_sizes_gib]
     record = Run(settings, directory)
     complete = False
     columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed} architectures"), TimeElapsedColumn())
     try:
         with Progress(*columns, transient=True) as progress:
             for micro_batch_size in settings.micro_batch_sizes:
-                hbm_sizes = [settings.hbm_bytes(gib) for gib in settings.hbm_sizes_gib]
                 task = progress.add_task(f"{settings.search} search, micro-batch {micro_batch_size}", total=None)
 
                 def on_outcome(outcome: CandidateOutcome, mbs: int = micro_batch_size, task=task) -> None:
