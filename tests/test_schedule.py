@@ -330,6 +330,20 @@ def test_cache_key_rounds_latencies_consistently() -> None:
     assert cache.key(a, "cpsat", 10.0) != cache.key(a, "milp", 10.0)
 
 
+def test_a_cached_schedule_fits_the_problem_the_cache_solved(tmp_path) -> None:
+    # 1.0000004e-5 rounds to 1e-5: back to back on one TC in the rounded problem, overlapping in the
+    # original one, so the schedule is valid (and drawable) only for the problem the cache solved
+    problem = ScheduleProblem([Op("TC", 1.0000004e-5, 1.0000004e-5), Op("TC", 1e-5, 1e-5)], [], 1, 0)
+    cache = ScheduleCache()
+    result = cache.solve(problem, backend="heuristic")
+    solved = cache.problem_solved(problem)
+    assert result.start == (0.0, 1e-5) and solved.ops[0].latency == 1e-5
+    validate(solved, result.start, result.parallel, result.makespan)
+    with pytest.raises(InvalidSchedule):
+        validate(problem, result.start, result.parallel, result.makespan)
+    assert plot_gantt(solved, result, tmp_path / "gantt.png").exists()
+
+
 # --- the Gantt chart ---------------------------------------------------------------------------------
 
 

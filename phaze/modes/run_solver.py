@@ -176,7 +176,9 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     res = resources(context)
     graphs = res.job.graphs[width]
     layer = max(graphs.repeat_groups, key=len)[0]
-    problem = schedule_problem(layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table), accelerator)
+    problem = res.schedules.problem_solved(
+        schedule_problem(layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table), accelerator)
+    )
     schedule = settings.schedule.scheduler(res.schedules)(problem)
     name = graphs.layer_graph.layer(layer).name
     plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")

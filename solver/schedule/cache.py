@@ -24,7 +24,6 @@ class ScheduleCache:
     def __init__(self, path: str | Path | None = None, digits: int = 6):
         if not (isinstance(digits, int) and 1 <= digits <= 17):
             raise ValueError(f"digits: must be an integer in 1..17, got {digits!r}")
-        self.path = None if path is None else Path(path)
         self.digits = digits
         self.solved = 0  # solver runs made by this cache object (misses)
         self._memory: dict[str, ScheduleResult] = {}
@@ -40,11 +39,15 @@ class ScheduleCache:
         }
         return hashlib.sha256(json.dumps(content).encode()).hexdigest()
 
+    def problem_solved(self, problem: ScheduleProblem) -> ScheduleProblem:
+        """The rounded problem whose schedule `solve` returns (draw or validate that one)."""
+        return problem.rounded(self.digits)
+
     def solve(
         self, problem: ScheduleProblem, backend: str = "cpsat", time_limit: float = 10.0, **options
     ) -> ScheduleResult:
         """`solve.solve` on the rounded problem, unless the same key was solved before."""
-        rounded = problem.rounded(self.digits)
+        rounded = self.problem_solved(problem)
         key = self.key(rounded, backend, time_limit, **options)
         result = self._memory.get(key)
         if result is None and self._store is not None and (stored := self._store.get(key)) is not None:
