@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+from functools import cache
 
 from omegaconf import OmegaConf
 
-from estimator.area import area_um2
+from estimator.area import ARCH_CONFIGS, area_um2
 
-#: Where the data of the estimator lives (area tables, candidate space, named accelerators).
-ARCH_CONFIGS = Path(__file__).resolve().parent.parent / "arch_configs"
+#: The named accelerator whose area is the default budget.
+DEFAULT_BUDGET = "tpuv4_like"
 
 #: Fields that must be positive powers of two: the template is built from them.
 POWER_OF_TWO_FIELDS = ("num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes")
@@ -172,10 +172,14 @@ def accelerator_names() -> tuple[str, ...]:
     return tuple(sorted(path.stem for path in (ARCH_CONFIGS / "accelerators").glob("*.yaml")))
 
 
-def named_accelerator(name: str, **overrides: object) -> AcceleratorConfig:
-    """A named accelerator (e.g. "tpuv4_like"), with optional field overrides."""
+@cache
+def _accelerator_file(name: str) -> dict:
     path = ARCH_CONFIGS / "accelerators" / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"accelerator: unknown name {name!r}; available: {', '.join(accelerator_names())}")
-    values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    return AcceleratorConfig.from_dict({**values, **overrides})
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def named_accelerator(name: str, **overrides: object) -> AcceleratorConfig:
+    """A named accelerator (e.g. "tpuv4_like"), with optional field overrides."""
+    return AcceleratorConfig.from_dict({**_accelerator_file(name), **overrides})

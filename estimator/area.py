@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-AREA_MODEL = Path(__file__).resolve().parent.parent / "arch_configs" / "area_model.yaml"
+#: Where the data of the estimator lives (area tables, candidate space, named accelerators).
+ARCH_CONFIGS = Path(__file__).resolve().parent.parent / "arch_configs"
+AREA_MODEL = ARCH_CONFIGS / "area_model.yaml"
 MIB = 1024 * 1024
 
 

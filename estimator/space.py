@@ -12,10 +12,9 @@ from functools import cache
 import numpy as np
 from omegaconf import OmegaConf
 
-from estimator.accelerator import ARCH_CONFIGS, AcceleratorConfig, CoreConfig, named_accelerator
+from estimator.accelerator import ARCH_CONFIGS, DEFAULT_BUDGET, AcceleratorConfig, CoreConfig, named_accelerator
 from estimator.area import MIB, area_um2
 
-DEFAULT_BUDGET = "tpuv4_like"
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

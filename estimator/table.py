@@ -9,12 +9,13 @@ forms evaluated on demand.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 from rich.progress import track
 
-from estimator.accelerator import AcceleratorConfig, CoreConfig, EnergyCosts
+from estimator.accelerator import POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, EnergyCosts
 from estimator.cache import GemmCache, cache_key
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost
 from estimator.work import Gemm, VectorTerm
@@ -23,8 +24,7 @@ Shape = tuple[int, int, int]
 
 
 #: The fields of an accelerator that are not its dimensions: what estimates depend on besides the cores.
-TECHNOLOGY_FIELDS = ("clock_hz", "bytes_per_element", "hbm_bandwidth", "link_bandwidth", "link_latency",
-                     "core_buffer_words_per_cycle", "glb_words_per_cycle", "energy")
+TECHNOLOGY_FIELDS = tuple(item.name for item in fields(AcceleratorConfig) if item.name not in POWER_OF_TWO_FIELDS)
 
 
 def technology(accelerator: AcceleratorConfig) -> tuple:

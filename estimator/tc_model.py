@@ -35,7 +35,7 @@ from functools import cached_property
 
 import numpy as np
 
-from estimator.accelerator import AcceleratorConfig, named_accelerator
+from estimator.accelerator import DEFAULT_BUDGET, AcceleratorConfig, named_accelerator
 
 REGISTER_WORDS = 32
 
@@ -222,5 +222,5 @@ def tc_gemm_cycles(n: int, c: int, k: int, num_tc: int, width: int, depth: int, 
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         if name not in ("n", "c", "k") and value & (value - 1):
             raise ValueError(f"{name}: must be a power of two (1, 2, 4, ...), got {value!r}")
-    memory = MemorySystem.of(accelerator or named_accelerator("tpuv4_like"))
+    memory = MemorySystem.of(accelerator or named_accelerator(DEFAULT_BUDGET))
     return float(gemm_cost(n, c, k, [width * depth], [num_tc], [glb_bytes], memory).cycles[0])

@@ -16,10 +16,10 @@ import numpy as np
 
 from graph_extract.opgraph import OpGraph
 
-from estimator.accelerator import AcceleratorConfig, CoreConfig, named_accelerator
+from estimator.accelerator import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
-from estimator.space import DEFAULT_BUDGET, CandidateSpace, candidate_space
+from estimator.space import CandidateSpace, candidate_space
 from estimator.table import EstimateTable, allreduce_seconds, technology
 from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
 
@@ -139,8 +139,7 @@ class PreparedLayer:
 def budget_template(accelerator: AcceleratorConfig) -> AcceleratorConfig:
     """The area-budget accelerator (TPUv4-like) built in `accelerator`'s technology."""
     budget = named_accelerator(DEFAULT_BUDGET)
-    return replace(accelerator, num_tc=budget.num_tc, num_vc=budget.num_vc, tc_width=budget.tc_width,
-                   tc_depth=budget.tc_depth, vc_width=budget.vc_width, glb_bytes=budget.glb_bytes)
+    return replace(accelerator, **{name: getattr(budget, name) for name in POWER_OF_TWO_FIELDS})
 
 
 _tables: dict[tuple, EstimateTable] = {}
