@@ -6,14 +6,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from graph_extract.layergraph import LayerGraph, build_layer_graph
-from graph_extract.opgraph import OpGraph
+from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.repeats import repeat_groups as find_repeat_groups
 from graph_extract.serialize import (
     FORMAT_VERSION,
@@ -45,18 +44,9 @@ class ExtractedModel:
     parameter_count: int  # the whole model: all shards, each parameter once
 
     @property
-    def model(self) -> str:
-        return self.spec.name
-
-    @property
     def parameters_per_device(self) -> int:
         """Parameters rank 0 holds when it holds every layer (a tied weight once)."""
-        sizes = {
-            name: math.prod(shape)
-            for node in self.op_graph.nodes
-            for name, shape in zip(node.weight_names, node.weight_shapes)
-        }
-        return sum(sizes.values())
+        return sum(weight_sizes(self.op_graph.nodes).values())
 
 
 def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[int, ...]:
@@ -81,10 +71,11 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
         )
     if isinstance(width, bool) or not isinstance(width, int) or width <= 0 or width & (width - 1):
         raise ValueError(f"tensor_parallel_width: must be a power of two, got {width!r}")
-    if spec.num_heads % width or spec.ffn_hidden_size % width:
+    valid = valid_tensor_parallel_widths(spec, width)
+    if width not in valid:
         raise ValueError(
             f"tensor_parallel_width: {width} does not divide the {spec.num_heads} heads of {spec.name}; "
-            f"valid: {', '.join(map(str, valid_tensor_parallel_widths(spec, width)))}"
+            f"valid: {', '.join(map(str, valid))}"
         )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from graph_extract.opgraph import OpGraph, OpNode
+from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -96,8 +96,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     layers = []
     for layer_id in graph.layers:
         nodes = graph.layer_nodes(layer_id)
-        weights = {name: math.prod(shape) for node in nodes
-                   for name, shape in zip(node.weight_names, node.weight_shapes)}
+        weights = weight_sizes(nodes)
         saved = {key: size for node in nodes for key, size in saved_tensors(node, graph)}
         layers.append(
             Layer(

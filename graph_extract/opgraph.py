@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -131,6 +132,11 @@ class OpNode:
             self.attrs,
         )
         return hashlib.sha1(repr(key).encode()).hexdigest()[:16]
+
+
+def weight_sizes(nodes: Iterable[OpNode]) -> dict[str, int]:
+    """Elements of each parameter the operators read, by parameter path (a shared weight once)."""
+    return {name: math.prod(shape) for node in nodes for name, shape in zip(node.weight_names, node.weight_shapes)}
 
 
 @dataclass(frozen=True)

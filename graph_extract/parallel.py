@@ -51,7 +51,6 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, width: int, bias: bool = True) -> None:
         super().__init__()
-        self.width = width
         self.weight = sharded_parameter(out_features // width, in_features, partition_dim=0)
         self.bias = sharded_parameter(out_features // width, partition_dim=0) if bias else None
         _init_linear(self.weight, self.bias, in_features)

@@ -150,7 +150,7 @@ def _tensor_metas(value: object) -> list[TensorMetadata]:
 
 
 def _element_bytes(dtype: torch.dtype) -> int:
-    return TRAINING_DTYPE_BYTES if dtype.is_floating_point else torch.empty((), dtype=dtype).element_size()
+    return TRAINING_DTYPE_BYTES if dtype.is_floating_point else dtype.itemsize
 
 
 def _layer_of(module_path: str, num_layers: int) -> int:

@@ -93,7 +93,7 @@ def verify_tensor_parallel(
         load_shard(full, shard, width, rank)
         shards.append(trace(shard, inputs))
     with torch.no_grad():
-        expected = _outputs(trace(full, inputs)(*inputs.values()))
+        expected = _outputs(full(**inputs))
         per_shard = run_shards_in_lockstep(shards, list(inputs.values()))
     error = max(
         (got - want).abs().max().item()
