@@ -37,7 +37,7 @@ from solver.schedule.cores import assign_cores
 from solver.schedule.heuristic import improve_modes, schedule_in_modes
 from solver.schedule.listsched import Schedule, retime
 from solver.schedule.problem import ScheduleProblem
-from solver.schedule.result import BackendOutcome
+from solver.schedule.result import PROOF_TOLERANCE, BackendOutcome
 
 TICKS_PER_HORIZON = 100_000
 #: Share of the time limit for the exclusive bound's model.
@@ -161,8 +161,9 @@ def solve_cpsat(
         candidate = improve_modes(problem, schedule_in_modes(problem, modes))
         incumbent = min(incumbent, candidate, key=lambda schedule: schedule.makespan(problem))
     upper = incumbent.makespan(problem)
-    if upper - bound <= relative_gap * upper or upper <= bound * (1 + 1e-9):
-        return BackendOutcome(incumbent, bound, upper <= bound * (1 + 1e-9))
+    proven = upper <= bound * (1 + PROOF_TOLERANCE)
+    if proven or upper - bound <= relative_gap * upper:
+        return BackendOutcome(incumbent, bound, proven)
     ticks = [(math.ceil(op.latency / resolution), math.ceil(op.parallel_latency / resolution)) for op in problem.ops]
     built = _Model(problem, ticks, retime(problem, incumbent, ticks))
     built.model.add(built.makespan >= math.floor(bound / resolution))

@@ -52,7 +52,7 @@ def solve_milp(
         bound = max(bound, outcome.lower_bound)  # every model is a relaxation of the full problem
         if outcome.schedule is None:
             break
-        found = violations(problem, outcome.schedule.start, outcome.schedule.parallel, relative_tolerance=1e-6)
+        found = violations(problem, outcome.schedule.start, outcome.schedule.parallel, relative_tolerance=SOLVER_TOLERANCE)
         overloaded = {v.kind for v in found if v.kind in _CAPACITY} - constrained
         if not overloaded:
             return BackendOutcome(outcome.schedule, bound, outcome.optimal)

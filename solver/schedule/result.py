@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
 
+#: A makespan within this fraction of the lower bound is proven optimal (float rounding).
+PROOF_TOLERANCE = 1e-9
+
 
 @dataclass(frozen=True)
 class BackendOutcome:

@@ -10,12 +10,10 @@ from solver.schedule.heuristic import heuristic_schedule, lower_bound
 from solver.schedule.listsched import retime
 from solver.schedule.milp import MILP_SOLVERS, solve_milp
 from solver.schedule.problem import ScheduleProblem
-from solver.schedule.result import ScheduleResult, make_result
+from solver.schedule.result import PROOF_TOLERANCE, ScheduleResult, make_result
 from solver.schedule.validate import validate
 
 BACKENDS = ("cpsat", "milp", "heuristic")
-#: A makespan within this fraction of the lower bound is proven optimal (float rounding).
-PROOF_TOLERANCE = 1e-9
 #: An exact backend gets at least this long [s], even when the heuristic used up the time limit.
 MINIMUM_SOLVER_TIME = 0.05
 
