@@ -45,17 +45,59 @@ class StateSpace:
 
 
 @dataclass(frozen=True)
+class DeviceModel:
+    """How table columns stand for device budgets.
+
+    Uniform (every candidate stage uses `per_stage` devices): one column; s stages need
+    s·per_stage devices. Mixed (stages use 1 or t = `per_stage` devices): column y holds splits
+    with at least y one-device stages; s stages of which y use one device need s·t − (t−1)·y.
+    """
+
+    per_stage: int
+    columns: int
+
+    @property
+    def mixed(self) -> bool:
+        return self.columns > 1
+
+    def column(self, budget, depth) -> np.ndarray:
+        """Column of dp[·][budget][depth], or -1 if `depth` stages never fit `budget` devices (elementwise)."""
+        budget, depth = np.asarray(budget), np.asarray(depth)
+        if not self.mixed:
+            return np.where(budget >= depth * self.per_stage, 0, -1)
+        need = np.maximum(-((budget - depth * self.per_stage) // (self.per_stage - 1)), 0)
+        return np.where((budget >= depth) & (need < self.columns), need, -1)
+
+
+def device_model(width: int, space: StateSpace, costs: StageCostTable, depth_cap: int) -> DeviceModel:
+    """Uniform if all candidate stages use the same devices; else count the possible one-device stages."""
+    devices = costs.devices
+    if (devices == devices[0]).all():
+        return DeviceModel(int(devices[0]), 1)
+    one_device_layers = int(space.members[:, devices == 1].any(axis=1).sum())
+    return DeviceModel(width, min(one_device_layers, depth_cap) + 1)
+
+
+@dataclass(frozen=True)
 class Candidates:
-    """A state space with the stage costs at one tensor-parallel width."""
+    """A state space with the stage costs at one tensor-parallel width.
+
+    `depth_cap` is the most stages a pipeline can have (devices, layers); `device_model` says how
+    the DP's table columns stand for device budgets.
+    """
 
     width: int
     space: StateSpace
     costs: StageCostTable
+    depth_cap: int
+    device_model: DeviceModel
 
 
 def candidates(graph: WidthGraph, settings: PlacementSettings, space: StateSpace) -> Candidates:
     """Cost every candidate stage of `space` at the graph's width."""
-    return Candidates(graph.width, space, stage_cost_table(graph, space.members, settings))
+    costs = stage_cost_table(graph, space.members, settings)
+    depth_cap = min(settings.devices, int(space.sizes[-1]))
+    return Candidates(graph.width, space, costs, depth_cap, device_model(graph.width, space, costs, depth_cap))
 
 
 def chain_space(layers: int) -> StateSpace:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .candidates import Candidates
+from .candidates import Candidates, DeviceModel
 from .evaluate import score
 from .inputs import PlacementSettings
 from .layer_graph import WidthGraph
@@ -49,40 +49,6 @@ class WidthPlacement:
     memory_bytes: tuple[float, ...]
 
 
-@dataclass(frozen=True)
-class DeviceModel:
-    """How table columns stand for device budgets.
-
-    Uniform (every candidate stage uses `per_stage` devices): one column; s stages need
-    s·per_stage devices. Mixed (stages use 1 or t = `per_stage` devices): column y holds splits
-    with at least y one-device stages; s stages of which y use one device need s·t − (t−1)·y.
-    """
-
-    per_stage: int
-    columns: int
-
-    @property
-    def mixed(self) -> bool:
-        return self.columns > 1
-
-    def column(self, budget, depth) -> np.ndarray:
-        """Column of dp[·][budget][depth], or -1 if `depth` stages never fit `budget` devices (elementwise)."""
-        budget, depth = np.asarray(budget), np.asarray(depth)
-        if not self.mixed:
-            return np.where(budget >= depth * self.per_stage, 0, -1)
-        need = np.maximum(-((budget - depth * self.per_stage) // (self.per_stage - 1)), 0)
-        return np.where((budget >= depth) & (need < self.columns), need, -1)
-
-
-def device_model(candidates: Candidates, depth_cap: int) -> DeviceModel:
-    """Uniform if all candidate stages use the same devices; else count the possible one-device stages."""
-    devices = candidates.costs.devices
-    if (devices == devices[0]).all():
-        return DeviceModel(int(devices[0]), 1)
-    one_device_layers = int(candidates.space.members[:, devices == 1].any(axis=1).sum())
-    return DeviceModel(candidates.width, min(one_device_layers, depth_cap) + 1)
-
-
 def place(candidates: Candidates, graph: WidthGraph, settings: PlacementSettings) -> WidthPlacement | None:
     """Best placement at this width with the sync charged for the first stage (the original's rule)."""
     feasible = candidates.costs.max_in_flight
@@ -105,8 +71,7 @@ def fill_tables(
     (all stages in all tables when `levels` is None).
     """
     space, costs = candidates.space, candidates.costs
-    depth_cap = min(settings.devices, int(space.sizes[-1]))
-    model = device_model(candidates, depth_cap)
+    depth_cap, model = candidates.depth_cap, candidates.device_model
     tables = [np.full((min(int(size), depth_cap) + 1, model.columns, caps), INFTY) for size in space.sizes]
     tables[0][0, 0] = 0.0
     one_more = np.r_[0, np.arange(model.columns - 1)]  # a one-device stage: column y reads y - 1
@@ -142,8 +107,7 @@ def final_round(
     """Pick d, the first stage and the depth (spec §8), vectorised over d and depth."""
     degrees, per_pipeline, micro_batches = data_parallel_options(settings)
     space, costs = candidates.space, candidates.costs
-    depth_cap = min(settings.devices, int(space.sizes[-1]))
-    model = device_model(candidates, depth_cap)
+    depth_cap, model = candidates.depth_cap, candidates.device_model
     best = None
     for pair in space.pairs(len(tables) - 1):
         before = tables[int(space.rest[pair])]
@@ -172,7 +136,7 @@ def backtrace(
 ) -> list[int]:
     """The candidate stage (pair) of each stage, first to last: the shortest next stage matching (§9)."""
     space, costs = candidates.space, candidates.costs
-    model = device_model(candidates, min(settings.devices, int(space.sizes[-1])))
+    model = candidates.device_model
     stages = [choice.pair]
     state, depth = int(space.rest[choice.pair]), choice.depth - 1
     budget = settings.devices // choice.data_parallel_degree - int(costs.devices[choice.pair])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .candidates import Candidates
-from .dp import INFTY, Choice, WidthPlacement, data_parallel_options, device_model, fill_tables, placement
+from .dp import INFTY, Choice, WidthPlacement, data_parallel_options, fill_tables, placement
 from .inputs import PlacementSettings
 from .layer_graph import WidthGraph
 from .stage_cost import sync_time
@@ -48,9 +48,7 @@ def place_max_stage(candidates: Candidates, graph: WidthGraph, settings: Placeme
 
 def _batch_size(candidates: Candidates, settings: PlacementSettings) -> int:
     """Caps per batch so that tables and final-round arrays stay near BATCH_ELEMENTS elements."""
-    layers = int(candidates.space.sizes[-1])
-    depth_cap = min(settings.devices, layers)
-    columns = device_model(candidates, depth_cap).columns
+    depth_cap, columns = candidates.depth_cap, candidates.device_model.columns
     table = sum(min(int(size), depth_cap) + 1 for size in candidates.space.sizes) * columns
     final = 2 * len(data_parallel_options(settings)[0]) * depth_cap
     return max(1, BATCH_ELEMENTS // max(table, final))
@@ -67,8 +65,7 @@ def _cheapest(
     """The least F(c) over this batch of caps: the choice (time = F(c)) and the cap's index."""
     space, costs = candidates.space, candidates.costs
     degrees, per_pipeline, micro_batches = data_parallel_options(settings)
-    depth_cap = min(settings.devices, int(space.sizes[-1]))
-    model = device_model(candidates, depth_cap)
+    depth_cap, model = candidates.depth_cap, candidates.device_model
     first_stages = [
         pair
         for pair in space.pairs(len(tables) - 1)
