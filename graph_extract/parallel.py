@@ -38,8 +38,6 @@ def sharded_parameter(*shape: int, partition_dim: int | None) -> nn.Parameter:
 
 
 def _init_linear(weight: nn.Parameter, bias: nn.Parameter | None, fan_in: int) -> None:
-    if weight.device.type == "meta":
-        return
     bound = 1.0 / math.sqrt(fan_in)
     nn.init.uniform_(weight, -bound, bound)
     if bias is not None:
@@ -83,8 +81,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = padded_vocab // width
         self.vocab_start, self.vocab_end = rank * rows, (rank + 1) * rows
         self.weight = sharded_parameter(rows, dim, partition_dim=0)
-        if self.weight.device.type != "meta":
-            nn.init.normal_(self.weight, std=0.02)
+        nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.width == 1:

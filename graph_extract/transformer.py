@@ -66,7 +66,7 @@ class Embedding(nn.Module):
         if spec.token_types:
             self.token_type = sharded_parameter(spec.token_types, spec.hidden_size, partition_dim=None)
         for table in (self.position, self.token_type):
-            if table is not None and table.device.type != "meta":
+            if table is not None:
                 nn.init.normal_(table, std=0.02)
         self.norm = _norm(spec) if spec.embedding_norm else None
         self.dropout = _dropout(spec)
@@ -198,8 +198,7 @@ class LanguageModelHead(nn.Module):
             self.weight = word.weight
         else:
             self.weight = sharded_parameter(padded_vocab // width, dim, partition_dim=0)
-            if self.weight.device.type != "meta":
-                nn.init.normal_(self.weight, std=0.02)
+            nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.norm is not None:
@@ -232,8 +231,7 @@ class BertPretrainingHead(nn.Module):
         self.transform_norm = _norm(spec)
         self.weight = word.weight
         self.bias = sharded_parameter(padded_vocab // width, partition_dim=0)
-        if self.bias.device.type != "meta":
-            nn.init.zeros_(self.bias)
+        nn.init.zeros_(self.bias)
         self.pooler = Pooler(spec)
         self.sentence_order = nn.Linear(spec.hidden_size, 2)
 
