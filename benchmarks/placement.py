@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from solver.placement.inputs import SYNC_COSTS
+
 from solver.placement.jsonio import solve_document
 
 GIB = 1024**3

@@ -1,18 +1,23 @@
 """Stage 2 of phaze: the accelerator template and candidate space, the area model, operator
 classification and fusion, and vectorised latency/energy estimates with a persistent cache."""
 
+#: Version of the cost models (operator work, fusion, latencies); part of every key of a value
+#: computed from them. Bump when an estimate of the same inputs changes.
+MODEL_VERSION = 2
+
 from estimator.accelerator import AcceleratorConfig, CoreConfig, EnergyCosts, accelerator_names, named_accelerator
 from estimator.area import area_um2
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
 from estimator.space import CandidateSpace, candidate_space
-from estimator.table import EstimateTable, allreduce_seconds
+from estimator.table import EstimateTable
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost, tc_gemm_cycles
 from estimator.work import Gemm, VectorTerm, Work, core_type, op_work
 from estimator.workload import (FusedEstimate, FusedLayer, PreparedLayer, default_table, estimate, layer_workload,
                                 prepare_layer, prepopulate)
 
 __all__ = [
+    "MODEL_VERSION",
     "AcceleratorConfig",
     "CandidateSpace",
     "CoreConfig",
@@ -29,7 +34,6 @@ __all__ = [
     "VectorTerm",
     "Work",
     "accelerator_names",
-    "allreduce_seconds",
     "area_um2",
     "candidate_space",
     "core_type",

@@ -91,8 +91,8 @@ class AcceleratorConfig:
     * The GLB <- DRAM boundary runs at `hbm_bandwidth` (the original: a fixed 128 words/cycle).
       The default 1.2 TB/s is the HBM2 bandwidth of a TPUv4 chip.
     * `clock_hz` is 1.05 GHz: latency = cycles / 1.05e9 seconds (the original divided by 1.05e6).
-    * `link_bandwidth` [B/s] and `link_latency` [s per step] cost the ring all-reduce between the
-      chips of a tensor-parallel group; 4 GiB/s is the original's value.
+    * The links between chips are not part of the chip: the cluster (`solver.training_step.Cluster`)
+      prices every collective and transfer.
     """
 
     num_tc: int
@@ -104,8 +104,6 @@ class AcceleratorConfig:
     clock_hz: float = 1.05e9
     bytes_per_element: int = 2
     hbm_bandwidth: float = 1.2e12
-    link_bandwidth: float = 4 * 2**30
-    link_latency: float = 1e-6
     core_buffer_words_per_cycle: float = 64.0
     glb_words_per_cycle: float = 256.0
     energy: EnergyCosts = field(default_factory=EnergyCosts)
@@ -119,7 +117,7 @@ class AcceleratorConfig:
             raise ValueError(f"accelerator.bytes_per_element: must be a positive integer, got {self.bytes_per_element!r}")
         if not isinstance(self.energy, EnergyCosts):
             raise ValueError(f"accelerator.energy: must be EnergyCosts, got {self.energy!r}")
-        _check_numbers(self, "accelerator", may_be_zero=("link_latency",))
+        _check_numbers(self, "accelerator")
 
     @property
     def tc_core(self) -> CoreConfig:

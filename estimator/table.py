@@ -2,15 +2,18 @@
 
 GEMM costs, the only expensive part, are computed once per GEMM shape for every tensor-core
 configuration of the table at once and shared by all operators, layers, directions and widths
-with that shape; they persist in the on-disk cache. Vector-core and all-reduce costs are closed
-forms evaluated on demand.
+with that shape; they persist in the on-disk cache. Vector-core costs are closed forms evaluated
+on demand. The table also keeps the layers it has prepared (`prepared_layer`), so a process that
+holds a table fuses and derives each layer once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.progress import track
@@ -30,14 +33,6 @@ TECHNOLOGY_FIELDS = tuple(item.name for item in fields(AcceleratorConfig) if ite
 def technology(accelerator: AcceleratorConfig) -> tuple:
     """The accelerator's technology, as a hashable key."""
     return tuple(getattr(accelerator, name) for name in TECHNOLOGY_FIELDS)
-
-
-def allreduce_seconds(num_bytes: int, group_size: int, accelerator: AcceleratorConfig) -> float:
-    """Ring all-reduce among `group_size` chips: 2(p-1)/p · bytes over one link, plus 2(p-1) steps."""
-    if group_size <= 1 or num_bytes == 0:
-        return 0.0
-    steps = 2 * (group_size - 1)
-    return steps / group_size * num_bytes / accelerator.link_bandwidth + steps * accelerator.link_latency
 
 
 def vector_cycles(terms: Sequence[VectorTerm], lanes: int) -> int:
@@ -73,6 +68,18 @@ class EstimateTable:
         self.computed = 0  # GEMM shapes computed (not found in memory or in the cache)
         self._energy: dict[Shape, np.ndarray] = {}
         self._extra: dict[tuple[Shape, CoreConfig], tuple[float, float]] = {}
+        # (graph id, key) -> (the graph, weakly, so that a recycled id is noticed; the prepared layer)
+        self._prepared: dict[tuple[int, Hashable], tuple[weakref.ref, Any]] = {}
+
+    def prepared_layer(self, graph: object, key: Hashable) -> Any | None:
+        """A layer prepared earlier for this `graph` under `key` (see `workload.prepare_layer`), or None."""
+        found = self._prepared.get((id(graph), key))
+        return found[1] if found is not None and found[0]() is graph else None
+
+    def keep_prepared_layer(self, graph: object, key: Hashable, prepared: Any) -> Any:
+        """Remember `prepared` for (graph, key) while the graph lives; returns it."""
+        self._prepared[id(graph), key] = (weakref.ref(graph), prepared)
+        return prepared
 
     def check(self, accelerator: AcceleratorConfig) -> None:
         if technology(accelerator) != self.technology:

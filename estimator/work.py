@@ -1,5 +1,7 @@
-"""What each operator computes, forward and backward: GEMMs for the tensor cores, vector-core
-cycles, all-reduce bytes. Also the operator classes that core assignment and fusion use.
+"""What each operator computes, forward and backward: GEMMs for the tensor cores and vector-core
+cycles. Also the operator classes that core assignment and fusion use. Collectives (the
+tensor-parallel all-reduces) do no core work here: the training-step model prices them on the
+cluster's links (`solver.training_step`).
 
 The vector-core cycle tables are the original's (spec §7 and §5.5), with its bugs fixed: every
 gradient of a binary op is costed at the output size (Q10), a mean costs its rows once (Q14),
@@ -78,8 +80,6 @@ class Work:
 
     gemms: tuple[Gemm, ...] = ()
     vector: tuple[VectorTerm, ...] = ()
-    allreduce_bytes: int = 0
-    group_size: int = 1
 
     @property
     def macs(self) -> int:
@@ -177,16 +177,13 @@ def _softmax_work(node: OpNode, direction: str) -> Work:
                         VectorTerm(1, out, SOFTMAX_EXP_CYCLES)))
 
 
-def _allreduce_work(node: OpNode, direction: str) -> Work:
+def _check_collective(node: OpNode) -> None:
     when = node.attr("direction")
     if when not in DIRECTIONS:
         raise ValueError(f"allreduce.direction: must be 'forward' or 'backward', got {when!r} (node {node.name!r})")
     group = node.attr("group_size")
     if not isinstance(group, int) or isinstance(group, bool) or group < 1:
         raise ValueError(f"allreduce.group_size: must be a positive integer, got {group!r} (node {node.name!r})")
-    if when != direction:
-        return Work()
-    return Work(allreduce_bytes=node.output_bytes, group_size=group)
 
 
 def op_work(node: OpNode, direction: str) -> Work:
@@ -206,7 +203,7 @@ def op_work(node: OpNode, direction: str) -> Work:
             raise _unknown(node, NORMS)
         return Work(vector=(VectorTerm(1, _numel(node.output_shape), 1),))
     if node.kind == "allreduce":
-        return _allreduce_work(node, direction)
+        _check_collective(node)
     if node.kind == "embedding" and node.op != "embedding":
         raise _unknown(node, ("embedding",))
     if node.kind == "index" and node.op != "gather":

@@ -7,20 +7,20 @@ for any accelerator by array indexing.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from graph_extract.opgraph import OpGraph
+from graph_extract.regions import replicated_outputs
 
 from estimator.accelerator import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
 from estimator.space import CandidateSpace, candidate_space
-from estimator.table import EstimateTable, allreduce_seconds, technology
+from estimator.table import EstimateTable
 from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
 
 
@@ -52,11 +52,21 @@ class FusedLayer:
     edges: tuple[tuple[int, int], ...]
 
 
-def fused_work(graph: OpGraph, op: FusedOp, direction: str) -> Work:
-    """The work of a fused operator: the head's GEMMs or all-reduce, and every member's vector work."""
-    works = [op_work(graph.nodes[member], direction) for member in op.members]
-    vector: tuple[VectorTerm, ...] = sum((work.vector for work in works), ())
-    return replace(works[0], vector=vector)
+def fused_work(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[bool] = ()) -> Work:
+    """The work of a fused operator: the head's GEMMs and every member's vector work.
+
+    Members marked in `split` (by node id) have their vector work divided over the tensor-parallel
+    ranks: sequence parallelism runs the replicated operators (norms, dropout, residual adds) on
+    1/t of the tokens.
+    """
+    width = graph.tensor_parallel_width
+    vector: list[VectorTerm] = []
+    for member in op.members:
+        terms = op_work(graph.nodes[member], direction).vector
+        if split and split[member] and width > 1:
+            terms = tuple(replace(term, elements=-(-term.elements // width)) for term in terms)
+        vector.extend(terms)
+    return Work(gemms=op_work(graph.nodes[op.members[0]], direction).gemms, vector=tuple(vector))
 
 
 class PreparedLayer:
@@ -64,10 +74,13 @@ class PreparedLayer:
     configuration of the table: pricing it for an accelerator is column indexing.
 
     An operator's latency is max(tensor-core cycles, vector-core cycles) / clock (a fused epilogue
-    streams the GEMM's output tiles, so the two overlap) plus its all-reduce time on the links.
+    streams the GEMM's output tiles, so the two overlap). Collectives take no time here: the
+    training-step model charges them on the cluster's links. With `sequence_parallel`, the vector
+    work of operators replicated over the tensor-parallel group is divided by the width.
     """
 
-    def __init__(self, graph: OpGraph, fused: FusedGraph, direction: str, table: EstimateTable) -> None:
+    def __init__(self, graph: OpGraph, fused: FusedGraph, direction: str, table: EstimateTable,
+                 sequence_parallel: bool = False) -> None:
         if direction not in DIRECTIONS:
             raise ValueError(f"direction: must be 'forward' or 'backward', got {direction!r}")
         last = len(fused.ops) - 1
@@ -75,7 +88,8 @@ class PreparedLayer:
         self.layer, self.direction, self.table = fused.layer, direction, table
         self.ops = fused.ops[::-1] if backward else fused.ops
         self.edges = tuple(sorted((last - b, last - a) for a, b in fused.edges)) if backward else fused.edges
-        self.works = tuple(fused_work(graph, op, direction) for op in self.ops)
+        split = replicated_outputs(graph) if sequence_parallel else ()
+        self.works = tuple(fused_work(graph, op, direction, split) for op in self.ops)
         table.fill((g.n, g.c, g.k) for work in self.works for g in work.gemms)
         shape = (len(self.ops), len(table.tc_cores))
         self._tc_cycles, self._tc_energy = np.zeros(shape), np.zeros(shape)
@@ -84,8 +98,6 @@ class PreparedLayer:
                 cycles, energy = table.gemm_arrays((gemm.n, gemm.c, gemm.k))
                 self._tc_cycles[row] += gemm.batch * cycles
                 self._tc_energy[row] += gemm.batch * energy
-        self._allreduce = np.array([allreduce_seconds(w.allreduce_bytes, w.group_size, table.template)
-                                    for w in self.works])
         self._vector: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _tensor_cores(self, core: CoreConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -104,7 +116,7 @@ class PreparedLayer:
     def _price(self, core: CoreConfig, lanes: int) -> tuple[np.ndarray, np.ndarray]:
         tc_cycles, tc_energy = self._tensor_cores(core)
         vc_cycles, vc_energy = self._vector_cores(lanes)
-        seconds = np.maximum(tc_cycles, vc_cycles) / self.table.template.clock_hz + self._allreduce
+        seconds = np.maximum(tc_cycles, vc_cycles) / self.table.template.clock_hz
         return seconds, tc_energy + vc_energy
 
     def prices(self, accelerator: AcceleratorConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -124,9 +136,9 @@ class PreparedLayer:
         lanes, lane_index = np.unique(np.concatenate([space.num_vc * space.width, space.width]), return_inverse=True)
         vector = np.stack([self._vector_cores(int(count))[0] for count in lanes], axis=1)[:, lane_index]
         vector_every, vector_single = vector[:, : len(space)], vector[:, len(space):]
-        clock, allreduce = self.table.template.clock_hz, self._allreduce[:, None]
-        latency = np.maximum(self._tc_cycles[:, single], vector_single) / clock + allreduce
-        parallel = np.maximum(self._tc_cycles[:, every], vector_every) / clock + allreduce
+        clock = self.table.template.clock_hz
+        latency = np.maximum(self._tc_cycles[:, single], vector_single) / clock
+        parallel = np.maximum(self._tc_cycles[:, every], vector_every) / clock
         return latency, parallel
 
     def on(self, accelerator: AcceleratorConfig) -> FusedLayer:
@@ -142,41 +154,31 @@ def budget_template(accelerator: AcceleratorConfig) -> AcceleratorConfig:
     return replace(accelerator, **{name: getattr(budget, name) for name in POWER_OF_TWO_FIELDS})
 
 
-_tables: dict[tuple, EstimateTable] = {}
-# (table, graph id, layer, direction) -> (the graph, weakly, so a recycled id is noticed; the layer)
-_prepared: dict[tuple[EstimateTable, int, int, str], tuple[weakref.ref, PreparedLayer]] = {}
-
-
 def default_table(accelerator: AcceleratorConfig, cache_dir: Path | str | None = None) -> EstimateTable:
-    """The process-wide table for `accelerator`'s technology and `cache_dir` (default
-    `default_cache_dir()`) over the tensor cores of the default candidate space."""
+    """A table for `accelerator`'s technology over the tensor cores of the default candidate space,
+    persisted in `cache_dir` (default `default_cache_dir()`)."""
     directory = Path(default_cache_dir() if cache_dir is None else cache_dir)
-    key = (technology(accelerator), directory)
-    if key not in _tables:
-        _tables[key] = EstimateTable(accelerator, candidate_space(budget_template(accelerator)).tc_cores, directory)
-    return _tables[key]
+    return EstimateTable(accelerator, candidate_space(budget_template(accelerator)).tc_cores, directory)
 
 
-def prepare_layer(graph: OpGraph, layer: int, direction: str, table: EstimateTable) -> PreparedLayer:
-    """The prepared layer, fused and derived once per (graph, layer, direction, table)."""
-    key = (table, id(graph), layer, direction)
-    if key in _prepared:
-        graph_ref, prepared = _prepared[key]
-        if graph_ref() is graph:
-            return prepared
-    if layer not in graph.layers:
-        raise ValueError(f"layer: {layer!r} is not a layer of the graph; layers: {graph.layers}")
-    (fused,) = fuse_layers(graph, (layer,))
-    prepared = PreparedLayer(graph, fused, direction, table)
-    _prepared[key] = (weakref.ref(graph), prepared)
+def prepare_layer(graph: OpGraph, layer: int, direction: str, table: EstimateTable,
+                  sequence_parallel: bool = False) -> PreparedLayer:
+    """The prepared layer, fused and derived once per (graph, layer, direction, option) and table."""
+    key = (layer, direction, sequence_parallel)
+    prepared = table.prepared_layer(graph, key)
+    if prepared is None:
+        if layer not in graph.layers:
+            raise ValueError(f"layer: {layer!r} is not a layer of the graph; layers: {graph.layers}")
+        (fused,) = fuse_layers(graph, (layer,))
+        prepared = table.keep_prepared_layer(graph, key, PreparedLayer(graph, fused, direction, table, sequence_parallel))
     return prepared
 
 
 def layer_workload(op_graph: OpGraph, layer: int, direction: str, accelerator: AcceleratorConfig,
-                   table: EstimateTable | None = None) -> FusedLayer:
+                   table: EstimateTable | None = None, sequence_parallel: bool = False) -> FusedLayer:
     """The fused operators of `layer` in `direction` priced for `accelerator` (see `FusedLayer`)."""
     table = table or default_table(accelerator)
-    return prepare_layer(op_graph, layer, direction, table).on(accelerator)
+    return prepare_layer(op_graph, layer, direction, table, sequence_parallel).on(accelerator)
 
 
 def _graph_and_layers(model: object) -> tuple[OpGraph, tuple[int, ...]]:

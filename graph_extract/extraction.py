@@ -7,12 +7,14 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
 from graph_extract.layergraph import LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
+from graph_extract.regions import attention_core
 from graph_extract.repeats import repeat_groups as find_repeat_groups
 from graph_extract.serialize import (
     FORMAT_VERSION,
@@ -42,6 +44,11 @@ class ExtractedModel:
     layer_graph: LayerGraph
     repeat_groups: tuple[tuple[int, ...], ...]
     parameter_count: int  # the whole model: all shards, each parameter once
+
+    @cached_property
+    def attention_core(self) -> frozenset[int]:
+        """Ids of the operators of the attention cores (see `graph_extract.regions`)."""
+        return attention_core(self.op_graph)
 
     @property
     def parameters_per_device(self) -> int:

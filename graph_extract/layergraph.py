@@ -5,7 +5,9 @@ micro-batch, in training precision, without recomputation: the union over the la
 the tensors that operator's backward needs (rules in `saved_tensors`), each tensor counted once.
 Only tensors produced by operators count; parameters, buffers and model inputs do not. Dropout
 masks take one byte per element. For a GPT block of width t this is Korthikanti et al.'s
-s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes.
+s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes, of which s·b·h·10 are replicated over the tensor-parallel
+ranks (what sequence parallelism splits) and 5·a·s²·b/t belong to the attention core (what
+selective recomputation drops); see `graph_extract.regions`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
+from graph_extract.regions import attention_core, replicated_outputs
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -22,16 +25,39 @@ _SAVE_INPUT = {"gelu", "silu", "log", "pow", "cos", "sin"}
 _SAVE_ARGUMENT = {"masked_fill": 1, "where": 0, "gather": 1, "embedding": 0}
 
 
+#: Layer kinds: the layer before the first block, a transformer block, the layers after the last.
+LAYER_KINDS = ("embedding", "block", "head")
+
+
 @dataclass(frozen=True)
 class Layer:
-    """One pipeline-placeable unit: its parameters, saved activations and forward work."""
+    """One pipeline-placeable unit: its parameters, saved activations, traffic and forward work.
+
+    Bytes are per micro-batch on one rank of the tensor-parallel group. `replicated_*` parts are
+    identical on every rank; `attention_core_activation_bytes` is what selective recomputation
+    re-creates; `input_bytes` is what enters the layer from other layers (what full recomputation
+    keeps). `*_collective_bytes` are the tensor-parallel all-reduces of the forward and backward
+    pass, one entry each (empty at width 1).
+    """
 
     id: int
     name: str
+    kind: str
     parameter_bytes: int
     activation_bytes: int
+    replicated_activation_bytes: int
+    attention_core_activation_bytes: int
+    input_bytes: int
+    replicated_input_bytes: int
     tensor_parallel: bool
     forward_flops: int
+    forward_collective_bytes: tuple[int, ...] = ()
+    backward_collective_bytes: tuple[int, ...] = ()
+
+    @property
+    def recomputable(self) -> bool:
+        """Whether activation recomputation applies (Megatron checkpoints transformer blocks only)."""
+        return self.kind == "block"
 
 
 @dataclass(frozen=True)
@@ -91,29 +117,48 @@ def _layer_name(nodes: tuple[OpNode, ...]) -> str:
     return ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
 
 
+def _layer_kind(name: str) -> str:
+    return "block" if name.startswith("layers.") else "embedding" if name == "embedding" else "head"
+
+
+def _collective_bytes(nodes: tuple[OpNode, ...], direction: str) -> tuple[int, ...]:
+    return tuple(node.output_bytes for node in nodes
+                 if node.kind == "allreduce" and node.attr("group_size", 1) > 1 and node.attr("direction") == direction)
+
+
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     """Contract the op graph into layers; parameters are counted once per layer that reads them."""
-    layers = []
-    for layer_id in graph.layers:
-        nodes = graph.layer_nodes(layer_id)
-        weights = weight_sizes(nodes)
-        saved = {key: size for node in nodes for key, size in saved_tensors(node, graph)}
-        layers.append(
-            Layer(
-                id=layer_id,
-                name=_layer_name(nodes),
-                parameter_bytes=sum(weights.values()) * dtype_bytes,
-                activation_bytes=sum(saved.values()),
-                tensor_parallel=any(
-                    node.kind == "allreduce" and node.attr("group_size", 1) > 1 for node in nodes
-                ),
-                forward_flops=sum(node.flops for node in nodes),
-            )
-        )
+    replicated, core = replicated_outputs(graph), attention_core(graph)
     crossing: dict[tuple[int, int], dict[int, int]] = {}
     for source, dest in graph.edges:
         pair = (graph.nodes[source].layer, graph.nodes[dest].layer)
         if pair[0] != pair[1]:
             crossing.setdefault(pair, {})[source] = graph.nodes[source].output_bytes
+    layers = []
+    for layer_id in graph.layers:
+        nodes = graph.layer_nodes(layer_id)
+        weights = weight_sizes(nodes)
+        saved = {key: size for node in nodes for key, size in saved_tensors(node, graph)}
+        inputs = {source: size for (_, dest), sizes in crossing.items() if dest == layer_id for source, size in sizes.items()}
+        name = _layer_name(nodes)
+        layers.append(
+            Layer(
+                id=layer_id,
+                name=name,
+                kind=_layer_kind(name),
+                parameter_bytes=sum(weights.values()) * dtype_bytes,
+                activation_bytes=sum(saved.values()),
+                replicated_activation_bytes=sum(size for (_, node), size in saved.items() if replicated[node]),
+                attention_core_activation_bytes=sum(size for (_, node), size in saved.items() if node in core),
+                input_bytes=sum(inputs.values()),
+                replicated_input_bytes=sum(size for source, size in inputs.items() if replicated[source]),
+                tensor_parallel=any(
+                    node.kind == "allreduce" and node.attr("group_size", 1) > 1 for node in nodes
+                ),
+                forward_flops=sum(node.flops for node in nodes),
+                forward_collective_bytes=_collective_bytes(nodes, "forward"),
+                backward_collective_bytes=_collective_bytes(nodes, "backward"),
+            )
+        )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())
     return LayerGraph(layers=tuple(layers), edges=edges, tensor_parallel_width=graph.tensor_parallel_width)

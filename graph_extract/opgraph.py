@@ -141,11 +141,16 @@ def weight_sizes(nodes: Iterable[OpNode]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class OpGraph:
-    """All operators of one shard in program order, with their data dependences."""
+    """All operators of one shard in program order, with their data dependences.
+
+    `sharded_parameters` names the parameters split over the tensor-parallel ranks (each rank holds
+    a slice); the others are replicated.
+    """
 
     nodes: tuple[OpNode, ...]
     edges: tuple[tuple[int, int], ...]
     tensor_parallel_width: int
+    sharded_parameters: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for position, node in enumerate(self.nodes):

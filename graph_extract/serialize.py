@@ -13,7 +13,7 @@ from graph_extract.layergraph import Layer, LayerEdge, LayerGraph
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def atomic_write(path: Path, content: str | bytes) -> None:
@@ -61,6 +61,7 @@ def op_graph_to_dict(graph: OpGraph) -> dict[str, Any]:
         "tensor_parallel_width": graph.tensor_parallel_width,
         "nodes": [op_node_to_dict(node) for node in graph.nodes],
         "edges": [list(edge) for edge in graph.edges],
+        "sharded_parameters": sorted(graph.sharded_parameters),
     }
 
 
@@ -69,6 +70,7 @@ def op_graph_from_dict(record: dict[str, Any]) -> OpGraph:
         nodes=tuple(op_node_from_dict(node) for node in record["nodes"]),
         edges=tuple(tuple(edge) for edge in record["edges"]),
         tensor_parallel_width=record["tensor_parallel_width"],
+        sharded_parameters=frozenset(record["sharded_parameters"]),
     )
 
 
@@ -78,7 +80,11 @@ def layer_graph_to_dict(graph: LayerGraph) -> dict[str, Any]:
 
 def layer_graph_from_dict(record: dict[str, Any]) -> LayerGraph:
     return LayerGraph(
-        layers=tuple(Layer(**layer) for layer in record["layers"]),
+        layers=tuple(
+            Layer(**{**layer, "forward_collective_bytes": tuple(layer["forward_collective_bytes"]),
+                     "backward_collective_bytes": tuple(layer["backward_collective_bytes"])})
+            for layer in record["layers"]
+        ),
         edges=tuple(LayerEdge(**edge) for edge in record["edges"]),
         tensor_parallel_width=record["tensor_parallel_width"],
     )

@@ -240,4 +240,6 @@ def to_op_graph(module: fx.GraphModule, num_layers: int, tensor_parallel_width: 
                 attrs=_attrs(module, node, op),
             )
         )
-    return OpGraph(nodes=tuple(nodes), edges=tuple(dict.fromkeys(edges)), tensor_parallel_width=tensor_parallel_width)
+    sharded = frozenset(name for name, parameter in parameters.items() if getattr(parameter, "partition_dim", None) is not None)
+    return OpGraph(nodes=tuple(nodes), edges=tuple(dict.fromkeys(edges)), tensor_parallel_width=tensor_parallel_width,
+                   sharded_parameters=sharded)

@@ -16,7 +16,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from phaze.settings import MODES, ConfigError, model_name_error, settings_from_config
+from phaze.settings import MODES, ConfigError, model_name_error, settings_from_config, system_name_error
 
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
@@ -45,6 +45,8 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
             for override in job:
                 key, _, value = override.partition("=")
                 if key.lstrip("+~") == "model" and (error := model_name_error(value)):
+                    raise error
+                if key.lstrip("+~") == "system" and (error := system_name_error(value)):
                     raise error
             try:
                 cfg = hydra.compose(config_name="config", overrides=[*job, f"mode={mode}"])

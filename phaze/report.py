@@ -20,8 +20,9 @@ COLUMNS = {
     "throughput": "samples/s",
     "accelerator": "accelerator",
     "area_mm2": "area mm²",
-    "placement": "p x t x d",
-    "activation_recomputation": "recompute",
+    "system": "system",
+    "placement": "p x t x d (v)",
+    "recompute": "recompute",
     "speedup_tpuv4_like": "vs TPUv4-like",
     "speedup_fixed_megatron": "vs fixed Megatron",
     "architectures_evaluated": "evaluated",
@@ -40,9 +41,10 @@ def setting_row(run: str, model: str, setting: dict) -> dict:
             accelerator=f"{accelerator['num_tc']}x{accelerator['tc_width']}x{accelerator['tc_depth']} TC, "
             f"{accelerator['num_vc']} VC, {accelerator['glb_bytes'] // 2**20} MiB",
             area_mm2=accelerator["area"] / 1e6,
+            system=setting["system"]["name"],
             placement=f"{placement['pipeline_stages']}x{placement['tensor_parallel_width']}x"
-            f"{placement['data_parallel_degree']}",
-            activation_recomputation=setting["activation_recomputation"],
+            f"{placement['data_parallel_degree']} ({placement['virtual_stages']})",
+            recompute=placement["recompute"],
         )
         for name, baseline in setting.get("baselines", {}).items():
             row[f"speedup_{name}"] = baseline.get("speedup")

@@ -13,6 +13,8 @@ from estimator import AcceleratorConfig
 from graph_extract.serialize import atomic_write
 from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation
+from solver.job import Job
+from solver.training_step import BREAKDOWN_KEYS
 
 GIB = 1024**3
 
@@ -39,35 +41,49 @@ def accelerator_record(accelerator: AcceleratorConfig, index: int) -> dict:
     }
 
 
-def placement_record(evaluation: Evaluation) -> dict:
+def job_record(job: Job) -> dict:
+    """What a result states of the job besides the model: the cluster and how it trains."""
+    return {
+        "system": {"name": job.system.name, "step_model": job.step_model,
+                   "tiers": [tier.to_dict() for tier in job.system.tiers]},
+        "optimizer": job.training.optimizer,
+        "sharded_optimizer": job.training.sharded_optimizer,
+    }
+
+
+def placement_record(evaluation: Evaluation, job: Job) -> dict:
     result = evaluation.placement
     return {
         "pipeline_stages": len(result.stages),
         "tensor_parallel_width": result.tensor_parallel_width,
         "data_parallel_degree": result.data_parallel_degree,
+        "virtual_stages": result.virtual_stages,
+        "recompute": result.recompute,
+        "sequence_parallel": job.training.sequence_parallel and job.step_model == "training_step",
         "stages": [
-            {"layers": list(stage.layer_ids), "devices": stage.devices, "memory_bytes": stage.memory_bytes}
+            {"layers": list(stage.layer_ids), "devices": stage.devices, "parameters": stage.parameters,
+             "memory_bytes": stage.memory}
             for stage in result.stages
         ],
     }
 
 
-def evaluation_row(outcome: CandidateOutcome, micro_batch_size: int, hbm_bytes: int, evaluation: Evaluation) -> dict:
-    """One row of the results table: an (architecture, micro-batch, HBM, recompute) evaluation."""
-    result = evaluation.placement
+def best_record(outcome: CandidateOutcome, job: Job, hbm_bytes: int, evaluation: Evaluation | None = None) -> dict:
+    """An evaluation of an outcome for one setting (its best by default), as best.json states it."""
+    evaluation = evaluation or outcome.best(hbm_bytes)
     feasible = evaluation.feasible
     return {
-        **accelerator_record(outcome.accelerator, outcome.index),
-        "micro_batch_size": micro_batch_size,
+        "micro_batch_size": job.micro_batch_size,
         "hbm_size_gib": gibibytes(hbm_bytes),
-        "activation_recomputation": evaluation.activation_recomputation,
+        "memory_capacity_bytes": hbm_bytes,
+        **job_record(job),
         "feasible": feasible,
+        "accelerator": accelerator_record(outcome.accelerator, outcome.index),
+        "placement": placement_record(evaluation, job),
         "throughput": evaluation.throughput,
-        "time_per_batch_s": result.time_per_batch if feasible else math.nan,
-        "pipeline_stages": len(result.stages) if feasible else 0,
-        "tensor_parallel_width": result.tensor_parallel_width or 0,
-        "data_parallel_degree": result.data_parallel_degree or 0,
-        "energy_per_batch_j": evaluation.energy_per_batch if feasible else math.nan,
+        "time_per_batch_s": evaluation.placement.time_per_batch if feasible else None,
+        "breakdown_s": dict(evaluation.placement.breakdown) if feasible else None,
+        "energy_per_batch_j": evaluation.energy_per_batch if feasible else None,
         "tc_utilisation": evaluation.tc_utilisation,
         "vc_utilisation": evaluation.vc_utilisation,
         "tc_peak_utilisation": evaluation.tc_peak,
@@ -76,22 +92,26 @@ def evaluation_row(outcome: CandidateOutcome, micro_batch_size: int, hbm_bytes: 
     }
 
 
-def best_record(outcome: CandidateOutcome, micro_batch_size: int, hbm_bytes: int) -> dict:
-    """The best evaluation of an outcome for one setting, as best.json states it."""
-    evaluation = outcome.best(hbm_bytes)
-    return {
-        "micro_batch_size": micro_batch_size,
-        "hbm_size_gib": gibibytes(hbm_bytes),
-        "feasible": evaluation.feasible,
-        "activation_recomputation": evaluation.activation_recomputation,
-        "accelerator": accelerator_record(outcome.accelerator, outcome.index),
-        "placement": placement_record(evaluation),
-        "throughput": evaluation.throughput,
-        "time_per_batch_s": evaluation.placement.time_per_batch if evaluation.feasible else None,
-        "energy_per_batch_j": evaluation.energy_per_batch if evaluation.feasible else None,
-        "tc_utilisation": evaluation.tc_utilisation,
-        "vc_utilisation": evaluation.vc_utilisation,
-    }
+def flatten(record: dict, prefix: str = "") -> dict:
+    """Nested keys joined with "." (lists as JSON text): one row of the results table."""
+    row = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            row.update(flatten(value, f"{prefix}{key}."))
+        else:
+            row[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
+    return row
+
+
+def evaluation_row(outcome: CandidateOutcome, job: Job, hbm_bytes: int, evaluation: Evaluation) -> dict:
+    """One row of the results table: an (architecture, micro-batch, HBM, recompute) evaluation, its
+    best.json record flattened (the accelerator's fields without a prefix)."""
+    record = best_record(outcome, job, hbm_bytes, evaluation)
+    if not evaluation.feasible:
+        record.update(time_per_batch_s=math.nan, energy_per_batch_j=math.nan,
+                      breakdown_s=dict.fromkeys(BREAKDOWN_KEYS, math.nan))
+    accelerator = record.pop("accelerator")
+    return {**accelerator, **flatten(record)}
 
 
 def write_frame(directory: Path, name: str, frame: pd.DataFrame) -> None:

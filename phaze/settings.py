@@ -13,11 +13,15 @@ from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_wid
 from graph_extract.extraction import check_request
 from phaze.results import GIB
 from solver.codesign import STRATEGIES, ScheduleSettings
+from solver.job import STEP_MODELS, Job
 from solver.placement import FixedStrategy
-from solver.placement.inputs import OPTIMIZERS, SYNC_COSTS
+from solver.placement.layouts import allowed_virtual_stages
 from solver.schedule import BACKENDS, MILP_SOLVERS
+from solver.training_step import OPTIMIZERS, RECOMPUTE_MODES, Cluster, Training
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver")
+#: The cluster presets of phaze/conf/system/.
+SYSTEMS = tuple(sorted(path.stem for path in (Path(__file__).parent / "conf" / "system").glob("*.yaml")))
 
 
 class ConfigError(ValueError):
@@ -38,9 +42,11 @@ class Settings:
     area_budget: float | None  # µm²
     search: str
     global_batch_size: int
-    devices: int
-    optimizer: str
-    sync_cost: str
+    system: Cluster
+    step_model: str
+    training: Training
+    recompute: tuple[str, ...]
+    virtual_stages: tuple[int, ...] | None
     schedule: ScheduleSettings
     candidate_sample: int | None
     n_jobs: int
@@ -49,6 +55,27 @@ class Settings:
     @staticmethod
     def hbm_bytes(gib: float) -> int:
         return round(gib * GIB)
+
+    @property
+    def devices(self) -> int:
+        return self.system.num_devices
+
+    def job(self, micro_batch_size: int) -> Job:
+        """The training job of one micro-batch size (every HBM size of the run)."""
+        return Job(
+            spec=self.spec,
+            sequence_length=self.sequence_length,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=self.global_batch_size,
+            tensor_parallel_widths=self.tensor_parallel_widths,
+            system=self.system,
+            memory_capacities=tuple(self.hbm_bytes(gib) for gib in self.hbm_sizes_gib),
+            training=self.training,
+            recompute=self.recompute,
+            virtual_stages=self.virtual_stages,
+            step_model=self.step_model,
+            fixed_megatron=self.fixed_megatron,
+        )
 
 
 def _is_int(value: object) -> bool:
@@ -86,6 +113,59 @@ def model_name_error(name: object) -> ConfigError | None:
     if name in MODELS:
         return None
     return ConfigError(f"model: unknown {name!r}; valid: {', '.join(MODELS)}")
+
+
+def system_name_error(name: object) -> ConfigError | None:
+    """The error for an unknown cluster preset, or None."""
+    if name in SYSTEMS:
+        return None
+    return ConfigError(f"system: unknown {name!r}; valid: {', '.join(SYSTEMS)}")
+
+
+def _boolean(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: must be true or false, got {value!r}")
+    return value
+
+
+def _system(cfg: DictConfig, devices: int) -> tuple[Cluster, str]:
+    system = OmegaConf.to_container(cfg.system)
+    unknown = sorted(set(system) - {"name", "step_model", "node_size", "tiers"})
+    if unknown:
+        raise ConfigError(f"system: unknown field {unknown[0]!r}; allowed: name, step_model, node_size, tiers")
+    step_model = _choice("system.step_model", system.get("step_model", "training_step"), STEP_MODELS)
+    node_size = _positive_int("system.node_size", system.get("node_size"))
+    tiers = system.get("tiers")
+    if not isinstance(tiers, list) or not all(isinstance(tier, dict) for tier in tiers):
+        raise ConfigError(f"system.tiers: must be a list of tiers (name, bandwidth, latency, efficiency), got {tiers!r}")
+    try:
+        cluster = Cluster.build(str(system.get("name", "custom")), devices, node_size, tiers)
+    except ValueError as problem:
+        raise ConfigError(str(problem)) from None
+    if step_model == "original" and len(cluster.tiers) != 1:
+        raise ConfigError("system.tiers: the original's model has one flat link; give one tier")
+    return cluster, step_model
+
+
+def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Training, tuple[str, ...], tuple[int, ...] | None]:
+    training = Training(
+        optimizer=_choice("optimizer", cfg.optimizer, OPTIMIZERS),
+        sharded_optimizer=_boolean("sharded_optimizer", cfg.sharded_optimizer),
+        sequence_parallel=_boolean("sequence_parallel", cfg.sequence_parallel),
+        overlap_grad_reduce=_boolean("overlap_grad_reduce", cfg.overlap_grad_reduce),
+    )
+    allowed = ("none", "full") if step_model == "original" else RECOMPUTE_MODES
+    recompute = tuple(dict.fromkeys(_choice("recompute", mode, allowed) for mode in _values("recompute", cfg.recompute)))
+    virtual = cfg.virtual_stages
+    if virtual is None:
+        return training, recompute, (1,) if step_model == "original" else None
+    choices = allowed_virtual_stages(spec.num_layers) if step_model == "training_step" else (1,)
+    values = tuple(dict.fromkeys(_values("virtual_stages", virtual)))
+    for value in values:
+        if value not in choices:
+            raise ConfigError(f"virtual_stages: {value!r} divides no pipeline of two or more stages of the "
+                              f"{spec.num_layers} blocks of {spec.name}; allowed: {', '.join(map(str, choices))}")
+    return training, recompute, values
 
 
 def _spec(cfg: DictConfig) -> ModelSpec:
@@ -169,6 +249,8 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         raise ConfigError(f"force_reextract: must be true or false, got {cfg.force_reextract!r}")
     accelerator, area_budget = _accelerator(cfg)
     global_batch_size = _positive_int("global_batch_size", cfg.global_batch_size)
+    system, step_model = _system(cfg, _positive_int("num_devices", cfg.num_devices))
+    training, recompute, virtual_stages = _training(cfg, spec, step_model)
     if mode == "run_solver":
         for micro_batch_size in micro_batch_sizes:
             if global_batch_size % micro_batch_size:
@@ -192,9 +274,11 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         area_budget=area_budget,
         search=_choice("search", cfg.search, STRATEGIES),
         global_batch_size=global_batch_size,
-        devices=_positive_int("num_devices", cfg.num_devices),
-        optimizer=_choice("optimizer", cfg.optimizer, OPTIMIZERS),
-        sync_cost=_choice("sync_cost", cfg.sync_cost, SYNC_COSTS),
+        system=system,
+        step_model=step_model,
+        training=training,
+        recompute=recompute,
+        virtual_stages=virtual_stages,
         schedule=_schedule(cfg),
         candidate_sample=None if sample is None else _positive_int("candidate_sample", sample),
         n_jobs=(os.cpu_count() or 1) if n_jobs == -1 else n_jobs,

@@ -2,20 +2,10 @@
 
 For each layer the schedule lower bound (critical path on the shorter latencies, work per core
 type over all its cores: `solver.schedule.lower_bound`) is computed for all candidates as numpy
-vectors; w(v) is a layer's forward plus backward bound. With data-parallel degree d, each of the d
-pipelines has K_d = floor(K/d) devices and m = ceil(B/d) micro-batches, and the placement DP's time
-per batch is L·(m + p − 1) + sync, with L the largest of the p stage loads. Then
-
-* L ≥ W/p, W = Σ_v w(v) (the stage loads add up to at least W);
-* L ≥ M = max(max_v w(v), D/K_d): the heaviest layer is in some stage; and the stage loads times
-  their devices add up to D = Σ_v w(v)·a(v) (a(v) = t for a tensor-parallel layer, else 1) over at
-  most K_d devices;
-* so L·(m + p − 1) ≥ max(W/p, M)·(m + p − 1) ≥ W + M·(m − 1) for every p (the minimum over a
-  real p is at p = W/M), and also ≥ m·D/K_d;
-* the gradient sync is 4(d−1)/d · P1 / bandwidth, and the first stage holds at least the
-  parameters of one source layer (the embedding).
-
-The throughput bound is global batch / the least of these times over widths and degrees d.
+vectors: a layer's forward plus backward bound. The job's step model turns these into a lower
+bound on the time per batch of every placement (`TrainingStep.time_lower_bound`, or the
+original's `original.time_lower_bound`), and the throughput bound is global batch / the least of
+them over the widths.
 """
 
 from __future__ import annotations
@@ -24,7 +14,10 @@ import numpy as np
 
 from estimator import CandidateSpace, EstimateTable
 from estimator.workload import prepare_layer
-from solver.evaluate import DIRECTIONS, TrainingJob
+from solver.evaluate import DIRECTIONS, original_graphs, original_settings, step_graphs, training_steps
+from solver.job import Job
+from solver.placement.capped import degrees
+from solver.training_step import original
 
 #: Scheduled latencies are those of problems rounded to 6 significant digits (ScheduleCache); a
 #: throughput bound this much larger stays an upper bound of the scheduled throughput.
@@ -50,43 +43,47 @@ def lower_bounds(latency: np.ndarray, parallel: np.ndarray, core_types: list[str
     return bound
 
 
-def least_time_per_batch(work: np.ndarray, heaviest: np.ndarray, device_seconds: np.ndarray,
-                         source_parameters: float, job: TrainingJob, bandwidth: float) -> np.ndarray:
-    """The module docstring's bound on the time per batch, minimised over the data-parallel degree."""
-    best = np.full(work.shape, np.inf)
-    batches = job.micro_batches
-    for degree in range(1, min(job.devices, batches) + 1):
-        micro_batches, devices = -(-batches // degree), job.devices // degree
-        spread = device_seconds / devices
-        pipeline = np.maximum(work + np.maximum(heaviest, spread) * (micro_batches - 1), micro_batches * spread)
-        sync = 4.0 * (degree - 1) / degree * source_parameters / bandwidth
-        best = np.minimum(best, pipeline + sync)
-    return best
+def layer_work(graphs, space: CandidateSpace, table: EstimateTable, sequence_parallel: bool) -> np.ndarray:
+    """Forward + backward schedule lower bound of every layer (rows, program order) on every candidate."""
+    num_tc, num_vc = space.num_tc.astype(float), space.num_vc.astype(float)
+    row = {layer.id: index for index, layer in enumerate(graphs.layer_graph.layers)}
+    work = np.zeros((len(row), len(space)))
+    for group in graphs.repeat_groups:
+        total = np.zeros(len(space))
+        for direction in DIRECTIONS:
+            prepared = prepare_layer(graphs.op_graph, group[0], direction, table, sequence_parallel)
+            latency, parallel = prepared.candidate_prices(space)
+            core_types = [op.core_type for op in prepared.ops]
+            total += lower_bounds(latency, parallel, core_types, prepared.edges, num_tc, num_vc)
+        work[[row[layer] for layer in group]] = total
+    return work
 
 
-def optimistic_throughputs(job: TrainingJob, space: CandidateSpace, table: EstimateTable) -> np.ndarray:
+def optimistic_throughputs(job: Job, graphs_by_width, space: CandidateSpace, table: EstimateTable) -> np.ndarray:
     """An upper bound on the throughput [samples/s] of every candidate of `space` (module docstring)."""
     best_time = np.full(len(space), np.inf)
-    num_tc, num_vc = space.num_tc.astype(float), space.num_vc.astype(float)
-    for width, graphs in job.graphs.items():
-        layer_graph = graphs.layer_graph
-        sources = {layer.id for layer in layer_graph.layers} - {edge.dest for edge in layer_graph.edges}
-        source_parameters = min(layer_graph.layer(layer).parameter_bytes for layer in sources)
-        work, heaviest, device_seconds = np.zeros(len(space)), np.zeros(len(space)), np.zeros(len(space))
-        for group in graphs.repeat_groups:
-            layer_work = np.zeros(len(space))
-            for direction in DIRECTIONS:
-                prepared = prepare_layer(graphs.op_graph, group[0], direction, table)
-                latency, parallel = prepared.candidate_prices(space)
-                core_types = [op.core_type for op in prepared.ops]
-                layer_work += lower_bounds(latency, parallel, core_types, prepared.edges, num_tc, num_vc)
-            devices = sum(width if layer_graph.layer(layer).tensor_parallel else 1 for layer in group)
-            work += len(group) * layer_work
-            heaviest = np.maximum(heaviest, layer_work)
-            device_seconds += devices * layer_work
-        bandwidth = space.template.link_bandwidth
-        best_time = np.minimum(
-            best_time, least_time_per_batch(work, heaviest, device_seconds, source_parameters, job, bandwidth)
-        )
+    graphs = step_graphs(graphs_by_width, None)
+    memory = max(job.memory_capacities)
+    for width, extracted in graphs_by_width.items():
+        work = layer_work(extracted, space, table, job.training.sequence_parallel)
+        if job.step_model == "original":
+            time = _original_bound(job, {width: graphs[width]}, work, memory)
+        else:
+            step = training_steps(job, {width: graphs[width]}, space.template, memory, "none")[width]
+            time = step.time_lower_bound(work, degrees(step))
+        best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):
         return job.global_batch_size / best_time * (1 + ROUNDING_MARGIN)
+
+
+def _original_bound(job: Job, graphs, work: np.ndarray, memory: int) -> np.ndarray:
+    """The original model's bound: its layer latencies carry the collectives on the flat link."""
+    ((width, placement_graph),) = original_graphs(job, graphs).items()
+    collectives = np.array([layer.collective_latency for layer in placement_graph.layers])[:, None]
+    latency = work + collectives
+    devices = np.array([width if layer.tensor_parallel else 1 for layer in placement_graph.layers])[:, None]
+    sources = {layer.id for layer in placement_graph.layers} - {edge.dest for edge in placement_graph.edges}
+    source_parameters = min(layer.parameter_bytes for layer in placement_graph.layers if layer.id in sources)
+    step = original_settings(job, memory, "none").step
+    return original.time_lower_bound(latency.sum(axis=0), latency.max(axis=0), (latency * devices).sum(axis=0),
+                                     source_parameters, step)

@@ -1,62 +1,47 @@
 """Evaluation of one accelerator for one training job: schedule every unique layer, then place.
 
 Per tensor-parallel width, the representative of each repeat group is scheduled forward and
-backward on the accelerator's cores; every layer of the group gets that cost. The placement DP
-then runs on the layer graphs of all widths, with activation recomputation off and on.
-Units are SI: seconds, bytes, bytes/s, joules; throughput in samples per second.
+backward on the accelerator's cores (and its attention core forward, what selective
+recomputation re-runs); every layer of the group gets that cost. Collectives take no core time in
+a schedule: the training-step model charges them on the cluster. The best placement is then
+searched for each recomputation mode of the job. Units are SI; throughput in samples per second.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 from estimator import AcceleratorConfig, EstimateTable, FusedLayer, layer_workload
-from graph_extract import ExtractedModel
-from solver.placement import FixedStrategy, PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
-from solver.placement import solve as place
+from graph_extract.trace import TRAINING_DTYPE_BYTES
+from solver.job import Job
+from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
+from solver.placement import solve as place_original
+from solver.placement.search import best_placement, fixed_megatron
 from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
+from solver.training_step.model import Device, StepGraph, StepLayer, TrainingStep
 
 DIRECTIONS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
-class TrainingJob:
-    """A model at one micro-batch size (its graphs at every width) trained on a cluster."""
-
-    graphs: Mapping[int, ExtractedModel]  # tensor-parallel width -> graphs of rank 0
-    global_batch_size: int
-    devices: int
-    optimizer: str = "SGD"
-    sync_cost: str = "first_stage"
-
-    @property
-    def micro_batch_size(self) -> int:
-        return next(iter(self.graphs.values())).micro_batch_size
-
-    @property
-    def micro_batches(self) -> int:
-        """Micro-batches per global batch."""
-        return self.global_batch_size // self.micro_batch_size
-
-
-@dataclass(frozen=True)
 class LayerCost:
-    """One layer of one shard on one accelerator, per micro-batch.
+    """One layer of one shard on one accelerator, per micro-batch [s, J].
 
-    Busy core-seconds (summed over forward and backward) give the utilisation over many layers.
+    `attention_core_forward` is the forward time of its attention core (0 without one). Busy
+    core-seconds (summed over forward and backward) give the utilisation over many layers.
     """
 
     forward: float
     backward: float
+    attention_core_forward: float
     energy: float
     tc_busy: float
     vc_busy: float
     tc_peak: float
     vc_peak: float
-    gap: float  # the larger relative optimality gap of the two schedules
+    gap: float  # the largest relative optimality gap of its schedules
 
 
 #: width -> layer id -> cost
@@ -71,23 +56,35 @@ def schedule_problem(fused: FusedLayer, accelerator: AcceleratorConfig) -> Sched
     return ScheduleProblem.from_workload(fused, accelerator.num_tc, accelerator.num_vc)
 
 
-def _layer_problems(job: TrainingJob, accelerator: AcceleratorConfig, table: EstimateTable):
-    """(width, group, forward problem, backward problem) for every repeat group of every width."""
-    for width, graphs in job.graphs.items():
+def core_problem(fused: FusedLayer, core: frozenset[int], accelerator: AcceleratorConfig) -> ScheduleProblem | None:
+    """The scheduling problem of the attention-core operators of a forward layer, or None."""
+    keep = [index for index, op in enumerate(fused.ops) if op.members[0] in core]
+    if not keep:
+        return None
+    position = {old: new for new, old in enumerate(keep)}
+    edges = tuple((position[a], position[b]) for a, b in fused.edges if a in position and b in position)
+    part = FusedLayer(fused.layer, fused.direction, tuple(fused.ops[i] for i in keep), edges)
+    return schedule_problem(part, accelerator)
+
+
+def _layer_problems(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable):
+    """(width, group, forward, backward, attention core or None) problems of every repeat group."""
+    parallel = job.training.sequence_parallel
+    for width, graphs in graphs_by_width.items():
         for group in graphs.repeat_groups:
-            yield width, group, *(
-                schedule_problem(layer_workload(graphs.op_graph, group[0], direction, accelerator, table), accelerator)
-                for direction in DIRECTIONS
-            )
+            forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, parallel)
+                                 for direction in DIRECTIONS)
+            yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
+                   core_problem(forward, graphs.attention_core, accelerator))
 
 
-def layer_costs(
-    job: TrainingJob, accelerator: AcceleratorConfig, table: EstimateTable, schedule: Scheduler
-) -> LayerCosts:
-    """Schedule each repeat group's representative forward and backward; its cost is the group's."""
+def layer_costs(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
+                schedule: Scheduler) -> LayerCosts:
+    """Schedule each repeat group's representative; its cost is the group's."""
     costs: LayerCosts = {}
-    for width, group, forward, backward in _layer_problems(job, accelerator, table):
+    for width, group, forward, backward, core in _layer_problems(job, graphs_by_width, accelerator, table):
         results = [schedule(forward), schedule(backward)]
+        core_result = schedule(core) if core is not None else None
         busy = [
             sum(getattr(r, f"{kind}_utilisation").mean * r.makespan for r in results) * count
             for kind, count in (("tc", accelerator.num_tc), ("vc", accelerator.num_vc))
@@ -95,52 +92,113 @@ def layer_costs(
         cost = LayerCost(
             forward=results[0].makespan,
             backward=results[1].makespan,
+            attention_core_forward=core_result.makespan if core_result else 0.0,
             energy=results[0].energy + results[1].energy,
             tc_busy=busy[0],
             vc_busy=busy[1],
             tc_peak=max(r.tc_utilisation.peak for r in results),
             vc_peak=max(r.vc_utilisation.peak for r in results),
-            gap=max(r.gap for r in results),
+            gap=max(r.gap for r in results + ([core_result] if core_result else [])),
         )
         costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
 
-def lower_bound_costs(job: TrainingJob, accelerator: AcceleratorConfig, table: EstimateTable) -> LayerCosts:
+def lower_bound_costs(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable) -> LayerCosts:
     """Layer costs from the schedules' lower bounds: no schedule is faster (energy etc. zero)."""
     costs: LayerCosts = {}
-    for width, group, forward, backward in _layer_problems(job, accelerator, table):
-        cost = LayerCost(lower_bound(forward), lower_bound(backward), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    for width, group, forward, backward, core in _layer_problems(job, graphs_by_width, accelerator, table):
+        attention = lower_bound(core) if core is not None else 0.0
+        cost = LayerCost(lower_bound(forward), lower_bound(backward), attention, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
 
-def placement_graphs(job: TrainingJob, costs: LayerCosts) -> dict[int, PlacementGraph]:
-    """The layer graph of every width with the layers' scheduled latencies."""
+#: Costs of a layer that takes no time (the graph facts alone).
+NO_COST = LayerCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGraph]:
+    """The layer graph of every width with the layers' scheduled times (positions: program order);
+    without `costs`, every layer takes no time."""
     graphs = {}
-    for width, extracted in job.graphs.items():
+    for width, extracted in graphs_by_width.items():
         layer_graph = extracted.layer_graph
+        position = {layer.id: index for index, layer in enumerate(layer_graph.layers)}
+        cost = {layer.id: costs[width][layer.id] if costs else NO_COST for layer in layer_graph.layers}
         layers = tuple(
-            PlacementLayer(
+            StepLayer(
                 id=layer.id,
-                parameter_bytes=layer.parameter_bytes,
+                forward=cost[layer.id].forward,
+                backward=cost[layer.id].backward,
+                attention_core_forward=cost[layer.id].attention_core_forward,
+                parameters=layer.parameter_bytes / TRAINING_DTYPE_BYTES,
                 activation_bytes=layer.activation_bytes,
-                forward_latency=costs[width][layer.id].forward,
-                backward_latency=costs[width][layer.id].backward,
-                tensor_parallel=layer.tensor_parallel,
+                replicated_activation_bytes=layer.replicated_activation_bytes,
+                attention_core_activation_bytes=layer.attention_core_activation_bytes,
+                input_bytes=layer.input_bytes,
+                replicated_input_bytes=layer.replicated_input_bytes,
+                recomputable=layer.recomputable,
+                forward_collective_bytes=layer.forward_collective_bytes,
+                backward_collective_bytes=layer.backward_collective_bytes,
             )
             for layer in layer_graph.layers
         )
-        edges = tuple(PlacementEdge(e.source, e.dest, e.bytes) for e in layer_graph.edges)
-        graphs[width] = PlacementGraph(layers, edges)
+        edges = tuple((position[e.source], position[e.dest], float(e.bytes)) for e in layer_graph.edges)
+        if any(source >= dest for source, dest, _ in edges):
+            raise ValueError(f"layer graph of width {width}: an edge goes backwards in program order")
+        graphs[width] = StepGraph(width, layers, edges)
     return graphs
+
+
+def training_steps(job: Job, graphs: dict[int, StepGraph], accelerator: AcceleratorConfig, memory: int,
+                   recompute: str) -> dict[int, TrainingStep]:
+    """The step model of every width for one HBM size and recomputation mode."""
+    device = Device(memory, accelerator.hbm_bandwidth)
+    return {width: TrainingStep(graph, job.system, job.training, device, job.micro_batches, recompute)
+            for width, graph in graphs.items()}
+
+
+def original_graphs(job: Job, graphs: dict[int, StepGraph]) -> dict[int, PlacementGraph]:
+    """The original program's inputs: latencies with the collectives on the flat link inside."""
+    result = {}
+    for width, graph in graphs.items():
+        link = job.system.tensor_parallel(width)
+        layers = []
+        for layer in graph.layers:
+            forward = sum(link.scalar(size) for size in layer.forward_collective_bytes)
+            backward = sum(link.scalar(size) for size in layer.backward_collective_bytes)
+            layers.append(PlacementLayer(
+                id=layer.id,
+                parameter_bytes=layer.parameters * TRAINING_DTYPE_BYTES,
+                activation_bytes=layer.activation_bytes,
+                forward_latency=layer.forward + forward,
+                backward_latency=layer.backward + backward,
+                tensor_parallel=width > 1,
+                collective_latency=forward + backward,
+            ))
+        edges = tuple(PlacementEdge(graph.ids[s], graph.ids[d], size) for s, d, size in graph.edges)
+        result[width] = PlacementGraph(tuple(layers), edges)
+    return result
+
+
+def original_settings(job: Job, memory: int, recompute: str) -> PlacementSettings:
+    return PlacementSettings(
+        devices=job.devices,
+        memory_per_device=memory,
+        bandwidth=job.system.tiers[0].effective_bandwidth,
+        micro_batches_per_batch=job.micro_batches,
+        activation_recomputation=recompute == "full",
+        optimizer={"sgd": "SGD", "adam": "Adam"}[job.training.optimizer],
+        fixed_baseline=job.fixed_megatron,
+    )
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The best placement of a job on an accelerator with recomputation off or on."""
+    """The best placement of a job on an accelerator in one recomputation mode."""
 
-    activation_recomputation: bool
+    recompute: str
     placement: PlacementResult
     throughput: float  # samples/s; 0 when no placement fits
     energy_per_batch: float  # J, all devices
@@ -155,19 +213,17 @@ class Evaluation:
         return self.throughput > 0
 
 
-def _evaluation(
-    job: TrainingJob, costs: LayerCosts, accelerator: AcceleratorConfig, recompute: bool, result: PlacementResult
-) -> Evaluation:
+def _evaluation(job: Job, costs: LayerCosts, accelerator: AcceleratorConfig, result: PlacementResult) -> Evaluation:
     if not result.feasible:
-        return Evaluation(recompute, result, 0.0, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return Evaluation(result.recompute, result, 0.0, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
     width_costs = costs[result.tensor_parallel_width]
     layers = list(width_costs.values())
-    last_stage = set(result.stages[-1].layer_ids)
-    recomputed = sum(c.forward for layer, c in width_costs.items() if layer not in last_stage) if recompute else 0.0
-    computing = sum(c.forward + c.backward for c in layers) + recomputed
+    rerun = {"none": 0.0, "selective": sum(c.attention_core_forward for c in layers),
+             "full": sum(c.forward for c in layers)}[result.recompute]
+    computing = sum(c.forward + c.backward for c in layers) + rerun
     energy_shard = sum(c.energy for c in layers)  # recomputed forwards add little; not counted
     return Evaluation(
-        activation_recomputation=recompute,
+        recompute=result.recompute,
         placement=result,
         throughput=job.global_batch_size / result.time_per_batch,
         energy_per_batch=energy_shard * result.tensor_parallel_width * job.micro_batches,
@@ -179,41 +235,60 @@ def _evaluation(
     )
 
 
-def placement_settings(
-    job: TrainingJob, accelerator: AcceleratorConfig, memory_per_device: int, recompute: bool,
-    fixed: FixedStrategy | None = None,
-) -> PlacementSettings:
-    return PlacementSettings(
-        devices=job.devices,
-        memory_per_device=memory_per_device,
-        bandwidth=accelerator.link_bandwidth,
-        micro_batches_per_batch=job.micro_batches,
-        activation_recomputation=recompute,
-        optimizer=job.optimizer,
-        fixed_baseline=fixed,
-        sync_cost=job.sync_cost,
-    )
+def place(job: Job, graphs: dict[int, StepGraph], accelerator: AcceleratorConfig, memory: int,
+          recompute: str) -> PlacementResult:
+    """The best placement in one recomputation mode, under the job's step model."""
+    if job.step_model == "original":
+        return place_original(original_graphs(job, graphs), original_settings(job, memory, recompute))
+    return best_placement(training_steps(job, graphs, accelerator, memory, recompute), job.virtual_stages)
 
 
-@lru_cache(maxsize=4096)
-def _place(graphs: tuple[tuple[int, PlacementGraph], ...], settings: PlacementSettings) -> PlacementResult:
-    """The placement DP, memoised: candidates whose layers cost the same share one solve."""
-    return place(dict(graphs), settings)
+def evaluate_placements(job: Job, graphs_by_width, accelerator: AcceleratorConfig, costs: LayerCosts, memory: int,
+                        memo: dict | None = None) -> tuple[Evaluation, ...]:
+    """The best placement in each recomputation mode of the job. `memo` (owned by the caller)
+    shares the placement of identical layer costs between accelerators."""
+    graphs = step_graphs(graphs_by_width, costs)
+    evaluations = []
+    for recompute in job.recompute:
+        key = (tuple(graphs.items()), memory, accelerator.hbm_bandwidth, recompute)
+        if memo is not None and key in memo:
+            result = memo[key]
+        else:
+            result = place(job, graphs, accelerator, memory, recompute)
+            if memo is not None:
+                memo[key] = result
+        evaluations.append(_evaluation(job, costs, accelerator, result))
+    return tuple(evaluations)
 
 
-def evaluate_placements(
-    job: TrainingJob, accelerator: AcceleratorConfig, costs: LayerCosts, memory_per_device: int,
-    fixed: FixedStrategy | None = None,
-) -> tuple[Evaluation, Evaluation]:
-    """The best placement with recomputation off and with it on."""
-    graphs = tuple(placement_graphs(job, costs).items())
-    return tuple(  # type: ignore[return-value]
-        _evaluation(job, costs, accelerator, recompute,
-                    _place(graphs, placement_settings(job, accelerator, memory_per_device, recompute, fixed)))
-        for recompute in (False, True)
-    )
+def fixed_baseline(job: Job, graphs_by_width, accelerator: AcceleratorConfig, costs: LayerCosts,
+                   memory: int) -> tuple[PlacementResult | None, str | None]:
+    """The job's fixed Megatron (p, t, d) on this accelerator in its best recomputation mode:
+    (result, None), or (None, why it cannot run)."""
+    fixed = job.fixed_megatron
+    if fixed is None:
+        return None, "the model defines no fixed_megatron"
+    graphs = step_graphs(graphs_by_width, costs)
+    if fixed.tensor_parallel_width not in graphs:
+        return None, f"tensor-parallel width {fixed.tensor_parallel_width} is not among the widths searched"
+    best, reasons = None, []
+    for recompute in job.recompute:
+        if job.step_model == "original":
+            original = place_original(original_graphs(job, graphs), original_settings(job, memory, recompute))
+            time, why = original.fixed_baseline_time, original.fixed_baseline_infeasible_reason
+            result = None if time is None else PlacementResult((), fixed.data_parallel_degree,
+                                                                fixed.tensor_parallel_width, time, recompute=recompute)
+        else:
+            steps = training_steps(job, graphs, accelerator, memory, recompute)
+            result, why = fixed_megatron(steps[fixed.tensor_parallel_width], fixed.pipeline_stages,
+                                         fixed.data_parallel_degree)
+        if result is not None and (best is None or result.time_per_batch < best.time_per_batch):
+            best = result
+        elif result is None:
+            reasons.append(why)
+    return (best, None) if best is not None else (None, reasons[0])
 
 
 def best_of(evaluations: tuple[Evaluation, ...]) -> Evaluation:
-    """The evaluation with the highest throughput (recomputation off wins a tie)."""
+    """The evaluation with the highest throughput (the earlier recomputation mode wins a tie)."""
     return max(evaluations, key=lambda evaluation: evaluation.throughput)

@@ -7,20 +7,19 @@ from hypothesis import strategies as st
 
 from estimator.workload import prepare_layer
 from solver.bounds import lower_bounds, optimistic_throughputs
-from solver.codesign import evaluate_candidates, refined_throughputs, resources
+from solver.codesign import Resources, evaluate_candidates, refined_throughputs
 from solver.evaluate import schedule_problem
 from solver.schedule import Op, ScheduleProblem, lower_bound
 from phaze.modes.run_solver import search_context
 
 
 @pytest.fixture
-def context(tmp_path, tiny_settings):
-    return search_context(tiny_settings(tmp_path), 1)
+def res(tmp_path, tiny_settings):
+    return Resources.build(search_context(tiny_settings(tmp_path), 1))
 
 
-def test_candidate_prices_match_one_accelerator_at_a_time(context):
-    res = resources(context)
-    graphs = res.job.graphs[2]
+def test_candidate_prices_match_one_accelerator_at_a_time(res):
+    graphs = res.graphs[2]
     prepared = prepare_layer(graphs.op_graph, 1, "backward", res.table)
     latency, parallel = prepared.candidate_prices(res.space)
     for index in (0, 17, 4321, len(res.space) - 1):
@@ -29,9 +28,8 @@ def test_candidate_prices_match_one_accelerator_at_a_time(context):
         assert parallel[:, index].tolist() == every.tolist()
 
 
-def test_vectorised_lower_bound_equals_the_schedulers(context):
-    res = resources(context)
-    graphs = res.job.graphs[1]
+def test_vectorised_lower_bound_equals_the_schedulers(res):
+    graphs = res.graphs[1]
     for layer in (0, 1, 3):
         for direction in ("forward", "backward"):
             prepared = prepare_layer(graphs.op_graph, layer, direction, res.table)
@@ -61,13 +59,14 @@ def test_lower_bounds_on_random_dags(data):
     assert vector[0] == pytest.approx(lower_bound(ScheduleProblem(ops, edges, num_tc, num_vc)), rel=1e-12)
 
 
-def test_bounds_never_below_the_exact_throughput(context):
-    res = resources(context)
+@pytest.mark.parametrize("system", ["tpuv4_pod", "dgx_a100", "original"])
+def test_bounds_never_below_the_exact_throughput(tmp_path, tiny_settings, system):
+    res = Resources.build(search_context(tiny_settings(tmp_path, f"system={system}"), 1))
     hbm = 2**30
-    optimistic = optimistic_throughputs(res.job, res.space, res.table)
+    optimistic = optimistic_throughputs(res.job, res.graphs, res.space, res.table)
     indices = np.linspace(0, len(res.space) - 1, 25).round().astype(int).tolist()
-    refined = refined_throughputs(context, indices, hbm)
-    exact = [outcome.best(hbm).throughput for outcome in evaluate_candidates(context, indices, [hbm])]
+    refined = refined_throughputs(res, indices, hbm)
+    exact = [outcome.best(hbm).throughput for outcome in evaluate_candidates(res, indices)]
     assert any(value > 0 for value in exact)
     for level0, level1, truth in zip(optimistic[indices], refined, exact):
         assert level0 >= level1 >= truth

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from estimator import Gemm, named_accelerator, op_work
-from estimator.table import allreduce_seconds, vector_cycles
+from estimator.table import vector_cycles
 from graph_extract.opgraph import GemmDims, OpNode
 
 
@@ -82,7 +82,7 @@ def test_mean_costs_each_row_once():
 def test_free_operators_cost_nothing():
     for kind, op in [("shape", "view"), ("shape", "anything_shaped"), ("embedding", "embedding"), ("index", "gather")]:
         work = op_work(node(kind, op, (64, 64)), "forward")
-        assert work.gemms == () and work.vector == () and work.allreduce_bytes == 0
+        assert work.gemms == () and work.vector == ()
 
 
 @pytest.mark.parametrize("kind, op", [("elementwise", "erfinv"), ("reduction", "argmax"), ("norm", "groupnorm"),
@@ -92,26 +92,13 @@ def test_unknown_op_is_an_error(kind, op):
         op_work(node(kind, op, (4, 4)), "forward")
 
 
-def test_allreduce_example_of_the_spec():
-    # [2048, 1, 12288] fp16 among 8 chips moves 88,080,384 bytes: 0.020508 s at 4 GiB/s (spec §8)
-    chip = named_accelerator("tpuv4_like", link_latency=0.0)
-    reduce = node("allreduce", "allreduce", (2048, 1, 12288), direction="forward", group_size=8, reduce_op="sum")
-    work = op_work(reduce, "forward")
-    assert work.allreduce_bytes == 2048 * 12288 * 2
-    assert allreduce_seconds(work.allreduce_bytes, 8, chip) == pytest.approx(88_080_384 / 2**32, rel=1e-9)
-    assert op_work(reduce, "backward").allreduce_bytes == 0
-
-
-def test_allreduce_costs_its_latency_per_step_and_nothing_alone():
-    chip = named_accelerator("tpuv4_like", link_latency=2e-6)
-    assert allreduce_seconds(1024, 4, chip) == pytest.approx(6 / 4 * 1024 / 2**32 + 6 * 2e-6)
-    assert allreduce_seconds(1024, 1, chip) == 0.0
-
-
-def test_backward_allreduce_costs_in_backward_only():
-    copy = node("allreduce", "allreduce", (64, 64), direction="backward", group_size=2, reduce_op="sum")
-    assert op_work(copy, "forward").allreduce_bytes == 0
-    assert op_work(copy, "backward").allreduce_bytes == 64 * 64 * 2
+def test_collectives_do_no_core_work():
+    # the tensor-parallel all-reduces are priced on the cluster (solver.training_step.cluster)
+    for direction in ("forward", "backward"):
+        reduce = node("allreduce", "allreduce", (2048, 1, 12288), direction=direction, group_size=8, reduce_op="sum")
+        for when in ("forward", "backward"):
+            work = op_work(reduce, when)
+            assert work.gemms == () and work.vector == ()
 
 
 @pytest.mark.parametrize("attrs, message", [(dict(direction="sideways", group_size=2), "allreduce.direction"),

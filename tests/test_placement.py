@@ -20,10 +20,11 @@ from solver.placement import (
     solve,
 )
 from solver.placement.__main__ import main
-from solver.placement.candidates import candidates, chain_space
+from solver.placement.candidates import chain_space
+from solver.placement.first_stage import candidates
 from solver.placement.jsonio import parse_document, solve_document
 from solver.placement.layer_graph import topological_order, width_graph
-from solver.placement.stage_cost import stage_cost
+from solver.training_step.original import stage_cost
 
 DATA = Path(__file__).parent / "data" / "placement"
 GOLDEN = [
@@ -50,15 +51,13 @@ def test_cli_writes_the_original_bytes(case, tmp_path):
     assert output.read_text() == (DATA / f"{case}.out.json").read_text()
 
 
-def test_cli_charges_the_largest_stage_on_request(tmp_path):
-    # ex1's optimum (4 one-layer stages, d=2) is the only 4-stage split that fits; charging the
-    # largest stage (200 bytes) instead of the first (100): 7 × 11 + 4·1·200/100/2 = 81. The next
-    # best, d=2 with [0,1)[1,2)[2,4), costs 9.5 × 10 + 4·1·300/100/2 = 101; d=1 costs 7 × 19 = 133.
-    output = tmp_path / "out.json"
-    assert main([str(DATA / "ex1_chain4_t1.in.json"), str(output), "--sync-cost", "max_stage"]) == 0
-    out = json.loads(output.read_text())
-    assert out["finalTimePerBatch"] == 81.0 and out["dataParallelDegree"] == 2 and len(out["stages"]) == 4
-    assert out["fixedStrategyTimePerBatch"] == 81.0
+def test_breakdown_of_the_worked_example_sums_to_its_time():
+    # ex1: d=2, m=8, 4 stages, bottleneck load 7 (fw 2 + bw 4 of layer 1, plus two 0.5 receives)
+    graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
+    result = solve(graphs, settings)
+    assert result.breakdown == {"compute": 8 * 6.0, "recompute": 0.0, "tensor_parallel": 0.0, "bubble": 3 * 7.0,
+                                "pipeline_transfer": 8 * 1.0, "data_parallel_sync": 2.0, "optimizer": 0.0}
+    assert sum(result.breakdown.values()) == result.time_per_batch == 79.0
 
 
 def test_infeasible_baseline_keeps_the_dp_result():
@@ -105,13 +104,13 @@ def test_stage_costs_match_the_worked_example(recompute):
     settings = replace(settings, activation_recomputation=recompute)
     graph = width_graph(graphs[1], 1, topological_order(graphs[1]))
     for (i, j), (wo, wr, parameters, max_s) in EX1_INTERVALS.items():
-        cost = stage_cost(graph, list(range(i, j)), settings)
+        cost = stage_cost(graph, list(range(i, j)), settings.step)
         assert cost.load_last == wo and cost.parameter_bytes == parameters
         assert cost.load_inner == (wr if recompute else wo)
         if not recompute:
             assert cost.max_in_flight == max_s
     # the chain's candidate stages (suffix of length L, stage lengths 1..L) carry the same costs
-    chain = candidates(graph, settings, chain_space(4))
+    chain = candidates(graph, settings.step, chain_space(4))
     for state in range(1, 5):
         for pair in chain.space.pairs(state):
             positions = chain.space.stage_positions(pair)
@@ -129,16 +128,16 @@ def diamond(recompute: bool) -> tuple[object, PlacementSettings]:
 def test_branching_stage_runs_its_layers_one_after_another():
     graph, settings = diamond(recompute=True)
     assert graph.ids == (0, 2, 1, 3)  # the original's stack order: last pushed source first
-    whole = stage_cost(graph, [0, 1, 2, 3], settings)
+    whole = stage_cost(graph, [0, 1, 2, 3], settings.step)
     # forward 1+2+2+1 and backward 2+4+4+2, serial; the recompute run adds the forward again
     assert (whole.load_last, whole.load_inner) == (18.0, 24.0)
-    middle = stage_cost(graph, [1, 2], settings)
+    middle = stage_cost(graph, [1, 2], settings.step)
     # forward: layer 2 waits 0.5 for its input, 2.5; layer 1 (input already there) ends 4.5.
     # backward: layer 1 waits 0.5 for its gradient, 4.5; layer 2 ends 8.5. Recompute: 4 + 4 + 4.
     assert (middle.load_last, middle.load_inner) == (13.0, 16.5)
     # memory: 2·400 + 600 resident; stashed per micro-batch: the two 50-byte inputs (recompute)
     assert (middle.resident_bytes, middle.stash_bytes, middle.max_in_flight) == (1400.0, 100.0, 2)
-    no_recompute = stage_cost(graph, [1, 2], diamond(recompute=False)[1])
+    no_recompute = stage_cost(graph, [1, 2], diamond(recompute=False)[1].step)
     assert (no_recompute.stash_bytes, no_recompute.max_in_flight) == (600.0, 1)
 
 
@@ -170,6 +169,8 @@ def test_memory_per_stage_counts_the_micro_batches_in_flight():
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
     result = solve(graphs, settings)
     assert [stage.memory_bytes for stage in result.stages] == [200 + 300 * 4, 400 + 300 * 3, 400 + 300 * 2, 200 + 100]
+    assert [stage.memory["weights"] for stage in result.stages] == [100, 200, 200, 100]
+    assert [stage.memory["activations"] for stage in result.stages] == [300 * 4, 300 * 3, 300 * 2, 100]
 
 
 def test_cli_reports_malformed_input_in_one_line(tmp_path):
@@ -211,8 +212,8 @@ def test_malformed_input_names_the_field(change, field):
 
 
 def test_typed_settings_reject_unknown_options():
-    with pytest.raises(ValueError, match="sync_cost"):
-        PlacementSettings(8, 1e9, 1e9, 4, sync_cost="mean_stage")
+    with pytest.raises(ValueError, match="optimizer"):
+        PlacementSettings(8, 1e9, 1e9, 4, optimizer="Adagrad")
     with pytest.raises(ValueError, match="forward_latency"):
         PlacementLayer(0, 1.0, 1.0, float("nan"), 1.0, False)
 

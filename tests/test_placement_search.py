@@ -1,20 +1,19 @@
-"""Placement DP against brute force on random small DAGs, and chain path == general path."""
+"""The original's placement DP against brute force on random small DAGs, and chain path == general
+path (the training step's DP: tests/test_placement_training.py)."""
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings, solve
-from solver.placement import max_stage
-from solver.placement.candidates import candidates, chain_space, downset_space
-from solver.placement.dp import place
+from solver.placement.candidates import chain_space, downset_space
+from solver.placement.first_stage import candidates, place
 from solver.placement.layer_graph import topological_order, width_graph
-from solver.placement.stage_cost import stage_cost, stage_costs
+from solver.training_step.original import stage_cost, stage_costs
 
 
 def random_graphs(rng: random.Random, layers: int, chain: bool) -> dict[int, PlacementGraph]:
@@ -44,7 +43,7 @@ def random_graphs(rng: random.Random, layers: int, chain: bool) -> dict[int, Pla
     return graphs
 
 
-def random_settings(rng: random.Random, sync_cost: str) -> PlacementSettings:
+def random_settings(rng: random.Random) -> PlacementSettings:
     return PlacementSettings(
         devices=rng.randint(1, 40),
         memory_per_device=float(rng.randint(12, 100)),
@@ -52,7 +51,6 @@ def random_settings(rng: random.Random, sync_cost: str) -> PlacementSettings:
         micro_batches_per_batch=rng.randint(1, 30),
         activation_recomputation=rng.random() < 0.5,
         optimizer=rng.choice(["SGD", "Adam"]),
-        sync_cost=sync_cost,
     )
 
 
@@ -78,10 +76,7 @@ def partition_time(costs: list, data_parallel_degree: int, settings: PlacementSe
     if any(depth - index > cost.max_in_flight for index, cost in enumerate(costs)):
         return math.inf
     max_load = max(cost.load_inner if depth - index > 1 else cost.load_last for index, cost in enumerate(costs))
-    if settings.sync_cost == "first_stage":
-        sync = costs[0].parameter_bytes
-    else:
-        sync = max(cost.parameter_bytes for cost in costs)
+    sync = costs[0].parameter_bytes
     micro_batches = -(-settings.micro_batches_per_batch // data_parallel_degree)
     degree = data_parallel_degree
     return max_load * float(micro_batches + depth - 1) + (((4.0 * (degree - 1)) * sync) / settings.bandwidth) / degree
@@ -95,19 +90,18 @@ def brute_force(graphs: dict[int, PlacementGraph], settings: PlacementSettings) 
         graph = width_graph(graphs[width], width, order)
         predecessors = [sum(1 << u for u, _ in graph.in_edges[v]) for v in range(graph.n)]
         subsets = range(1 << graph.n)
-        costs = stage_costs(graph, [[v for v in range(graph.n) if mask >> v & 1] for mask in subsets], settings)
+        costs = stage_costs(graph, [[v for v in range(graph.n) if mask >> v & 1] for mask in subsets], settings.step)
         for partition in ordered_partitions(predecessors, (1 << graph.n) - 1):
             for degree in range(1, min(settings.devices, settings.micro_batches_per_batch) + 1):
                 best = min(best, partition_time([costs[mask] for mask in partition], degree, settings))
     return best
 
 
-@pytest.mark.parametrize("sync_cost", ["first_stage", "max_stage"])
-@pytest.mark.parametrize("seed", range(40))
-def test_dp_equals_brute_force_on_small_dags(seed, sync_cost):
+@pytest.mark.parametrize("seed", range(60))
+def test_dp_equals_brute_force_on_small_dags(seed):
     rng = random.Random(seed)
     graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
-    settings = random_settings(rng, sync_cost)
+    settings = random_settings(rng)
     result = solve(graphs, settings)
     assert result.time_per_batch == brute_force(graphs, settings)
     if result.feasible:
@@ -118,42 +112,16 @@ def test_dp_equals_brute_force_on_small_dags(seed, sync_cost):
         position = {layer_id: p for p, layer_id in enumerate(order)}
         stages = [[position[layer_id] for layer_id in stage.layer_ids] for stage in result.stages]
         assert sorted(p for stage in stages for p in stage) == list(range(graph.n))
-        costs = [stage_cost(graph, stage, settings) for stage in stages]
+        costs = [stage_cost(graph, stage, settings.step) for stage in stages]
         assert [cost.devices for cost in costs] == [stage.devices for stage in result.stages]
         assert partition_time(costs, result.data_parallel_degree, settings) == result.time_per_batch
-
-
-def test_max_stage_sync_changes_the_answer_somewhere():
-    # the option must matter: find a seed where charging the largest stage costs more
-    differs = 0
-    for seed in range(40):
-        rng = random.Random(seed)
-        graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
-        settings = random_settings(rng, "first_stage")
-        first = solve(graphs, settings).time_per_batch
-        largest = solve(graphs, replace(settings, sync_cost="max_stage")).time_per_batch
-        assert largest >= first
-        differs += largest > first
-    assert differs > 0
-
-
-def test_max_stage_caps_in_batches_give_the_same_placement(monkeypatch):
-    # one cap per batch instead of all caps at once
-    instances = []
-    for seed in range(12):
-        rng = random.Random(seed)
-        graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
-        instances.append((graphs, random_settings(rng, "max_stage")))
-    together = [solve(graphs, settings) for graphs, settings in instances]
-    monkeypatch.setattr(max_stage, "BATCH_ELEMENTS", 1)
-    assert [solve(graphs, settings) for graphs, settings in instances] == together
 
 
 @pytest.mark.parametrize("seed", range(25))
 def test_chain_path_equals_general_path(seed):
     rng = random.Random(1000 + seed)
     graphs = random_graphs(rng, rng.randint(1, 12), chain=True)
-    settings = random_settings(rng, rng.choice(["first_stage", "max_stage"]))
+    settings = random_settings(rng)
     order = topological_order(graphs[min(graphs)])
     reference = width_graph(graphs[min(graphs)], min(graphs), order)
     assert reference.is_chain()
@@ -162,6 +130,6 @@ def test_chain_path_equals_general_path(seed):
         assert np.array_equal(getattr(fast, field), getattr(general, field)), field
     for width, layer_graph in graphs.items():
         graph = width_graph(layer_graph, width, order)
-        assert place(candidates(graph, settings, fast), graph, settings) == place(
-            candidates(graph, settings, general), graph, settings
+        assert place(candidates(graph, settings.step, fast), graph, settings.step) == place(
+            candidates(graph, settings.step, general), graph, settings.step
         )

@@ -58,14 +58,14 @@ def test_interrupted_run_leaves_complete_files_and_resumes(run_in, monkeypatch):
     assert best == partial and best["per_setting"][0]["complete"] is False
     evaluated = sorted(set(table["candidate_index"]))
     assert len(evaluated) == 16 == best["architectures_evaluated"]  # two batches of 8
-    assert len(table) == 2 * len(evaluated)  # recomputation off and on
+    assert len(table) == 3 * len(evaluated)  # recomputation none, selective and full
     assert (directory / "results.csv").read_text().count("\n") == len(table) + 1
 
     monkeypatch.setattr(codesign, "evaluate_candidates", real)
     resumed, directory = run_in("resumed", "search=exhaustive", "candidate_sample=40")
     assert resumed["complete"] is True and resumed["architectures_evaluated"] == 40
-    again = results.read_run(directory)[1].set_index(["candidate_index", "activation_recomputation"])
-    before = table.set_index(["candidate_index", "activation_recomputation"])
+    again = results.read_run(directory)[1].set_index(["candidate_index", "placement.recompute"])
+    before = table.set_index(["candidate_index", "placement.recompute"])
     assert again.loc[before.index, "throughput"].tolist() == before["throughput"].tolist()
 
 
@@ -82,11 +82,13 @@ def test_run_solver_end_to_end_files_and_report(tmp_path):
     assert result.returncode == 0, result.stderr
     (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
     best = json.loads((run / "best.json").read_text())
-    for key in ("model", "micro_batch_size", "hbm_size_gib", "activation_recomputation", "throughput",
-                "time_per_batch_s", "architectures_evaluated"):
+    for key in ("model", "micro_batch_size", "hbm_size_gib", "throughput", "time_per_batch_s",
+                "architectures_evaluated", "system", "optimizer", "sharded_optimizer", "memory_capacity_bytes",
+                "breakdown_s"):
         assert key in best
     assert set(best["accelerator"]) >= {"num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "area"}
-    assert set(best["placement"]) >= {"pipeline_stages", "tensor_parallel_width", "data_parallel_degree"}
+    assert set(best["placement"]) >= {"pipeline_stages", "tensor_parallel_width", "data_parallel_degree",
+                                      "virtual_stages", "recompute", "sequence_parallel", "stages"}
     for name in ("tpuv4_like", "fixed_megatron"):
         assert best["baselines"][name]["throughput"] > 0 and best["baselines"][name]["speedup"] > 0
     assert len(best["per_setting"]) == 4

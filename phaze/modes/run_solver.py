@@ -21,8 +21,8 @@ from estimator import AcceleratorConfig, CandidateSpace, candidate_space, layer_
 from phaze import plots, results
 from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
-from solver.codesign import CandidateOutcome, Search, SearchContext, accelerator_costs, evaluate_accelerator, resources
-from solver.evaluate import evaluate_placements, schedule_problem
+from solver.codesign import CandidateOutcome, Resources, Search, SearchContext, accelerator_costs, evaluate_accelerator
+from solver.evaluate import fixed_baseline, schedule_problem
 from solver.search import SearchResult
 from solver.schedule import plot_gantt
 
@@ -46,14 +46,7 @@ def index_in_space(space: CandidateSpace, accelerator: AcceleratorConfig) -> int
 
 def search_context(settings: Settings, micro_batch_size: int) -> SearchContext:
     return SearchContext(
-        spec=settings.spec,
-        micro_batch_size=micro_batch_size,
-        sequence_length=settings.sequence_length,
-        widths=settings.tensor_parallel_widths,
-        global_batch_size=settings.global_batch_size,
-        devices=settings.devices,
-        optimizer=settings.optimizer,
-        sync_cost=settings.sync_cost,
+        job=settings.job(micro_batch_size),
         template=settings.accelerator,
         area_budget=settings.area_budget,
         cache_dir=settings.cache_dir,
@@ -65,30 +58,33 @@ def _speedup(best: float, baseline: float) -> float | None:
     return best / baseline if baseline > 0 else None
 
 
-def tpuv4_baseline(settings: Settings, context: SearchContext, space: CandidateSpace, hbm: int, best: float) -> dict:
+def tpuv4_baseline(settings: Settings, resources: Resources, hbm: int, best: float) -> dict:
     """The budget accelerator (TPUv4-like preset) with its best placement."""
-    outcome = evaluate_accelerator(context, settings.accelerator, [hbm], index_in_space(space, settings.accelerator))
-    record = results.best_record(outcome, context.micro_batch_size, hbm)
+    outcome = evaluate_accelerator(resources, settings.accelerator, index_in_space(resources.space, settings.accelerator))
+    record = results.best_record(outcome, resources.job, hbm)
     return {**record, "speedup": _speedup(best, record["throughput"])}
 
 
-def fixed_megatron_baseline(settings: Settings, context: SearchContext, best: CandidateOutcome, hbm: int) -> dict:
-    """The model's fixed Megatron-style (p, t, d) on the best accelerator, recomputation off or on."""
+def fixed_megatron_baseline(settings: Settings, resources: Resources, best: CandidateOutcome, hbm: int) -> dict:
+    """The model's fixed Megatron-style (p, t, d) on the best accelerator, in its best recomputation mode."""
     fixed = settings.fixed_megatron
     if fixed is None:
         return {"throughput": 0.0, "speedup": None, "infeasible_reason": "the model defines no fixed_megatron"}
-    costs = accelerator_costs(context, best.accelerator)
-    evaluations = evaluate_placements(resources(context).job, best.accelerator, costs, hbm, fixed)
-    times = [e.placement.fixed_baseline_time for e in evaluations if e.placement.fixed_baseline_time is not None]
-    throughput = context.global_batch_size / min(times) if times else 0.0
-    return {
+    costs = accelerator_costs(resources, best.accelerator)
+    result, reason = fixed_baseline(resources.job, resources.graphs, best.accelerator, costs, hbm)
+    throughput = settings.global_batch_size / result.time_per_batch if result else 0.0
+    record = {
         "placement": {"pipeline_stages": fixed.pipeline_stages, "tensor_parallel_width": fixed.tensor_parallel_width,
-                      "data_parallel_degree": fixed.data_parallel_degree},
+                      "data_parallel_degree": fixed.data_parallel_degree,
+                      "recompute": result.recompute if result else None},
         "throughput": throughput,
-        "time_per_batch_s": min(times) if times else None,
+        "time_per_batch_s": result.time_per_batch if result else None,
         "speedup": _speedup(best.best(hbm).throughput, throughput),
-        "infeasible_reason": None if times else evaluations[0].placement.fixed_baseline_infeasible_reason,
+        "infeasible_reason": reason,
     }
+    if result is not None and result.breakdown:
+        record["breakdown_s"] = result.breakdown
+    return record
 
 
 @dataclass
@@ -101,34 +97,34 @@ class Run:
     per_setting: list[dict] = field(default_factory=list)
     evaluated: set = field(default_factory=set)
 
-    def add(self, outcome: CandidateOutcome, micro_batch_size: int) -> None:
-        self.evaluated.add((micro_batch_size, outcome.index))
+    def add(self, outcome: CandidateOutcome, search: Search) -> None:
+        job = search.context.job
+        self.evaluated.add((job.micro_batch_size, outcome.index))
         for hbm, evaluations in outcome.evaluations.items():
-            self.rows.extend(results.evaluation_row(outcome, micro_batch_size, hbm, e) for e in evaluations)
+            self.rows.extend(results.evaluation_row(outcome, job, hbm, e) for e in evaluations)
 
     def setting(self, search: Search, hbm: int, found: SearchResult | None) -> dict:
         """best.json's record of one (micro-batch, HBM) setting: the search's result, or (`found` None,
         an interrupted search) the best of the outcomes seen so far."""
-        context, complete = search.context, found is not None
+        job, complete = search.context.job, found is not None
         evaluated = len(found.evaluated) if complete else len(search.outcomes)
         if complete:
             best = None if found.best is None else search.outcomes[search.candidates[found.best]]
         else:
             feasible = [o for o in search.outcomes.values() if o.best(hbm).feasible]
             best = max(feasible, key=lambda o: (o.best(hbm).throughput, -o.accelerator.area, -o.index), default=None)
-        base = {"micro_batch_size": context.micro_batch_size, "hbm_size_gib": results.gibibytes(hbm),
+        base = {"micro_batch_size": job.micro_batch_size, "hbm_size_gib": results.gibibytes(hbm),
                 "architectures_evaluated": evaluated, "complete": complete}
         if best is None:
             scope = f"the {len(search.candidates)} candidate" if complete else f"the {evaluated} evaluated"
             reason = (f"no placement of {self.settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB per device on "
                       f"any of {scope} accelerators")
             return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
-        record = {**results.best_record(best, context.micro_batch_size, hbm), **base}
+        record = {**results.best_record(best, job, hbm), **base}
         if complete:
-            space = resources(context).space
             record["baselines"] = {
-                "tpuv4_like": tpuv4_baseline(self.settings, context, space, hbm, record["throughput"]),
-                "fixed_megatron": fixed_megatron_baseline(self.settings, context, best, hbm),
+                "tpuv4_like": tpuv4_baseline(self.settings, search.resources, hbm, record["throughput"]),
+                "fixed_megatron": fixed_megatron_baseline(self.settings, search.resources, best, hbm),
             }
         return record
 
@@ -141,6 +137,7 @@ class Run:
             "search": self.settings.search,
             "global_batch_size": self.settings.global_batch_size,
             "num_devices": self.settings.devices,
+            **results.job_record(self.settings.job(self.settings.micro_batch_sizes[0])),
             **best,
             "architectures_evaluated": len(self.evaluated),
             "per_setting": self.per_setting,
@@ -161,24 +158,23 @@ class Run:
 
 def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     """The best placement's stages and the Gantt chart of its largest repeated layer, forward."""
-    context = search_context(settings, summary["micro_batch_size"])
+    res = Resources.build(search_context(settings, summary["micro_batch_size"]))
     accelerator = settings.accelerator.with_dimensions(
         *(summary["accelerator"][k] for k in ("num_tc", "num_vc", "tc_width", "tc_depth", "glb_bytes"))
     )
     width = summary["placement"]["tensor_parallel_width"]
-    costs = accelerator_costs(context, accelerator)[width]
+    costs = accelerator_costs(res, accelerator)[width]
     stages = summary["placement"]["stages"]
     loads = [sum(costs[layer].forward + costs[layer].backward for layer in stage["layers"]) for stage in stages]
     labels = [f"{stage['layers'][0]}-{stage['layers'][-1]}" for stage in stages]
     plots.plot_stages(loads, labels, directory / "placement.png",
                       f"{settings.spec.name}: {len(stages)} stages x width {width} x "
                       f"{summary['placement']['data_parallel_degree']} replicas")
-    res = resources(context)
-    graphs = res.job.graphs[width]
+    graphs = res.graphs[width]
     layer = max(graphs.repeat_groups, key=len)[0]
-    problem = res.schedules.problem_solved(
-        schedule_problem(layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table), accelerator)
-    )
+    workload = layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table,
+                              settings.training.sequence_parallel)
+    problem = res.schedules.problem_solved(schedule_problem(workload, accelerator))
     schedule = settings.schedule.scheduler(res.schedules)(problem)
     name = graphs.layer_graph.layer(layer).name
     plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")
@@ -191,7 +187,6 @@ def execute(settings: Settings, directory: Path) -> dict:
                 cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
     space = candidate_space(settings.accelerator, settings.area_budget)
     candidates = sample(len(space), settings.candidate_sample)
-    hbm_sizes = [settings.hbm_bytes(gib) for gib in settings.hbm_sizes_gib]
     record = Run(settings, directory)
     complete = False
     columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed} architectures"), TimeElapsedColumn())
@@ -199,20 +194,24 @@ def execute(settings: Settings, directory: Path) -> dict:
         with Progress(*columns, transient=True) as progress:
             for micro_batch_size in settings.micro_batch_sizes:
                 task = progress.add_task(f"{settings.search} search, micro-batch {micro_batch_size}", total=None)
+                resources = Resources.build(search_context(settings, micro_batch_size))
+                search = Search(resources, settings.n_jobs, None, candidates)
 
-                def on_outcome(outcome: CandidateOutcome, mbs: int = micro_batch_size, task=task) -> None:
-                    record.add(outcome, mbs)
+                def on_outcome(outcome: CandidateOutcome, search: Search = search, task=task) -> None:
+                    record.add(outcome, search)
                     progress.advance(task)
 
-                search = Search(search_context(settings, micro_batch_size), hbm_sizes, settings.n_jobs, on_outcome,
-                                candidates)
-                for hbm in hbm_sizes:
-                    try:
-                        found = search.run(settings.search, hbm)
-                    except KeyboardInterrupt:
-                        record.per_setting.append(record.setting(search, hbm, None))
-                        raise
-                    record.per_setting.append(record.setting(search, hbm, found))
+                search.on_outcome = on_outcome
+                try:
+                    for hbm in resources.job.memory_capacities:
+                        try:
+                            found = search.run(settings.search, hbm)
+                        except KeyboardInterrupt:
+                            record.per_setting.append(record.setting(search, hbm, None))
+                            raise
+                        record.per_setting.append(record.setting(search, hbm, found))
+                finally:
+                    search.close()
         complete = True
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: writing what was evaluated")
@@ -245,8 +244,11 @@ def report(summary: dict, directory: Path) -> None:
                 f"{accelerator['tc_width']}x{accelerator['tc_depth']}, {accelerator['num_vc']} VC, "
                 f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²); "
                 f"p={placement['pipeline_stages']} t={placement['tensor_parallel_width']} "
-                f"d={placement['data_parallel_degree']}, recompute={setting['activation_recomputation']}; "
-                f"{setting['architectures_evaluated']} architectures evaluated")
+                f"d={placement['data_parallel_degree']} v={placement['virtual_stages']}, "
+                f"recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")
+        time = setting["time_per_batch_s"]
+        line += "\n  time per batch " + f"{time:.4g} s = " + " + ".join(
+            f"{name.replace('_', ' ')} {seconds:.3g}" for name, seconds in setting["breakdown_s"].items() if seconds)
         for name, baseline in setting.get("baselines", {}).items():
             speedup = baseline.get("speedup")
             line += f"; vs {name}: " + (f"{speedup:.2f}x" if speedup else "infeasible")

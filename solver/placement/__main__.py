@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 
-from .inputs import SYNC_COSTS
 from .jsonio import solve_document, write_document
 
 
@@ -15,17 +14,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m solver.placement", description=__doc__)
     parser.add_argument("input", help="input JSON (original schema)")
     parser.add_argument("output", help="output JSON, written atomically")
-    parser.add_argument(
-        "--sync-cost",
-        choices=SYNC_COSTS,
-        default="first_stage",
-        help="whose parameters the data-parallel sync is charged for (default: first_stage, as the original)",
-    )
     args = parser.parse_args(argv)
     try:
         with open(args.input, encoding="utf-8") as handle:
             document = json.load(handle)
-        write_document(solve_document(document, args.sync_cost), args.output)
+        write_document(solve_document(document), args.output)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -13,9 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .inputs import PlacementSettings
-from .layer_graph import WidthGraph
-from .stage_cost import StageCostTable, stage_cost_table
 
 #: Most candidate stages the general (branching) path accepts; beyond it the DP takes minutes.
 MAX_CANDIDATE_STAGES = 200_000
@@ -69,35 +66,12 @@ class DeviceModel:
         return np.where((budget >= depth) & (need < self.columns), need, -1)
 
 
-def device_model(width: int, space: StateSpace, costs: StageCostTable, depth_cap: int) -> DeviceModel:
+def device_model(width: int, space: StateSpace, devices: np.ndarray, depth_cap: int) -> DeviceModel:
     """Uniform if all candidate stages use the same devices; else count the possible one-device stages."""
-    devices = costs.devices
     if (devices == devices[0]).all():
         return DeviceModel(int(devices[0]), 1)
     one_device_layers = int(space.members[:, devices == 1].any(axis=1).sum())
     return DeviceModel(width, min(one_device_layers, depth_cap) + 1)
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """A state space with the stage costs at one tensor-parallel width.
-
-    `depth_cap` is the most stages a pipeline can have (devices, layers); `device_model` says how
-    the DP's table columns stand for device budgets.
-    """
-
-    width: int
-    space: StateSpace
-    costs: StageCostTable
-    depth_cap: int
-    device_model: DeviceModel
-
-
-def candidates(graph: WidthGraph, settings: PlacementSettings, space: StateSpace) -> Candidates:
-    """Cost every candidate stage of `space` at the graph's width."""
-    costs = stage_cost_table(graph, space.members, settings)
-    depth_cap = min(settings.devices, int(space.sizes[-1]))
-    return Candidates(graph.width, space, costs, depth_cap, device_model(graph.width, space, costs, depth_cap))
 
 
 def chain_space(layers: int) -> StateSpace:
@@ -115,8 +89,9 @@ def chain_space(layers: int) -> StateSpace:
     )
 
 
-def downset_space(graph: WidthGraph) -> StateSpace:
-    """States of any DAG: all downsets sorted by (size, bitmask); stages shortest first, then by bitmask."""
+def downset_space(graph) -> StateSpace:
+    """States of any DAG (a graph of positions with `n`, `in_edges`, `out_edges`): all downsets sorted
+    by (size, bitmask); stages shortest first, then by bitmask."""
     successors = [sum(1 << w for w, _ in graph.out_edges[v]) for v in range(graph.n)]
     predecessors = [sum(1 << u for u, _ in graph.in_edges[v]) for v in range(graph.n)]
     states = sorted(_downsets(successors), key=lambda mask: (mask.bit_count(), mask))

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from solver.training_step.original import OPTIMIZERS, OriginalStep
+
 #: Largest number of devices and largest tensor-parallel width accepted (the original's bound).
 DEVICES_LIMIT = 10_000
-OPTIMIZERS = ("SGD", "Adam")
-SYNC_COSTS = ("first_stage", "max_stage")
 
 
 def check_amount(owner: str, field: str, value: object) -> None:
@@ -36,7 +36,8 @@ def check_count(owner: str, field: str, value: object, low: int | None = None, h
 class PlacementLayer:
     """One layer (a node of the layer graph) as one tensor-parallel slice sees it.
 
-    Latencies [s] are per micro-batch and include the layer's tensor-parallel collectives.
+    Latencies [s] are per micro-batch and include the layer's tensor-parallel collectives, of which
+    `collective_latency` (forward + backward) is reported apart in a breakdown.
     `activation_bytes` is what the layer keeps for its backward pass; `tensor_parallel` says the
     layer is split over the width's devices (a stage holding one uses `width` devices, else 1).
     """
@@ -47,10 +48,12 @@ class PlacementLayer:
     forward_latency: float
     backward_latency: float
     tensor_parallel: bool
+    collective_latency: float = 0.0
 
     def __post_init__(self) -> None:
         check_count("PlacementLayer", "id", self.id)
-        for field in ("parameter_bytes", "activation_bytes", "forward_latency", "backward_latency"):
+        for field in ("parameter_bytes", "activation_bytes", "forward_latency", "backward_latency",
+                      "collective_latency"):
             check_amount("PlacementLayer", field, getattr(self, field))
         if not isinstance(self.tensor_parallel, bool):
             raise ValueError(f"PlacementLayer.tensor_parallel must be a bool, got {self.tensor_parallel!r}")
@@ -124,11 +127,9 @@ class FixedStrategy:
 
 @dataclass(frozen=True)
 class PlacementSettings:
-    """The cluster and training setup the placement is searched for.
+    """The cluster and training setup of the original program's placement (`system=original`).
 
     `memory_per_device` [bytes], `bandwidth` [bytes/s] between stages and for data-parallel sync.
-    `sync_cost` chooses whose parameters the data-parallel gradient all-reduce is charged for:
-    "first_stage" (the original's rule) or "max_stage" (the stage with the most parameter bytes).
     """
 
     devices: int
@@ -138,7 +139,12 @@ class PlacementSettings:
     activation_recomputation: bool = False
     optimizer: str = "SGD"
     fixed_baseline: FixedStrategy | None = None
-    sync_cost: str = "first_stage"
+
+    @property
+    def step(self) -> OriginalStep:
+        """The original's step model on this cluster."""
+        return OriginalStep(self.devices, self.memory_per_device, self.bandwidth, self.micro_batches_per_batch,
+                            self.activation_recomputation, self.optimizer)
 
     def __post_init__(self) -> None:
         check_count("PlacementSettings", "devices", self.devices, 1, DEVICES_LIMIT)
@@ -155,5 +161,3 @@ class PlacementSettings:
             raise ValueError(f"PlacementSettings.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.fixed_baseline is not None and not isinstance(self.fixed_baseline, FixedStrategy):
             raise ValueError(f"PlacementSettings.fixed_baseline must be a FixedStrategy or None, got {self.fixed_baseline!r}")
-        if self.sync_cost not in SYNC_COSTS:
-            raise ValueError(f"PlacementSettings.sync_cost must be one of {SYNC_COSTS}, got {self.sync_cost!r}")

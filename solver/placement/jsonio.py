@@ -39,13 +39,13 @@ _JSON_KEYS = {
 }
 
 
-def solve_document(document: object, sync_cost: str = "first_stage") -> dict:
+def solve_document(document: object) -> dict:
     """Solve a parsed input document; return the output document."""
-    graphs, settings = parse_document(document, sync_cost)
+    graphs, settings = parse_document(document)
     return output_document(solve(graphs, settings))
 
 
-def parse_document(document: object, sync_cost: str = "first_stage") -> tuple[dict[int, PlacementGraph], PlacementSettings]:
+def parse_document(document: object) -> tuple[dict[int, PlacementGraph], PlacementSettings]:
     """Typed graphs and settings from the original input schema; ValueError names the bad field."""
     if not isinstance(document, dict):
         raise ValueError("input must be a JSON object")
@@ -70,7 +70,6 @@ def parse_document(document: object, sync_cost: str = "first_stage") -> tuple[di
             activation_recomputation=_field(document, "activationRecomputation", bool, "a boolean"),
             optimizer=_field(document, "optimizerAlgorithm", str, "a string"),
             fixed_baseline=FixedStrategy(*(int(_number(document, field)) for field in _FIXED_FIELDS)),
-            sync_cost=sync_cost,
         )
     except ValueError as error:
         raise _json_named(error) from None

@@ -24,6 +24,7 @@ class WidthGraph:
     tensor_parallel: tuple[bool, ...]
     in_edges: tuple[Adjacency, ...]
     out_edges: tuple[Adjacency, ...]
+    collective: tuple[float, ...] = ()  # forward + backward latency spent in collectives (breakdown only)
 
     @property
     def n(self) -> int:
@@ -102,4 +103,5 @@ def width_graph(graph: PlacementGraph, width: int, order: tuple[int, ...]) -> Wi
         tensor_parallel=tuple(layer.tensor_parallel for layer in layers),
         in_edges=tuple(tuple(adj) for adj in in_edges),
         out_edges=tuple(tuple(adj) for adj in out_edges),
+        collective=tuple(float(layer.collective_latency) for layer in layers),
     )

@@ -1,16 +1,18 @@
-"""`solve`: the best pipeline × tensor-parallel × data-parallel placement over all widths."""
+"""`solve`: the original program's best pipeline × tensor-parallel × data-parallel placement over all
+widths (`system=original`; `solver.placement.search` places with the faithful training step)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 
-from .candidates import candidates, chain_space, downset_space
-from .dp import WidthPlacement, place
-from .evaluate import Infeasible, baseline_time
+from solver.training_step.original import Infeasible, evaluate
+
+from .candidates import chain_space, downset_space
+from .evaluate import baseline_time
+from .first_stage import WidthPlacement, candidates, place
 from .inputs import PlacementGraph, PlacementSettings
 from .layer_graph import checked_widths, topological_order, width_graph
-from .max_stage import place_max_stage
 from .result import PlacedStage, PlacementResult
 
 
@@ -26,23 +28,28 @@ def solve(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> 
     by_width = {width: width_graph(graphs[width], width, order) for width in widths}
     reference = by_width[widths[0]]
     space = chain_space(reference.n) if reference.is_chain() else downset_space(reference)
-    place_width = place if settings.sync_cost == "first_stage" else place_max_stage
+    step = settings.step
     best: WidthPlacement | None = None
     for width in widths:
         graph = by_width[width]
-        placement = place_width(candidates(graph, settings, space), graph, settings)
+        placement = place(candidates(graph, step, space), graph, step)
         if placement is not None and (best is None or placement.time_per_batch < best.time_per_batch):
             best = placement
     baseline, reason = None, None
     if settings.fixed_baseline is not None:
         try:
-            baseline = baseline_time(by_width, settings.fixed_baseline, settings)
+            baseline = baseline_time(by_width, settings.fixed_baseline, step)
         except Infeasible as infeasible:
             reason = str(infeasible)
+    recompute = "full" if settings.activation_recomputation else "none"
     if best is None:
-        return PlacementResult((), None, None, math.inf, baseline, reason)
+        return PlacementResult((), None, None, math.inf, baseline, reason, recompute=recompute)
+    graph = by_width[best.width]
+    scored = evaluate(graph, best.stages, best.stage_devices, best.data_parallel_degree, step)
     stages = tuple(
-        PlacedStage(tuple(order[p] for p in positions), devices, memory)
-        for positions, devices, memory in zip(best.stages, best.stage_devices, best.memory_bytes)
+        PlacedStage(tuple(order[p] for p in positions), devices, parameters, memory)
+        for positions, devices, parameters, memory in zip(best.stages, best.stage_devices, scored.parameters,
+                                                          scored.memory)
     )
-    return PlacementResult(stages, best.data_parallel_degree, best.width, best.time_per_batch, baseline, reason)
+    return PlacementResult(stages, best.data_parallel_degree, best.width, best.time_per_batch, baseline, reason,
+                           recompute=recompute, breakdown=scored.breakdown)

@@ -2,6 +2,10 @@
 VC cores of one accelerator (exact CP-SAT and MILP backends, a list-scheduling heuristic, bounds,
 an independent validator, a cache of solved layers and a Gantt chart)."""
 
+#: Version of the scheduling model (the problem's semantics and the solvers); part of the key of
+#: every cached schedule. Bump when the same problem would get a different schedule.
+MODEL_VERSION = 1
+
 from solver.schedule.cache import ScheduleCache
 from solver.schedule.gantt import plot_gantt
 from solver.schedule.heuristic import heuristic_schedule, lower_bound
@@ -13,6 +17,7 @@ from solver.schedule.solve import BACKENDS, solve
 from solver.schedule.validate import InvalidSchedule, Violation, validate, violations
 
 __all__ = [
+    "MODEL_VERSION",
     "BACKENDS",
     "CORE_TYPES",
     "MILP_SOLVERS",

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from solver.kvstore import KeyValueStore
+from solver.schedule import MODEL_VERSION
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import ScheduleResult
 from solver.schedule.solve import solve
@@ -36,6 +37,7 @@ class ScheduleCache:
             "edges": problem.edges,
             "cores": [problem.num_tc, problem.num_vc],
             "solve": [backend, time_limit, sorted(options.items())],
+            "version": MODEL_VERSION,
         }
         return hashlib.sha256(json.dumps(content).encode()).hexdigest()
 

@@ -1,0 +1,453 @@
+"""One training step of a transformer under Megatron-style 3-D parallelism on a tiered cluster:
+time per batch with its breakdown and memory per device by kind (`shared/specs/training_step.md`).
+
+    time      = pipeline + exposed data-parallel sync + optimizer step
+    pipeline  = (m + (p − 1)/v) · ℓ        1F1B; v model chunks per device with interleaving
+    ℓ         = max over devices of, per micro-batch: forward + backward + recomputation
+                + tensor-parallel collectives + pipeline transfers
+
+* m = micro-batches per batch / d; every stage runs on t devices (a tensor-parallel group).
+* Tensor-parallel all-reduces (2 per block and direction) run on the tier the group spans and do
+  not overlap compute (Megatron issues them blocking); with sequence parallelism each becomes a
+  reduce-scatter + all-gather of the same bytes, so the time is the same. Full recomputation
+  repeats the forward all-reduces.
+* Pipeline transfers: each stage receives its input activations and its output gradients every
+  micro-batch (1/t of the tensor with Megatron's scatter/gather), on the tier of the slowest link
+  between stages, without overlap (Megatron's 1F1B sends and receives blocking). Interleaving
+  multiplies them by v.
+* Data-parallel sync: after the last backward every stage reduces its gradients over its d
+  replicas (all-reduce; reduce-scatter of the gradients + all-gather of the weights with a sharded
+  optimizer), all stages at once on the tier their group spans; the exposed time is the largest.
+  With `overlap_grad_reduce` a stage's sync hides behind its last micro-batch's backward pass.
+* Optimizer step: each device reads and writes its optimizer state once at HBM bandwidth.
+Simplifications: recomputation applies to every stage (as Megatron does); the embedding-gradient
+all-reduce between the first and last stage and the scatter/gather's all-gather are not charged;
+interleaved chunks are charged their average activations (`memory.in_flight`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from solver.training_step.cluster import Cluster, Collective
+from solver.training_step.memory import RECOMPUTE_MODES, ModelState, held_activations, in_flight
+
+#: The terms of `StepResult.breakdown`, in the order they happen.
+BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "bubble", "pipeline_transfer", "data_parallel_sync",
+                  "optimizer")
+
+
+@dataclass(frozen=True)
+class StepLayer:
+    """One layer as one device of a width-t stage runs it, per micro-batch.
+
+    Times [s] are compute only (collectives are charged by the model); `attention_core_forward` is
+    the forward time of the attention core (what selective recomputation re-runs). Activation
+    bytes and collectives are `graph_extract.Layer`'s; `parameters` are held per device.
+    """
+
+    id: int
+    forward: float
+    backward: float
+    attention_core_forward: float
+    parameters: float
+    activation_bytes: float
+    replicated_activation_bytes: float = 0.0
+    attention_core_activation_bytes: float = 0.0
+    input_bytes: float = 0.0
+    replicated_input_bytes: float = 0.0
+    recomputable: bool = False
+    forward_collective_bytes: tuple[float, ...] = ()
+    backward_collective_bytes: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """The layers of one tensor-parallel width in a topological order (their positions) and the
+    bytes per micro-batch on each edge (source position, dest position, bytes)."""
+
+    width: int
+    layers: tuple[StepLayer, ...]
+    edges: tuple[tuple[int, int, float], ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.layers)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(layer.id for layer in self.layers)
+
+    @cached_property
+    def in_edges(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """(source position, bytes) of the edges into each position."""
+        found: list[list[tuple[int, float]]] = [[] for _ in self.layers]
+        for source, dest, size in self.edges:
+            found[dest].append((source, float(size)))
+        return tuple(tuple(items) for items in found)
+
+    @cached_property
+    def out_edges(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        found: list[list[tuple[int, float]]] = [[] for _ in self.layers]
+        for source, dest, size in self.edges:
+            found[source].append((dest, float(size)))
+        return tuple(tuple(items) for items in found)
+
+    @cached_property
+    def chain(self) -> bool:
+        """Each position is fed by the previous one (a unique topological order)."""
+        return all(any(u == v - 1 for u, _ in self.in_edges[v]) for v in range(1, self.n))
+
+    def is_chain(self) -> bool:
+        return self.chain
+
+
+@dataclass(frozen=True)
+class Training:
+    """How the model is trained, besides the placement."""
+
+    optimizer: str = "adam"
+    sharded_optimizer: bool = True
+    sequence_parallel: bool = True
+    overlap_grad_reduce: bool = False
+
+    @property
+    def model_state(self) -> ModelState:
+        return ModelState.of(self.optimizer, self.sharded_optimizer)
+
+
+@dataclass(frozen=True)
+class Device:
+    """The accelerator as the step sees it: HBM capacity [bytes] and bandwidth [bytes/s]."""
+
+    memory_capacity: float
+    hbm_bandwidth: float
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """Per-micro-batch costs of several stages (arrays over stages) on one device of each."""
+
+    compute: np.ndarray  # forward + backward [s]
+    recompute: np.ndarray
+    tensor_parallel: np.ndarray
+    backward: np.ndarray  # backward compute + its collectives: what an overlapped sync can hide behind
+    transfer_bytes: np.ndarray  # received per micro-batch (activations in, gradients back)
+    transfer_messages: np.ndarray
+    parameters: np.ndarray
+    held_activations: np.ndarray  # bytes per micro-batch in flight
+    working_activations: np.ndarray  # bytes while a layer is recomputed
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Model chunks (layer positions, first to last) on p = len(chunks)/v devices of t each:
+    chunk j runs on pipeline device j mod p (Megatron's interleaved layout; v = 1: chunks are the
+    stages), replicated `data_parallel_degree` times, with a recomputation mode."""
+
+    chunks: tuple[tuple[int, ...], ...]
+    data_parallel_degree: int
+    recompute: str = "none"
+    virtual_stages: int = 1
+
+    @property
+    def stages(self) -> int:
+        return len(self.chunks) // self.virtual_stages
+
+    def device_layers(self, device: int) -> tuple[int, ...]:
+        return tuple(p for chunk in self.chunks[device :: self.stages] for p in chunk)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Time per batch [s] with its breakdown (sums to it) and, per pipeline device, the parameters
+    it holds and its peak memory by kind [bytes]; `infeasible_reason` is None when it fits."""
+
+    time_per_batch: float
+    breakdown: dict[str, float]
+    parameters: tuple[float, ...]
+    memory: tuple[dict[str, float], ...]
+    infeasible_reason: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.infeasible_reason is None
+
+
+def stage_sum(members: np.ndarray, values) -> np.ndarray:
+    """Σ values over each stage's layers (members[v, k]: position v in stage k), in position order,
+    so that one stage gets the same floating-point sum however many stages are costed at once."""
+    total = np.zeros(members.shape[1])
+    for v, value in enumerate(values):
+        total = total + np.where(members[v], value, 0.0)
+    return total
+
+
+def per_device(values: np.ndarray, stages: int) -> np.ndarray:
+    """Chunk values (last axis, first to last) summed per pipeline device, chunk j on device j mod
+    `stages`, in chunk order (with one chunk per device, the values themselves)."""
+    result = values[..., :stages]
+    for start in range(stages, values.shape[-1], stages):
+        result = result + values[..., start : start + stages]
+    return result
+
+
+def stage_max(members: np.ndarray, values) -> np.ndarray:
+    total = np.zeros(members.shape[1])
+    for v, value in enumerate(values):
+        total = np.maximum(total, np.where(members[v], value, 0.0))
+    return total
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """The step model of one width's layer graph, one recomputation mode, on a cluster.
+
+    `micro_batches` is the number per batch (global batch / micro-batch size); a data-parallel
+    degree must divide it.
+    """
+
+    graph: StepGraph
+    cluster: Cluster
+    training: Training
+    device: Device
+    micro_batches: int
+    recompute: str
+    _layers: dict = field(init=False, repr=False, compare=False)
+    _collectives: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute: unknown {self.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+        layers, width = self.graph.layers, self.graph.width
+        tensor = self.tensor_parallel_collective
+        full = self.recompute == "full"
+        recomputable = np.array([layer.recomputable for layer in layers], bool)
+        forward_tp = np.array([sum(tensor.scalar(b) for b in layer.forward_collective_bytes) for layer in layers], float)
+        backward_tp = np.array([sum(tensor.scalar(b) for b in layer.backward_collective_bytes) for layer in layers], float)
+        forward = np.array([layer.forward for layer in layers], float)
+        backward = np.array([layer.backward for layer in layers], float)
+        rerun = {"none": np.zeros(len(layers)), "full": forward,
+                 "selective": np.array([layer.attention_core_forward for layer in layers], float)}[self.recompute]
+        held, working = held_activations(layers, self.recompute, width, self.training.sequence_parallel)
+        object.__setattr__(self, "_collectives", {})
+        object.__setattr__(self, "_layers", {
+            "compute": forward + backward,
+            "recompute": np.where(recomputable, rerun, 0.0),
+            "tensor_parallel": forward_tp + backward_tp + np.where(recomputable & full, forward_tp, 0.0),
+            "backward": backward + backward_tp,
+            "parameters": np.array([layer.parameters for layer in layers], float),
+            "held": held,
+            "working": working,
+        })
+
+    @property
+    def width(self) -> int:
+        return self.graph.width
+
+    @cached_property
+    def tensor_parallel_collective(self) -> Collective:
+        return self.cluster.tensor_parallel(self.graph.width)
+
+    # Stages, vectorised: the DP costs every candidate stage with these.
+
+    def stage_terms(self, members: np.ndarray) -> StageTerms:
+        """The terms of the stages given by `members[v, k]` (position v in stage k)."""
+        values = self._layers
+        transfer_bytes = np.zeros(members.shape[1])
+        messages = np.zeros(members.shape[1])
+        for source, dest, size in self.graph.edges:
+            crossing = members[dest] != members[source]  # into one stage, out of the other
+            transfer_bytes = transfer_bytes + np.where(crossing, size / self.width, 0.0)
+            messages = messages + crossing
+        return StageTerms(
+            compute=stage_sum(members, values["compute"]),
+            recompute=stage_sum(members, values["recompute"]),
+            tensor_parallel=stage_sum(members, values["tensor_parallel"]),
+            backward=stage_sum(members, values["backward"]),
+            transfer_bytes=transfer_bytes,
+            transfer_messages=messages,
+            parameters=stage_sum(members, values["parameters"]),
+            held_activations=stage_sum(members, values["held"]),
+            working_activations=stage_max(members, values["working"]),
+        )
+
+    def transfer_time(self, terms: StageTerms, tier: int) -> np.ndarray:
+        link = self.cluster.send(tier)
+        return link.per_byte * terms.transfer_bytes + link.fixed * terms.transfer_messages
+
+    def load(self, terms: StageTerms, tier: int) -> np.ndarray:
+        """Time per micro-batch of each stage with its transfers on `tier`."""
+        return ((terms.compute + terms.recompute) + terms.tensor_parallel) + self.transfer_time(terms, tier)
+
+    def activation_bytes(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
+        return micro_batches_in_flight * terms.held_activations + terms.working_activations
+
+    def memory_bytes(self, terms: StageTerms, micro_batches_in_flight, degree: int) -> np.ndarray:
+        """Peak bytes per device of each stage holding this many micro-batches' activations."""
+        static = self.training.model_state.static_bytes(terms.parameters, degree)
+        return static + self.activation_bytes(terms, micro_batches_in_flight)
+
+    def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
+        """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
+        end of a 1F1B pipeline (holding min(q, m) micro-batches); 0 if it never fits."""
+        micro_batches = self.micro_batches // degree
+        capacity = self.device.memory_capacity
+        fits_all = self.memory_bytes(terms, min(limit, micro_batches), degree) <= capacity
+        room = capacity - self.memory_bytes(terms, 0, degree)
+        held = terms.held_activations
+        with np.errstate(divide="ignore", invalid="ignore"):
+            guess = np.floor(np.where(held > 0, room / np.where(held > 0, held, 1.0), 0.0))
+        guess = np.clip(guess, 0, limit).astype(np.int64)
+        # the closed form may be off by one in floating point: settle it with the model itself
+        guess = np.where(self.memory_bytes(terms, guess, degree) <= capacity, guess, guess - 1)
+        above = np.minimum(guess + 1, limit)
+        guess = np.where((above > guess) & (self.memory_bytes(terms, above, degree) <= capacity), above, guess)
+        return np.where(fits_all, limit, np.maximum(guess, 0))
+
+    def data_parallel_sync(self, degree: int) -> tuple[Collective, Collective]:
+        """(gradient collective, weight collective) of a data-parallel group of `degree`."""
+        found = self._collectives.get(degree)
+        if found is None:
+            if self.training.sharded_optimizer:
+                found = (self.cluster.reduce_scatter(degree, self.width), self.cluster.all_gather(degree, self.width))
+            else:
+                found = (self.cluster.all_reduce(degree, self.width), Collective(0.0, 0.0))
+            self._collectives[degree] = found
+        return found
+
+    def sync_time(self, parameters, degree: int):
+        """Data-parallel sync of stages holding `parameters` per device (not overlapped)."""
+        state = self.training.model_state
+        gradients, weights = self.data_parallel_sync(degree)
+        return gradients.time(parameters * state.gradients) + weights.time(parameters * state.weights)
+
+    def optimizer_time(self, parameters, degree: int):
+        """Reading and writing the device's optimizer state once at HBM bandwidth."""
+        share = self.training.model_state.optimizer_share(degree)
+        return 2.0 * (parameters * share) / self.device.hbm_bandwidth
+
+    def tail(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
+        """(exposed sync, optimizer step) of each stage after the last backward."""
+        sync = self.sync_time(terms.parameters, degree)
+        if self.training.overlap_grad_reduce:
+            sync = np.maximum(sync - terms.backward, 0.0)
+        return sync, self.optimizer_time(terms.parameters, degree)
+
+    def tail_keys_are_parameters(self) -> bool:
+        """Whether every stage's tail grows with its parameters alone (so a cap on parameters is a
+        cap on the tail); not so when the sync overlaps the backward pass."""
+        return not self.training.overlap_grad_reduce
+
+    @staticmethod
+    def pipeline_time(micro_batches, stages, virtual_stages, load):
+        return (micro_batches + (stages - 1) / virtual_stages) * load
+
+    # A bound for the architecture search: no placement of any mode is faster.
+
+    def time_lower_bound(self, compute: np.ndarray, degrees) -> np.ndarray:
+        """A lower bound on the time per batch of every placement at this width, in any
+        recomputation mode, for layers whose forward + backward compute is at least `compute[v]`
+        (an array per layer, e.g. over candidate chips); `degrees` are the data-parallel degrees.
+
+        Each device of p carries at least its layers' compute and collectives, so
+        ℓ ≥ max(M, W/p) (M the heaviest layer, W all layers); the pipeline is at least
+        (m + (p − 1)/v)·ℓ with v at most blocks/p; and the stage holding the layer with the most
+        parameters P* has at least the tail of P* (its optimizer step only, when the sync may
+        hide behind the backward pass). Minimised over d and p ≤ min(layers, devices/(t·d)).
+        """
+        compute = np.asarray(compute, float)
+        per_layer = compute + self._layers["tensor_parallel"].reshape((-1,) + (1,) * (compute.ndim - 1))
+        total, heaviest = per_layer.sum(axis=0), per_layer.max(axis=0)
+        largest = float(self._layers["parameters"].max())
+        blocks = sum(layer.recomputable for layer in self.graph.layers)
+        best = np.full(total.shape, np.inf)
+        for degree in degrees:
+            stages = np.arange(1, min(self.graph.n, self.cluster.num_devices // (self.width * degree)) + 1)
+            if not len(stages):
+                continue
+            interleave = np.maximum(1, blocks // stages) if self.graph.is_chain() else np.ones(len(stages))
+            factor = (self.micro_batches // degree + (stages - 1) / interleave).reshape((-1,) + (1,) * total.ndim)
+            load = np.maximum(heaviest, total / stages.reshape(factor.shape))
+            sync, optimizer = self.sync_time(largest, degree), self.optimizer_time(largest, degree)
+            tail = float(optimizer + (0.0 if self.training.overlap_grad_reduce else sync))
+            best = np.minimum(best, (factor * load).min(axis=0) + tail)
+        return best
+
+    # One layout (chunks on devices) for many data-parallel degrees at once, and one placement.
+
+    @staticmethod
+    def device_terms(chunk_terms: StageTerms, stages: int) -> StageTerms:
+        """Each pipeline device's terms: its chunks' (chunk j on device j mod p) summed in chunk
+        order; its working memory is the largest of its chunks'."""
+        fields = {name: per_device(getattr(chunk_terms, name), stages) for name in StageTerms.__dataclass_fields__}
+        fields["working_activations"] = chunk_terms.working_activations.reshape(-1, stages).max(axis=0)
+        return StageTerms(**fields)
+
+    def score(self, chunk_terms: StageTerms, virtual_stages: int, degrees) -> dict:
+        """Time per batch and its parts for a layout of chunks (`chunk_terms`, first to last) under
+        each data-parallel degree of `degrees`: arrays [degree] and [degree, device]."""
+        degrees = np.asarray(degrees)
+        stages = chunk_terms.compute.shape[0] // virtual_stages
+        terms = self.device_terms(chunk_terms, stages)
+        micro_batches = self.micro_batches // degrees
+        tiers = [self.cluster.pipeline_tier(self.width, int(d), stages) for d in degrees]
+        transfer = per_device(np.array([self.transfer_time(chunk_terms, tier) for tier in tiers]), stages)
+        loads = ((terms.compute + terms.recompute) + terms.tensor_parallel) + transfer  # [degree, device]
+        flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
+        memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
+        tails = [self.tail(terms, int(d)) for d in degrees]
+        sync, optimizer = np.array([t[0] for t in tails]), np.array([t[1] for t in tails])
+        time = self.pipeline_time(micro_batches, stages, virtual_stages, loads.max(axis=1))
+        time = time + (sync + optimizer).max(axis=1)
+        fits = (memory <= self.device.memory_capacity).all(axis=1)
+        fits &= (self.micro_batches % degrees == 0) & (stages * self.width * degrees <= self.cluster.num_devices)
+        return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "memory": memory,
+                "in_flight": flight, "sync": sync, "optimizer": optimizer, "terms": terms}
+
+    def evaluate(self, placement: Placement) -> StepResult:
+        """Time per batch and memory per device of a placement (module docstring)."""
+        degree, v = placement.data_parallel_degree, placement.virtual_stages
+        if placement.recompute != self.recompute:
+            raise ValueError(f"placement.recompute: {placement.recompute!r} but this model is {self.recompute!r}")
+        members = np.zeros((self.graph.n, len(placement.chunks)), dtype=bool)
+        for index, chunk in enumerate(placement.chunks):
+            members[list(chunk), index] = True
+        scored = self.score(self.stage_terms(members), v, [degree])
+        terms, stages, micro_batches = scored["terms"], placement.stages, self.micro_batches // degree
+        loads, transfer = scored["loads"][0], scored["transfer"][0]
+        tails = scored["sync"][0] + scored["optimizer"][0]
+        slowest, last_out = int(np.argmax(loads)), int(np.argmax(tails))
+        breakdown = {
+            "compute": micro_batches * float(terms.compute[slowest]),
+            "recompute": micro_batches * float(terms.recompute[slowest]),
+            "tensor_parallel": micro_batches * float(terms.tensor_parallel[slowest]),
+            "bubble": (stages - 1) / v * float(loads[slowest]),
+            "pipeline_transfer": micro_batches * float(transfer[slowest]),
+            "data_parallel_sync": float(scored["sync"][0][last_out]),
+            "optimizer": float(scored["optimizer"][0][last_out]),
+        }
+        state = self.training.model_state
+        activations = self.activation_bytes(terms, scored["in_flight"][0])
+        memory = []
+        for index in range(stages):
+            parameters = float(terms.parameters[index])
+            memory.append({"weights": parameters * state.weights, "gradients": parameters * state.gradients,
+                           "optimizer_state": parameters * float(state.optimizer_share(degree)),
+                           "activations": float(activations[index]), "total": float(scored["memory"][0][index])})
+        return StepResult(float(scored["time"][0]), breakdown, tuple(float(p) for p in terms.parameters),
+                          tuple(memory), None if scored["fits"][0] else self.why_not(memory, degree, stages))
+
+    def why_not(self, memory: list[dict[str, float]], degree: int, stages: int) -> str:
+        """Why a placement with this memory per device cannot run."""
+        if self.micro_batches % degree:
+            return f"data-parallel degree {degree} does not divide the {self.micro_batches} micro-batches per batch"
+        if stages * self.width * degree > self.cluster.num_devices:
+            return (f"devices: {stages} stages x {self.width} x {degree} replicas need "
+                    f"{stages * self.width * degree}, the cluster has {self.cluster.num_devices}")
+        i = max(range(stages), key=lambda index: memory[index]["total"])
+        return (f"memory: stage {i} needs {memory[i]['total'] / 2**30:.4g} GiB per device, "
+                f"{self.device.memory_capacity / 2**30:.4g} GiB available")
