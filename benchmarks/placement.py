@@ -1,12 +1,17 @@
-"""CPU time of the placement DP on a 97-layer GPT-like chain (embedding + 96 blocks).
+"""CPU time of the placement search on GPT-like chains of 96 blocks, widths 1, 2, 4, 8, 1,024 devices.
 
-Inputs follow the formulas of shared/reference/placement/README.md §4 (GPT-3-6.7B-like blocks,
-h=4096, 32 heads, sequence 2048, micro-batch 8, vocabulary 50257, 100 TFLOP/s, 4 GiB/s), in the
-original program's JSON schema (latencies in ms), at widths 1, 2, 4, 8 on 1024 devices with 512
-micro-batches per batch. Cases: 32 GiB per device or memory that never binds, recomputation off
-or on. Each case runs `solve_document` (parse + DP over all widths + baseline) a few times and
-prints the median CPU seconds.
-Run from the repository root: python -m benchmarks.placement [--repeats N] [--sync-cost max_stage]
+1. The original's model (`system=original`, its JSON interface): the 97-layer chain of
+   shared/reference/placement/README.md §4 (GPT-3-6.7B-like blocks, h=4096, 32 heads, sequence
+   2048, micro-batch 8, vocabulary 50257, 100 TFLOP/s, 4 GiB/s), 512 micro-batches; 32 GiB per
+   device or memory that never binds, recomputation off or on.
+2. The training-step model (the default): GPT-3 175B (h=12288, 96 heads, sequence 2048,
+   micro-batch 1, vocabulary 51200, 1,536 samples per batch) as embedding + 96 blocks + head,
+   compute at 40 % of 312 TFLOP/s, Korthikanti's activations, Megatron's collectives, on
+   `dgx_a100` and `tpuv4_pod`, 80 GiB or memory that never binds; all three recomputation modes,
+   every width, degree, depth, partition and interleaved layout (what one accelerator's
+   evaluation runs per HBM size).
+Each case runs a few times and prints the median CPU seconds.
+Run from the repository root: python -m benchmarks.placement [--repeats N]
 """
 
 from __future__ import annotations
@@ -15,17 +20,24 @@ import argparse
 import statistics
 import time
 
+from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from solver.placement.jsonio import solve_document
+from solver.placement.search import best_placement
+from solver.training_step import RECOMPUTE_MODES, Cluster, Device, StepGraph, StepLayer, Training, TrainingStep
 
 GIB = 1024**3
 HIDDEN, HEADS, SEQUENCE, MICRO_BATCH, VOCABULARY = 4096, 32, 2048, 8, 50257
 FLOPS_PER_SECOND, LINK_BYTES_PER_SECOND = 100e12, 4 * GIB
+SYSTEMS = Path(__file__).resolve().parents[1] / "phaze" / "conf" / "system"
 
 
 def allreduce_ms(width: int, tokens_hidden: int) -> float:
-    """One Megatron all-reduce of the activations over `width` devices, in ms."""
-    return 2 * (width - 1) / width * tokens_hidden * 2 / LINK_BYTES_PER_SECOND * 1000 if width > 1 else 0.0
+    """One Megatron all-reduce of the activations over `width` devices on the flat link, in ms."""
+    link = Cluster.build("original", width, 1, [dict(bandwidth=LINK_BYTES_PER_SECOND)])
+    return link.all_reduce(width, 1).scalar(tokens_hidden * 2) * 1000
 
 
 def layer_nodes(blocks: int, width: int) -> list[dict]:
@@ -78,32 +90,70 @@ def chain_document(blocks: int, widths: tuple[int, ...], memory: float, recomput
     }
 
 
-def cpu_seconds(document: dict, repeats: int, sync_cost: str) -> tuple[float, dict]:
-    """Median CPU seconds of `solve_document` and its output."""
+def gpt3(width: int) -> StepGraph:
+    """GPT-3 175B at tensor width `width`: embedding, 96 blocks, head (see the module docstring)."""
+    h, s, a, v, flops = 12288, 2048, 96, 51200, 0.4 * 312e12
+    sbh = s * h
+    block = 24 * s * h * h * (1 + s / (6 * h)) / flops / width
+    head = 2 * s * h * v / flops / width
+    tensor = (2 * sbh,) if width > 1 else ()
+    embedding = StepLayer(0, 1e-4, 2e-4, 0.0, v * h / width, sbh, sbh, forward_collective_bytes=tensor)
+    saved = sbh * (10 + 24 / width) + 5 * a * s * s / width  # Korthikanti et al., bytes per block
+    blocks = [StepLayer(i, block, 2 * block, 0.06 * block, 12 * h * h / width, saved, 10 * sbh, 5 * a * s * s / width,
+                        2 * sbh, 2 * sbh, True, tensor * 2, tensor * 2)
+              for i in range(1, 97)]
+    final = StepLayer(97, head, 2 * head, 0.0, v * h / width, 4 * sbh + 2 * s * v / width, 4 * sbh, 0.0, 2 * sbh,
+                      2 * sbh, False, (), tensor)
+    layers = (embedding, *blocks, final)
+    return StepGraph(width, layers, tuple((i, i + 1, 2.0 * sbh) for i in range(len(layers) - 1)))
+
+
+def cluster(name: str) -> Cluster:
+    system = OmegaConf.to_container(OmegaConf.load(SYSTEMS / f"{name}.yaml"))
+    return Cluster.build(name, 1024, system["node_size"], system["tiers"])
+
+
+def cpu_seconds(function, repeats: int):
+    """Median CPU seconds of `function()` and its result."""
     times = []
     for _ in range(repeats):
         start = time.process_time()
-        output = solve_document(document, sync_cost)
+        result = function()
         times.append(time.process_time() - start)
-    return statistics.median(times), output
+    return statistics.median(times), result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sync-cost", choices=SYNC_COSTS, default="first_stage")
     args = parser.parse_args()
+    print("1. the original's model (JSON interface), 97-layer chain")
     print(f"{'memory':>12} {'recompute':>9} {'CPU s':>7}  result (t, d, p, time per batch [ms])")
     for memory_name, memory in (("32 GiB", 32 * GIB), ("never binds", 1e30)):
         for recompute in (False, True):
             document = chain_document(96, (1, 2, 4, 8), memory, recompute)
-            seconds, out = cpu_seconds(document, args.repeats, args.sync_cost)
+            seconds, out = cpu_seconds(lambda: solve_document(document), args.repeats)
             if out["stages"]:
                 summary = f"t={out['tensorParallelDegree']} d={out['dataParallelDegree']} p={len(out['stages'])} "
                 summary += f"{out['finalTimePerBatch']:.2f}"
             else:
                 summary = "no width fits in memory"
             print(f"{memory_name:>12} {str(recompute):>9} {seconds:7.3f}  {summary}")
+    print("\n2. the training-step model, GPT-3 175B (98 layers), every recomputation mode")
+    print(f"{'system':>10} {'memory':>12} {'CPU s':>7}  per mode: recompute t d p v time per batch [s] (CPU s)")
+    graphs = {width: gpt3(width) for width in (1, 2, 4, 8)}
+    for system in ("dgx_a100", "tpuv4_pod"):
+        for memory_name, memory in (("80 GiB", 80 * GIB), ("never binds", 1e30)):
+            device, total, lines = Device(memory, 2.039e12), 0.0, []
+            for mode in RECOMPUTE_MODES:
+                steps = {width: TrainingStep(graph, cluster(system), Training(), device, 1536, mode)
+                         for width, graph in graphs.items()}
+                seconds, result = cpu_seconds(lambda: best_placement(steps), args.repeats)
+                total += seconds
+                lines.append(f"{mode} t={result.tensor_parallel_width} d={result.data_parallel_degree} "
+                             f"p={len(result.stages)} v={result.virtual_stages} {result.time_per_batch:.3f} "
+                             f"({seconds:.2f})")
+            print(f"{system:>10} {memory_name:>12} {total:7.3f}  " + "; ".join(lines))
 
 
 if __name__ == "__main__":

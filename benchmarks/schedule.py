@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from estimator import AcceleratorConfig, candidate_space, layer_workload  # noqa: E402
 from graph_extract import ExtractedModel, extract  # noqa: E402
 from solver.schedule import Op, ScheduleProblem, ScheduleResult, solve  # noqa: E402
+from solver.training_step import Cluster  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class _GraphBuilder:
     def allreduce(self, name: str, nbytes: float, width: int, after: tuple[int, ...]) -> int:
         if width == 1:
             return after[0]
-        latency = 2 * (width - 1) / width * nbytes / self.config.link_bandwidth + 5e-6
+        link = Cluster.build("link", width, width, [dict(bandwidth=self.config.link_bandwidth, latency=1e-6)])
+        latency = link.all_reduce(width, 1).scalar(nbytes)
         return self._add(Op("collective", latency, latency, name=name), after)
 
     def problem(self) -> ScheduleProblem:

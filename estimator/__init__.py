@@ -1,9 +1,11 @@
 """Stage 2 of phaze: the accelerator template and candidate space, the area model, operator
 classification and fusion, and vectorised latency/energy estimates with a persistent cache."""
 
-#: Version of the cost models (operator work, fusion, latencies); part of every key of a value
-#: computed from them. Bump when an estimate of the same inputs changes.
-MODEL_VERSION = 2
+from estimator.cache import TC_MODEL_VERSION
+
+#: Version of the cost models (the tensor-core model's, then operator work, fusion, latencies); part
+#: of the key of every value computed from them. Bump when an estimate of the same inputs changes.
+MODEL_VERSION = (TC_MODEL_VERSION, 2)
 
 from estimator.accelerator import AcceleratorConfig, CoreConfig, EnergyCosts, accelerator_names, named_accelerator
 from estimator.area import area_um2

@@ -22,7 +22,7 @@ from estimator.accelerator import CoreConfig
 from estimator.tc_model import GemmCost, MemorySystem
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
-MODEL_VERSION = 1
+TC_MODEL_VERSION = 1
 COLUMNS = ("cycles", "core_buffer_words", "glb_words", "dram_words")
 METADATA_KEY = b"phaze_estimates"
 
@@ -35,7 +35,7 @@ def default_cache_dir() -> Path:
 
 def cache_key(memory: MemorySystem, cores: Sequence[CoreConfig]) -> str:
     """A digest of everything a GEMM cost depends on besides its shape."""
-    record = [MODEL_VERSION, memory.core_buffer_words_per_cycle, memory.glb_words_per_cycle,
+    record = [TC_MODEL_VERSION, memory.core_buffer_words_per_cycle, memory.glb_words_per_cycle,
               memory.dram_words_per_cycle, [(c.num, c.width * c.depth, c.glb_bytes) for c in cores]]
     return hashlib.sha1(json.dumps(record).encode()).hexdigest()[:16]
 

@@ -155,7 +155,8 @@ def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Traini
         overlap_grad_reduce=_boolean("overlap_grad_reduce", cfg.overlap_grad_reduce),
     )
     allowed = ("none", "full") if step_model == "original" else RECOMPUTE_MODES
-    recompute = tuple(dict.fromkeys(_choice("recompute", mode, allowed) for mode in _values("recompute", cfg.recompute)))
+    name = "recompute (system=original: the original's off or on)" if step_model == "original" else "recompute"
+    recompute = tuple(dict.fromkeys(_choice(name, mode, allowed) for mode in _values("recompute", cfg.recompute)))
     virtual = cfg.virtual_stages
     if virtual is None:
         return training, recompute, (1,) if step_model == "original" else None

@@ -32,6 +32,16 @@ def phaze(*arguments, cwd):
         (["accelerator.tc_width=96"], "accelerator.tc_width: must be a positive power of two"),
         (["accelerator.num_vc=0"], "accelerator.num_vc: must be a positive power of two"),
         (["area_budget=1000"], "area_budget: 1,000.00 µm² admits no accelerator configuration"),
+        (["system=dgx_a200"], "system: unknown 'dgx_a200'; valid: dgx_a100, dgx_h100, original, tpuv4_pod"),
+        (["-m", "system=dgx_a100,dgx_a200"], "system: unknown 'dgx_a200'"),
+        (["system=dgx_a100", "num_devices=1028"], "system.node_size: 8 does not divide num_devices=1028"),
+        (["system.tiers.0.bandwidth=0"], "system.tiers[0].bandwidth: must be > 0, got 0"),
+        (["virtual_stages=5"], "virtual_stages: 5 divides no pipeline of two or more stages of the 24 blocks of "
+                               "bertlarge; allowed: 1, 2, 3, 4, 6, 8, 12"),
+        (["optimizer=lamb"], "optimizer: unknown 'lamb'; valid: adam, sgd"),
+        (["recompute=[none,partial]"], "recompute: unknown 'partial'; valid: none, selective, full"),
+        (["system=original", "recompute=selective"], "recompute (system=original: the original's off or on): unknown 'selective'; valid: none, full"),
+        (["sharded_optimizer=maybe"], "sharded_optimizer: must be true or false"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(arguments, field, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from estimator import Gemm, named_accelerator, op_work
+from estimator import Gemm, op_work
 from estimator.table import vector_cycles
 from graph_extract.opgraph import GemmDims, OpNode
 

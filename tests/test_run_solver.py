@@ -69,6 +69,18 @@ def test_interrupted_run_leaves_complete_files_and_resumes(run_in, monkeypatch):
     assert again.loc[before.index, "throughput"].tolist() == before["throughput"].tolist()
 
 
+@pytest.mark.parametrize("system", ["original", "dgx_h100"])
+def test_other_clusters_and_the_original_model(run_in, system):
+    summary, _ = run_in(system, f"system={system}", "candidate_sample=12")
+    assert summary["system"]["name"] == system and summary["feasible"]
+    assert summary["optimizer"] == ("sgd" if system == "original" else "adam")
+    assert sum(summary["breakdown_s"].values()) == pytest.approx(summary["time_per_batch_s"], rel=1e-9)
+    assert summary["placement"]["recompute"] in (("none", "full") if system == "original" else
+                                                 ("none", "selective", "full"))
+    if system == "original":  # the original charges no optimizer step and the first stage's sync
+        assert summary["breakdown_s"]["optimizer"] == 0.0
+
+
 def phaze_command(*arguments, cwd):
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
     return subprocess.run([sys.executable, "-m", "phaze", *arguments], cwd=cwd, capture_output=True, text=True,

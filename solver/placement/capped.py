@@ -121,7 +121,7 @@ class _CapSearch:
         """The tail charged to a placement whose stages' keys are at most `caps` (elementwise)."""
         if not self.by_parameters:
             return caps
-        return self.step.sync_time(caps, scenario.degree) + self.step.optimizer_time(caps, scenario.degree)
+        return self.step.tail_time(caps, scenario.degree)
 
     def pipelines(self, scenario: Scenario, values: np.ndarray) -> np.ndarray:
         """(m + p − 1)·Q over the scenario's depths p for DP values `values[p]` (∞ where no split)."""

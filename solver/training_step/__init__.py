@@ -12,13 +12,9 @@ from solver.training_step.memory import MEMORY_KINDS, OPTIMIZERS, RECOMPUTE_MODE
 from solver.training_step.model import (BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, Training,
                                         TrainingStep)
 
-#: Version of the training-step model; part of the key of any cached value computed with it.
-MODEL_VERSION = 1
-
 __all__ = [
     "BREAKDOWN_KEYS",
     "MEMORY_KINDS",
-    "MODEL_VERSION",
     "OPTIMIZERS",
     "RECOMPUTE_MODES",
     "Cluster",

@@ -330,6 +330,11 @@ class TrainingStep:
         share = self.training.model_state.optimizer_share(degree)
         return 2.0 * (parameters * share) / self.device.hbm_bandwidth
 
+    def tail_time(self, parameters, degree: int):
+        """Sync and optimizer step of stages holding `parameters` per device, the sync not hidden:
+        what such a stage adds after the last backward (it grows with the parameters)."""
+        return self.sync_time(parameters, degree) + self.optimizer_time(parameters, degree)
+
     def tail(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
         """(exposed sync, optimizer step) of each stage after the last backward."""
         sync = self.sync_time(terms.parameters, degree)
@@ -372,8 +377,8 @@ class TrainingStep:
             interleave = np.maximum(1, blocks // stages) if self.graph.is_chain() else np.ones(len(stages))
             factor = (self.micro_batches // degree + (stages - 1) / interleave).reshape((-1,) + (1,) * total.ndim)
             load = np.maximum(heaviest, total / stages.reshape(factor.shape))
-            sync, optimizer = self.sync_time(largest, degree), self.optimizer_time(largest, degree)
-            tail = float(optimizer + (0.0 if self.training.overlap_grad_reduce else sync))
+            overlap = self.training.overlap_grad_reduce
+            tail = float(self.optimizer_time(largest, degree) if overlap else self.tail_time(largest, degree))
             best = np.minimum(best, (factor * load).min(axis=0) + tail)
         return best
 

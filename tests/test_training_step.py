@@ -1,0 +1,157 @@
+"""The training-step model: memory against Korthikanti et al.'s table, a hand-worked step, the
+interleaved schedule, and the search's lower bound against the model on random placements."""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from graph_extract import extract, get_spec
+from solver.placement.capped import degrees
+from solver.placement.layouts import allowed_virtual_stages, megatron_chunks
+from solver.training_step import (Cluster, Device, ModelState, Placement, StepGraph, StepLayer, Training, TrainingStep,
+                                  held_activations, in_flight)
+
+S, B, H, A = 128, 2, 256, 8  # sequence, micro-batch, hidden, heads of the traced GPT
+GPT = get_spec("megatrongpt3").with_overrides(num_layers=2, hidden_size=H, num_heads=A, ffn_hidden_size=4 * H,
+                                              vocab_size=1000, max_position_embeddings=S)
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_activations_of_a_traced_gpt_block_follow_the_table(width):
+    (block,) = [layer for layer in extract(GPT, B, S, width).layer_graph.layers if layer.name == "layers.0"]
+    sbh, t = S * B * H, width
+    expected = {  # Korthikanti et al. 2022, Table 2 (bytes per layer and micro-batch, 16-bit)
+        ("none", False): sbh * (10 + 24 / t + 5 * A * S / (H * t)),
+        ("none", True): sbh / t * (34 + 5 * A * S / H),
+        ("selective", False): sbh * (10 + 24 / t),
+        ("selective", True): sbh / t * 34,
+        ("full", False): 2 * sbh,
+        ("full", True): 2 * sbh / t,
+    }
+    for (mode, sequence_parallel), value in expected.items():
+        held, working = held_activations([block], mode, width, sequence_parallel)
+        assert held[0] == pytest.approx(value, rel=1e-12), (mode, sequence_parallel)
+        if mode == "full":  # while recomputed, the block's whole activations are back
+            assert working[0] == pytest.approx(expected["none", sequence_parallel], rel=1e-12)
+
+
+def test_model_state_per_parameter():
+    assert ModelState.of("adam", False).static_bytes(1.0, 8) == 18  # 2 + 4 + 12
+    assert ModelState.of("adam", True).static_bytes(1.0, 8) == 6 + 12 / 8
+    assert ModelState.of("sgd", True).static_bytes(1.0, 8) == 4
+    with pytest.raises(ValueError, match="optimizer: unknown 'lamb'"):
+        ModelState.of("lamb", True)
+
+
+def test_micro_batches_in_flight():
+    assert in_flight(4, 1, 16).tolist() == [4, 3, 2, 1]
+    assert in_flight(4, 1, 2).tolist() == [2, 2, 2, 1]  # never more than the micro-batches
+    interleaved = in_flight(4, 2, 64)
+    assert interleaved[0] == 4 + 3 / 2  # p + (p − 1)/v (Korthikanti §4.2)
+    assert interleaved.tolist() == [5.5, 4.5, 3.5, 2.5]
+
+
+def small_step(recompute: str = "none") -> TrainingStep:
+    """4 equal blocks in a chain on one 1 GB/s tier, t = 1, 8 micro-batches per batch."""
+    layers = tuple(StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=1e6,
+                             activation_bytes=1e6, attention_core_activation_bytes=3e5, input_bytes=2e5,
+                             recomputable=True) for i in range(4))
+    graph = StepGraph(1, layers, tuple((i, i + 1, 1e6) for i in range(3)))
+    cluster = Cluster.build("flat", 8, 8, [dict(bandwidth=1e9)])
+    return TrainingStep(graph, cluster, Training(), Device(1e12, 1e12), 8, recompute)
+
+
+def test_a_step_by_hand():
+    result = small_step().evaluate(Placement(((0, 1), (2, 3)), 2))
+    # m = 4 micro-batches per replica; each stage: 2 × (1 + 2) s of compute and one 1 MB transfer
+    # each way (1 ms); bubble (p − 1)·ℓ. Sync (sharded): reduce-scatter of 2e6 × 4 bytes and
+    # all-gather of 2e6 × 2 bytes among 2 replicas, S/(2B) each; optimizer: 2 × 2e6 × 12/2 / 1e12.
+    assert result.breakdown == pytest.approx({"compute": 24.0, "recompute": 0.0, "tensor_parallel": 0.0,
+                                              "bubble": 6.001, "pipeline_transfer": 0.004,
+                                              "data_parallel_sync": 4e-3 + 2e-3, "optimizer": 2.4e-5}, rel=1e-12)
+    assert result.time_per_batch == pytest.approx(30.011024, rel=1e-12)
+    assert sum(result.breakdown.values()) == pytest.approx(result.time_per_batch, rel=1e-12)
+    first, last = result.memory
+    assert first == pytest.approx({"weights": 4e6, "gradients": 8e6, "optimizer_state": 1.2e7,
+                                   "activations": 2 * 2e6, "total": 2.8e7})
+    assert last["activations"] == 2e6 and result.parameters == (2e6, 2e6) and result.feasible
+
+
+def test_recomputation_by_hand():
+    full = small_step("full").evaluate(Placement(((0, 1), (2, 3)), 2, "full"))
+    assert full.breakdown["recompute"] == 4 * 2.0  # the two forwards again, every micro-batch
+    assert full.memory[0]["activations"] == 2 * 4e5 + 1e6  # two inputs per micro-batch + one layer rebuilt
+    selective = small_step("selective").evaluate(Placement(((0, 1), (2, 3)), 2, "selective"))
+    assert selective.breakdown["recompute"] == 4 * 0.5
+    assert selective.memory[0]["activations"] == 2 * 2 * (1e6 - 3e5)
+
+
+def test_interleaved_schedule_by_hand():
+    step = small_step()
+    result = step.evaluate(Placement(megatron_chunks(step.graph, 2, 2), 2, virtual_stages=2))
+    # device 0 runs chunks 0 and 2, device 1 chunks 1 and 3: 6 s of compute and 3 MB of transfers
+    # each; pipeline (m + (p − 1)/v)·ℓ = 4.5 × 6.003; device 0 holds 2.5 micro-batches' worth
+    assert result.breakdown["bubble"] == pytest.approx(6.003 / 2, rel=1e-12)
+    assert result.time_per_batch == pytest.approx(4.5 * 6.003 + 6e-3 + 2.4e-5, rel=1e-12)
+    assert [memory["activations"] for memory in result.memory] == [2.5 * 2e6, 1.5 * 2e6]
+
+
+def test_infeasible_placements_say_why():
+    step = small_step()
+    assert "does not divide" in step.evaluate(Placement(((0, 1), (2, 3)), 3)).infeasible_reason
+    assert "devices" in step.evaluate(Placement(((0, 1), (2, 3)), 8)).infeasible_reason
+    tight = TrainingStep(step.graph, step.cluster, step.training, Device(2.7e7, 1e12), 8, "none")
+    assert tight.evaluate(Placement(((0, 1), (2, 3)), 2)).infeasible_reason.startswith("memory: stage 0 needs")
+
+
+def random_step(rng: random.Random, recompute: str, layers: int) -> TrainingStep:
+    """A chain of embedding, blocks and head with random costs on a random two-tier cluster."""
+    width = rng.choice([1, 2, 4])
+    kinds = [False] + [True] * (layers - 2) + [False]
+    graph = StepGraph(width, tuple(
+        StepLayer(i, forward=rng.uniform(0.1, 2), backward=rng.uniform(0.2, 4), attention_core_forward=rng.uniform(0, 0.3),
+                  parameters=rng.uniform(1e5, 1e7), activation_bytes=rng.uniform(1e5, 1e7),
+                  replicated_activation_bytes=rng.uniform(0, 1e5), attention_core_activation_bytes=rng.uniform(0, 1e5),
+                  input_bytes=rng.uniform(0, 1e6), replicated_input_bytes=0.0, recomputable=block,
+                  forward_collective_bytes=(rng.uniform(0, 1e7),) * (width > 1),
+                  backward_collective_bytes=(rng.uniform(0, 1e7),) * (width > 1))
+        for i, block in enumerate(kinds)), tuple((i, i + 1, rng.uniform(0, 1e7)) for i in range(layers - 1)))
+    devices = rng.choice([8, 16, 32, 64])
+    cluster = Cluster.build("random", devices, rng.choice([2, 4, 8]), [
+        dict(bandwidth=rng.uniform(1e10, 1e11), latency=1e-5, efficiency=0.8),
+        dict(bandwidth=rng.uniform(1e9, 1e10), latency=2e-5, efficiency=0.9)])
+    training = Training(rng.choice(["adam", "sgd"]), rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.3)
+    return TrainingStep(graph, cluster, training, Device(rng.uniform(1e8, 1e9), 1e12), rng.choice([4, 8, 12, 16]),
+                        recompute)
+
+
+def placements(step: TrainingStep):
+    """Every 1F1B partition with every degree, and every interleaved Megatron layout."""
+    n, blocks = step.graph.n, step.graph.n - 2
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        bounds = [0, *(i + 1 for i, cut in enumerate(cuts) if cut), n]
+        stages = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
+        for degree in degrees(step):
+            yield Placement(stages, degree, step.recompute)
+    for v in allowed_virtual_stages(blocks)[1:]:
+        for stages in range(2, blocks // v + 1):
+            chunks = megatron_chunks(step.graph, stages, v)
+            for degree in degrees(step) if chunks else ():
+                yield Placement(chunks, degree, step.recompute, v)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_search_bound_never_exceeds_the_model(seed):
+    rng = random.Random(seed)
+    layers = rng.randint(3, 8)
+    for recompute in ("none", "selective", "full"):
+        step = random_step(random.Random(seed), recompute, layers)
+        none = TrainingStep(step.graph, step.cluster, step.training, step.device, step.micro_batches, "none")
+        compute = np.array([layer.forward + layer.backward for layer in step.graph.layers])
+        bound = float(none.time_lower_bound(compute, degrees(step)))
+        for placement in placements(step):  # over the 30 seeds, about 4,000 of them fit
+            result = step.evaluate(placement)
+            if result.feasible:
+                assert bound <= result.time_per_batch * (1 + 1e-12), (placement, bound, result.time_per_batch)
