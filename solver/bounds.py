@@ -84,6 +84,6 @@ def _original_bound(job: Job, graphs, work: np.ndarray, memory: int) -> np.ndarr
     devices = np.array([width if layer.tensor_parallel else 1 for layer in placement_graph.layers])[:, None]
     sources = {layer.id for layer in placement_graph.layers} - {edge.dest for edge in placement_graph.edges}
     source_parameters = min(layer.parameter_bytes for layer in placement_graph.layers if layer.id in sources)
-    step = original_settings(job, memory, "none").step
+    step = original_settings(job, memory, "none")
     return original.time_lower_bound(latency.sum(axis=0), latency.max(axis=0), (latency * devices).sum(axis=0),
                                      source_parameters, step)

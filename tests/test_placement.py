@@ -104,13 +104,13 @@ def test_stage_costs_match_the_worked_example(recompute):
     settings = replace(settings, activation_recomputation=recompute)
     graph = width_graph(graphs[1], 1, topological_order(graphs[1]))
     for (i, j), (wo, wr, parameters, max_s) in EX1_INTERVALS.items():
-        cost = stage_cost(graph, list(range(i, j)), settings.step)
+        cost = stage_cost(graph, list(range(i, j)), settings)
         assert cost.load_last == wo and cost.parameter_bytes == parameters
         assert cost.load_inner == (wr if recompute else wo)
         if not recompute:
             assert cost.max_in_flight == max_s
     # the chain's candidate stages (suffix of length L, stage lengths 1..L) carry the same costs
-    chain = candidates(graph, settings.step, chain_space(4))
+    chain = candidates(graph, settings, chain_space(4))
     for state in range(1, 5):
         for pair in chain.space.pairs(state):
             positions = chain.space.stage_positions(pair)
@@ -128,16 +128,16 @@ def diamond(recompute: bool) -> tuple[object, PlacementSettings]:
 def test_branching_stage_runs_its_layers_one_after_another():
     graph, settings = diamond(recompute=True)
     assert graph.ids == (0, 2, 1, 3)  # the original's stack order: last pushed source first
-    whole = stage_cost(graph, [0, 1, 2, 3], settings.step)
+    whole = stage_cost(graph, [0, 1, 2, 3], settings)
     # forward 1+2+2+1 and backward 2+4+4+2, serial; the recompute run adds the forward again
     assert (whole.load_last, whole.load_inner) == (18.0, 24.0)
-    middle = stage_cost(graph, [1, 2], settings.step)
+    middle = stage_cost(graph, [1, 2], settings)
     # forward: layer 2 waits 0.5 for its input, 2.5; layer 1 (input already there) ends 4.5.
     # backward: layer 1 waits 0.5 for its gradient, 4.5; layer 2 ends 8.5. Recompute: 4 + 4 + 4.
     assert (middle.load_last, middle.load_inner) == (13.0, 16.5)
     # memory: 2·400 + 600 resident; stashed per micro-batch: the two 50-byte inputs (recompute)
     assert (middle.resident_bytes, middle.stash_bytes, middle.max_in_flight) == (1400.0, 100.0, 2)
-    no_recompute = stage_cost(graph, [1, 2], diamond(recompute=False)[1].step)
+    no_recompute = stage_cost(graph, [1, 2], diamond(recompute=False)[1])
     assert (no_recompute.stash_bytes, no_recompute.max_in_flight) == (600.0, 1)
 
 

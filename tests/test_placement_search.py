@@ -90,7 +90,7 @@ def brute_force(graphs: dict[int, PlacementGraph], settings: PlacementSettings) 
         graph = width_graph(graphs[width], width, order)
         predecessors = [sum(1 << u for u, _ in graph.in_edges[v]) for v in range(graph.n)]
         subsets = range(1 << graph.n)
-        costs = stage_costs(graph, [[v for v in range(graph.n) if mask >> v & 1] for mask in subsets], settings.step)
+        costs = stage_costs(graph, [[v for v in range(graph.n) if mask >> v & 1] for mask in subsets], settings)
         for partition in ordered_partitions(predecessors, (1 << graph.n) - 1):
             for degree in range(1, min(settings.devices, settings.micro_batches_per_batch) + 1):
                 best = min(best, partition_time([costs[mask] for mask in partition], degree, settings))
@@ -112,7 +112,7 @@ def test_dp_equals_brute_force_on_small_dags(seed):
         position = {layer_id: p for p, layer_id in enumerate(order)}
         stages = [[position[layer_id] for layer_id in stage.layer_ids] for stage in result.stages]
         assert sorted(p for stage in stages for p in stage) == list(range(graph.n))
-        costs = [stage_cost(graph, stage, settings.step) for stage in stages]
+        costs = [stage_cost(graph, stage, settings) for stage in stages]
         assert [cost.devices for cost in costs] == [stage.devices for stage in result.stages]
         assert partition_time(costs, result.data_parallel_degree, settings) == result.time_per_batch
 
@@ -130,6 +130,6 @@ def test_chain_path_equals_general_path(seed):
         assert np.array_equal(getattr(fast, field), getattr(general, field)), field
     for width, layer_graph in graphs.items():
         graph = width_graph(layer_graph, width, order)
-        assert place(candidates(graph, settings.step, fast), graph, settings.step) == place(
-            candidates(graph, settings.step, general), graph, settings.step
+        assert place(candidates(graph, settings, fast), graph, settings) == place(
+            candidates(graph, settings, general), graph, settings
         )

@@ -23,6 +23,7 @@ from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
 from solver.codesign import CandidateOutcome, Resources, Search, SearchContext, accelerator_costs, evaluate_accelerator
 from solver.evaluate import fixed_baseline, schedule_problem
+from solver.job import Job
 from solver.search import SearchResult
 from solver.schedule import plot_gantt
 
@@ -97,8 +98,7 @@ class Run:
     per_setting: list[dict] = field(default_factory=list)
     evaluated: set = field(default_factory=set)
 
-    def add(self, outcome: CandidateOutcome, search: Search) -> None:
-        job = search.context.job
+    def add(self, outcome: CandidateOutcome, job: Job) -> None:
         self.evaluated.add((job.micro_batch_size, outcome.index))
         for hbm, evaluations in outcome.evaluations.items():
             self.rows.extend(results.evaluation_row(outcome, job, hbm, e) for e in evaluations)
@@ -195,13 +195,12 @@ def execute(settings: Settings, directory: Path) -> dict:
             for micro_batch_size in settings.micro_batch_sizes:
                 task = progress.add_task(f"{settings.search} search, micro-batch {micro_batch_size}", total=None)
                 resources = Resources.build(search_context(settings, micro_batch_size))
-                search = Search(resources, settings.n_jobs, None, candidates)
 
-                def on_outcome(outcome: CandidateOutcome, search: Search = search, task=task) -> None:
-                    record.add(outcome, search)
+                def on_outcome(outcome: CandidateOutcome, job: Job = resources.job, task=task) -> None:
+                    record.add(outcome, job)
                     progress.advance(task)
 
-                search.on_outcome = on_outcome
+                search = Search(resources, settings.n_jobs, on_outcome, candidates)
                 try:
                     for hbm in resources.job.memory_capacities:
                         try:

@@ -89,8 +89,8 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
             scenarios.append(Scenario(degree, tier, fewest, most, columns[signature]))
     if not scenarios:
         return None
-    search = _CapSearch(step, space, terms, scenarios, np.array(loads).T, np.array(feasible).T,
-                        np.array(keys).T, depth_cap, by_parameters, upper_bound)
+    search = _CapSearch(step, space, scenarios, np.array(loads).T, np.array(feasible).T, np.array(keys).T,
+                        depth_cap, by_parameters, upper_bound)
     best = search.run()
     if best.table is None:
         return None
@@ -107,8 +107,8 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
 class _CapSearch:
     """Branch and bound over the caps of every class (module docstring)."""
 
-    def __init__(self, step, space, terms, scenarios, loads, feasible, keys, depth_cap, by_parameters, upper_bound):
-        self.step, self.space, self.terms, self.scenarios = step, space, terms, scenarios
+    def __init__(self, step, space, scenarios, loads, feasible, keys, depth_cap, by_parameters, upper_bound):
+        self.step, self.space, self.scenarios = step, space, scenarios
         self.loads, self.feasible, self.keys, self.depth_cap = loads, feasible, keys, depth_cap
         self.by_parameters, self.upper_bound = by_parameters, upper_bound
         classes = loads.shape[1]

@@ -126,25 +126,13 @@ class FixedStrategy:
 
 
 @dataclass(frozen=True)
-class PlacementSettings:
-    """The cluster and training setup of the original program's placement (`system=original`).
-
-    `memory_per_device` [bytes], `bandwidth` [bytes/s] between stages and for data-parallel sync.
+class PlacementSettings(OriginalStep):
+    """The cluster and training setup of the original program's placement (`system=original`): its
+    step model (`memory_per_device` [bytes], `bandwidth` [bytes/s] between stages and for the
+    data-parallel sync, ...), checked, and the fixed baseline to score beside the result.
     """
 
-    devices: int
-    memory_per_device: float
-    bandwidth: float
-    micro_batches_per_batch: int
-    activation_recomputation: bool = False
-    optimizer: str = "SGD"
     fixed_baseline: FixedStrategy | None = None
-
-    @property
-    def step(self) -> OriginalStep:
-        """The original's step model on this cluster."""
-        return OriginalStep(self.devices, self.memory_per_device, self.bandwidth, self.micro_batches_per_batch,
-                            self.activation_recomputation, self.optimizer)
 
     def __post_init__(self) -> None:
         check_count("PlacementSettings", "devices", self.devices, 1, DEVICES_LIMIT)

@@ -28,24 +28,23 @@ def solve(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> 
     by_width = {width: width_graph(graphs[width], width, order) for width in widths}
     reference = by_width[widths[0]]
     space = chain_space(reference.n) if reference.is_chain() else downset_space(reference)
-    step = settings.step
     best: WidthPlacement | None = None
     for width in widths:
         graph = by_width[width]
-        placement = place(candidates(graph, step, space), graph, step)
+        placement = place(candidates(graph, settings, space), graph, settings)
         if placement is not None and (best is None or placement.time_per_batch < best.time_per_batch):
             best = placement
     baseline, reason = None, None
     if settings.fixed_baseline is not None:
         try:
-            baseline = baseline_time(by_width, settings.fixed_baseline, step)
+            baseline = baseline_time(by_width, settings.fixed_baseline, settings)
         except Infeasible as infeasible:
             reason = str(infeasible)
     recompute = "full" if settings.activation_recomputation else "none"
     if best is None:
         return PlacementResult((), None, None, math.inf, baseline, reason, recompute=recompute)
     graph = by_width[best.width]
-    scored = evaluate(graph, best.stages, best.stage_devices, best.data_parallel_degree, step)
+    scored = evaluate(graph, best.stages, best.stage_devices, best.data_parallel_degree, settings)
     stages = tuple(
         PlacedStage(tuple(order[p] for p in positions), devices, parameters, memory)
         for positions, devices, parameters, memory in zip(best.stages, best.stage_devices, scored.parameters,

@@ -84,16 +84,18 @@ class StepGraph:
     @cached_property
     def in_edges(self) -> tuple[tuple[tuple[int, float], ...], ...]:
         """(source position, bytes) of the edges into each position."""
-        found: list[list[tuple[int, float]]] = [[] for _ in self.layers]
-        for source, dest, size in self.edges:
-            found[dest].append((source, float(size)))
-        return tuple(tuple(items) for items in found)
+        return self._adjacency(into=True)
 
     @cached_property
     def out_edges(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """(dest position, bytes) of the edges out of each position."""
+        return self._adjacency(into=False)
+
+    def _adjacency(self, into: bool) -> tuple[tuple[tuple[int, float], ...], ...]:
         found: list[list[tuple[int, float]]] = [[] for _ in self.layers]
         for source, dest, size in self.edges:
-            found[source].append((dest, float(size)))
+            here, there = (dest, source) if into else (source, dest)
+            found[here].append((there, float(size)))
         return tuple(tuple(items) for items in found)
 
     @cached_property
