@@ -34,7 +34,8 @@ def phaze(*arguments, cwd):
         (["area_budget=1000"], "area_budget: 1,000.00 µm² admits no accelerator configuration"),
         (["system=dgx_a200"], "system: unknown 'dgx_a200'; valid: dgx_a100, dgx_h100, original, tpuv4_pod"),
         (["-m", "system=dgx_a100,dgx_a200"], "system: unknown 'dgx_a200'"),
-        (["system=dgx_a100", "num_devices=1028"], "system.node_size: 8 does not divide num_devices=1028"),
+        (["system=dgx_a100", "num_devices=1028"], "num_devices: 1028 is not a multiple of system.node_size=8; "
+                                                  "allowed: a multiple of 8"),
         (["system.tiers.0.bandwidth=0"], "system.tiers[0].bandwidth: must be > 0, got 0"),
         (["virtual_stages=5"], "virtual_stages: 5 divides no pipeline of two or more stages of the 24 blocks of "
                                "bertlarge; allowed: 1, 2, 3, 4, 6, 8, 12"),

@@ -68,7 +68,7 @@ def test_pipeline_links():
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(node=6), "system.node_size: 6 does not divide num_devices=32"),
+    (dict(node=6), "num_devices: 32 is not a multiple of system.node_size=6; allowed: a multiple of 6"),
     (dict(intra=0.0), r"system.tiers\[0\].bandwidth: must be > 0"),
     (dict(inter_efficiency=1.5), r"system.tiers\[1\].efficiency: must be in \(0, 1\]"),
     (dict(intra_latency=-1.0), r"system.tiers\[0\].latency: must be >= 0"),

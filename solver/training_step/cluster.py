@@ -87,8 +87,8 @@ class Cluster:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"system.{field}: must be a positive integer, got {value!r}")
         if self.num_devices % self.node_size:
-            raise ValueError(f"system.node_size: {self.node_size} does not divide num_devices={self.num_devices}; "
-                             f"allowed: a divisor of {self.num_devices}")
+            raise ValueError(f"num_devices: {self.num_devices} is not a multiple of system.node_size="
+                             f"{self.node_size}; allowed: a multiple of {self.node_size} (or a node_size dividing it)")
         if not self.tiers:
             raise ValueError("system.tiers: must list at least one tier of links")
         previous = 1
