@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from graph_extract.layergraph import LayerGraph, build_layer_graph
+from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.regions import attention_core
 from graph_extract.repeats import repeat_groups as find_repeat_groups
@@ -32,9 +32,19 @@ from graph_extract.zoo import ModelSpec, get_spec
 log = logging.getLogger(__name__)
 
 
+#: Transformer blocks traced. The blocks of a zoo model are one module class with one shape, so every
+#: further block is the last traced one again: its layer is copied, not traced.
+TRACED_BLOCKS = 2
+
+
 @dataclass(frozen=True)
 class ExtractedModel:
-    """The graphs of rank 0 of `spec` at one tensor-parallel width, for one micro-batch shape."""
+    """The graphs of rank 0 of `spec` at one tensor-parallel width, for one micro-batch shape.
+
+    `layer_graph` holds every layer (embedding 0, blocks 1..L, head L+1). `op_graph` holds the
+    traced ones: the embedding, the first `TRACED_BLOCKS` blocks and the head (layer id L+1); every
+    repeat group has its representative (first member) there.
+    """
 
     spec: ModelSpec
     micro_batch_size: int
@@ -44,16 +54,12 @@ class ExtractedModel:
     layer_graph: LayerGraph
     repeat_groups: tuple[tuple[int, ...], ...]
     parameter_count: int  # the whole model: all shards, each parameter once
+    parameters_per_device: int  # what rank 0 holds when it holds every layer (a tied weight once)
 
     @cached_property
     def attention_core(self) -> frozenset[int]:
         """Ids of the operators of the attention cores (see `graph_extract.regions`)."""
         return attention_core(self.op_graph)
-
-    @property
-    def parameters_per_device(self) -> int:
-        """Parameters rank 0 holds when it holds every layer (a tied weight once)."""
-        return sum(weight_sizes(self.op_graph.nodes).values())
 
 
 def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[int, ...]:
@@ -108,6 +114,7 @@ def _to_record(extracted: ExtractedModel) -> dict:
         "sequence_length": extracted.sequence_length,
         "tensor_parallel_width": extracted.tensor_parallel_width,
         "parameter_count": extracted.parameter_count,
+        "parameters_per_device": extracted.parameters_per_device,
         "repeat_groups": [list(group) for group in extracted.repeat_groups],
         "layer_graph": layer_graph_to_dict(extracted.layer_graph),
         "op_graph": op_graph_to_dict(extracted.op_graph),
@@ -126,24 +133,57 @@ def _from_record(record: dict) -> ExtractedModel:
         layer_graph=layer_graph_from_dict(record["layer_graph"]),
         repeat_groups=tuple(tuple(group) for group in record["repeat_groups"]),
         parameter_count=record["parameter_count"],
+        parameters_per_device=record["parameters_per_device"],
     )
 
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
+    traced = spec.with_overrides(num_layers=min(spec.num_layers, TRACED_BLOCKS))
     with torch.device("meta"):
-        model = TransformerModel(spec, sequence_length, width)
+        model = TransformerModel(traced, sequence_length, width)
     module = trace(model, example_inputs(model, micro_batch_size, sequence_length))
-    op_graph = to_op_graph(module, spec.num_layers, width)
-    return ExtractedModel(
-        spec=spec,
-        micro_batch_size=micro_batch_size,
-        sequence_length=sequence_length,
-        tensor_parallel_width=width,
-        op_graph=op_graph,
-        layer_graph=build_layer_graph(op_graph, TRAINING_DTYPE_BYTES),
-        repeat_groups=find_repeat_groups(op_graph),
-        parameter_count=parameter_count(model, width),
+    op_graph = to_op_graph(module, traced.num_layers, width)
+    layer_graph = build_layer_graph(op_graph, TRAINING_DTYPE_BYTES)
+    groups = find_repeat_groups(op_graph)
+    count, per_device = parameter_count(model, width), sum(weight_sizes(op_graph.nodes).values())
+    extra = spec.num_layers - traced.num_layers
+    if extra:
+        op_graph, layer_graph, groups = _more_blocks(op_graph, layer_graph, groups, spec.num_layers)
+        count += extra * parameter_count(model.layers[-1], width)
+        per_device += extra * sum(parameter.numel() for parameter in model.layers[-1].parameters())
+    return ExtractedModel(spec, micro_batch_size, sequence_length, width, op_graph, layer_graph, groups, count,
+                          per_device)
+
+
+def _more_blocks(op_graph: OpGraph, layer_graph: LayerGraph, groups: tuple[tuple[int, ...], ...],
+                 blocks: int) -> tuple[OpGraph, LayerGraph, tuple[tuple[int, ...], ...]]:
+    """The graphs of a model with `blocks` blocks from those of TRACED_BLOCKS: the head's id moves to
+    blocks + 1 and the last traced block, its edges and its repeat group are copied for the others."""
+    last, old_head, head = TRACED_BLOCKS, TRACED_BLOCKS + 1, blocks + 1
+    op_graph = dataclasses.replace(op_graph, nodes=tuple(
+        dataclasses.replace(node, layer=head) if node.layer == old_head else node for node in op_graph.nodes))
+    layers = [layer for layer in layer_graph.layers if layer.id <= last]
+    copy = layer_graph.layer(last)
+    layers += [dataclasses.replace(copy, id=k, name=f"layers.{k - 1}") for k in range(last + 1, head)]
+    layers.append(dataclasses.replace(layer_graph.layer(old_head), id=head))
+    edges = []
+    for edge in layer_graph.edges:
+        if edge.dest == old_head:  # into the head: from the embedding, or from the last blocks
+            pairs = [(edge.source if edge.source == 0 else head - (old_head - edge.source), head)]
+        elif edge.dest == last and edge.source == 0:  # from the embedding into every later block
+            pairs = [(0, k) for k in range(last, head)]
+        elif edge.dest == last and edge.source == last - 1:  # from each block into the next
+            pairs = [(k - 1, k) for k in range(last, head)]
+        elif edge.dest < last:
+            pairs = [(edge.source, edge.dest)]
+        else:
+            raise ValueError(f"layer graph: edge {edge.source}->{edge.dest} has no copy rule for more blocks")
+        edges += [LayerEdge(source, dest, edge.bytes) for source, dest in pairs]
+    groups = tuple(
+        tuple(head if member == old_head else member for member in group) + (tuple(range(last + 1, head)) if last in group else ())
+        for group in groups
     )
+    return op_graph, LayerGraph(tuple(layers), tuple(edges), layer_graph.tensor_parallel_width), groups
 
 
 def extract(

@@ -13,7 +13,7 @@ from graph_extract.layergraph import Layer, LayerEdge, LayerGraph
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 def atomic_write(path: Path, content: str | bytes) -> None:

@@ -136,3 +136,16 @@ def test_cache_reuse_force_and_corruption(tmp_path, monkeypatch):
     assert json.loads(path.read_text())["parameter_count"] == first.parameter_count
     assert extract(spec, 1, cache_dir=tmp_path) != first  # another key, another file
     assert len(list((tmp_path / "graphs").iterdir())) == 2
+
+
+@pytest.mark.parametrize("model, width", [("megatrongpt3", 1), ("megatrongpt3", 2), ("bertlarge", 1), ("llama2", 1),
+                                          ("opt", 1)])
+def test_copied_blocks_equal_traced_blocks(model, width, monkeypatch):
+    # the layers beyond the traced blocks are copies: the same graphs as tracing every block
+    spec = get_spec(model).with_overrides(num_layers=5)
+    compact = extract_module._trace(spec, 1, 64, width)
+    monkeypatch.setattr(extract_module, "TRACED_BLOCKS", 5)
+    full = extract_module._trace(spec, 1, 64, width)
+    assert compact.layer_graph == full.layer_graph and compact.repeat_groups == full.repeat_groups
+    assert (compact.parameter_count, compact.parameters_per_device) == (full.parameter_count, full.parameters_per_device)
+    assert compact.op_graph.layers == (0, 1, 2, 6) and len(full.op_graph.layers) == 7

@@ -57,7 +57,7 @@ def summary_row(graphs: ExtractedModel) -> dict[str, int]:
         "repeat_groups": len(graphs.repeat_groups),
         "parameters": graphs.parameter_count,
         "parameters_per_device": graphs.parameters_per_device,
-        "forward_flops_per_micro_batch": graphs.op_graph.flops,
+        "forward_flops_per_micro_batch": sum(layer.forward_flops for layer in layers),
         "activation_bytes_per_micro_batch": sum(layer.activation_bytes for layer in layers),
     }
 

@@ -1,0 +1,87 @@
+"""Known accelerators (`accelerator.preset=a100_80gb | h100_sxm | tpuv4`): chips that exist, with
+the public figures of arch_configs/known_chips.yaml, where every number names its source.
+
+GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze's template
+(`cost_model: template`), priced by the estimator and the layer schedules like a searched chip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from omegaconf import OmegaConf
+
+from estimator.accelerator import AcceleratorConfig, named_accelerator
+from estimator.area import ARCH_CONFIGS
+
+KNOWN_CHIPS_FILE = ARCH_CONFIGS / "known_chips.yaml"
+COST_MODELS = ("roofline", "template")
+#: Fields of a known chip that are numbers with a source.
+FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
+           "matrix_efficiency", "memory_efficiency")
+
+
+@dataclass(frozen=True)
+class KnownChip:
+    """A chip that exists: peak dense 16-bit FLOP/s, HBM capacity [bytes] and bandwidth [bytes/s],
+    on-chip memory [bytes]; for the roofline, its streaming multiprocessors and the achievable
+    fractions of peak (matrix) and of HBM bandwidth (memory); for a template chip, its template."""
+
+    name: str
+    cost_model: str
+    peak_flops: float
+    hbm_capacity: float
+    hbm_bandwidth: float
+    on_chip_bytes: float
+    streaming_multiprocessors: int = 0
+    matrix_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    template: AcceleratorConfig | None = None
+    sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
+
+    def with_efficiencies(self, matrix: float | None = None, memory: float | None = None) -> KnownChip:
+        """The same chip with other achievable fractions (a calibration)."""
+        return replace(self, matrix_efficiency=self.matrix_efficiency if matrix is None else matrix,
+                       memory_efficiency=self.memory_efficiency if memory is None else memory)
+
+    def record(self) -> dict:
+        """Its figures as results state them."""
+        return {"name": self.name, "cost_model": self.cost_model,
+                **{name: getattr(self, name) for name in FIGURES if name in self.sources}}
+
+
+def _figure(name: str, figure: str, entry: object) -> tuple[float, str]:
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"} or not str(entry["source"]).strip():
+        raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.{figure} must be {{value, source}} with a source")
+    value = entry["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.{figure}.value must be a positive number, got {value!r}")
+    return value, str(entry["source"])
+
+
+def _load() -> MappingProxyType:
+    chips = {}
+    for name, entry in OmegaConf.to_container(OmegaConf.load(KNOWN_CHIPS_FILE)).items():
+        cost_model = entry.pop("cost_model")
+        if cost_model not in COST_MODELS:
+            raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.cost_model must be one of {COST_MODELS}")
+        template = named_accelerator(entry.pop("template")) if cost_model == "template" else None
+        figures = {figure: _figure(name, figure, value) for figure, value in entry.items()}
+        unknown = sorted(set(figures) - set(FIGURES))
+        if unknown:
+            raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}: unknown field {unknown[0]!r}")
+        chips[name] = KnownChip(name, cost_model, template=template,
+                                sources=MappingProxyType({figure: source for figure, (_, source) in figures.items()}),
+                                **{figure: value for figure, (value, _) in figures.items()})
+    return MappingProxyType(chips)
+
+
+#: The known chips by name (read-only).
+KNOWN_CHIPS = _load()
+
+
+def known_chip(name: str) -> KnownChip:
+    if name not in KNOWN_CHIPS:
+        raise ValueError(f"accelerator.preset: unknown known chip {name!r}; known: {', '.join(KNOWN_CHIPS)}")
+    return KNOWN_CHIPS[name]
