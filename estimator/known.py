@@ -38,6 +38,7 @@ class KnownChip:
     matrix_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     template: AcceleratorConfig | None = None
+    template_name: str | None = None
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def with_efficiencies(self, matrix: float | None = None, memory: float | None = None) -> KnownChip:
@@ -66,12 +67,13 @@ def _load() -> MappingProxyType:
         cost_model = entry.pop("cost_model")
         if cost_model not in COST_MODELS:
             raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.cost_model must be one of {COST_MODELS}")
-        template = named_accelerator(entry.pop("template")) if cost_model == "template" else None
+        template_name = entry.pop("template") if cost_model == "template" else None
+        template = named_accelerator(template_name) if template_name else None
         figures = {figure: _figure(name, figure, value) for figure, value in entry.items()}
         unknown = sorted(set(figures) - set(FIGURES))
         if unknown:
             raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}: unknown field {unknown[0]!r}")
-        chips[name] = KnownChip(name, cost_model, template=template,
+        chips[name] = KnownChip(name, cost_model, template=template, template_name=template_name,
                                 sources=MappingProxyType({figure: source for figure, (_, source) in figures.items()}),
                                 **{figure: value for figure, (value, _) in figures.items()})
     return MappingProxyType(chips)

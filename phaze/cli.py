@@ -20,7 +20,8 @@ from phaze.settings import MODES, ConfigError, model_name_error, settings_from_c
 
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
-    "       phaze report DIR   (summarise the run_solver runs under DIR)"
+    "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
+    "       phaze validate FILE   (predict published measured runs and compare)"
 )
 
 
@@ -65,6 +66,8 @@ def _run(cfg: DictConfig) -> None:
         from phaze.modes.extract_graph import run
     elif settings.mode == "prepopulate_estimates":
         from phaze.modes.prepopulate_estimates import run
+    elif settings.mode == "predict":
+        from phaze.modes.predict import run
     else:
         from phaze.modes.run_solver import run
     run(settings)
@@ -76,6 +79,10 @@ def main() -> None:
         from phaze.report import main as report
 
         sys.exit(report(arguments[1:]))
+    if arguments and arguments[0] == "validate":
+        from phaze.validate import main as validate
+
+        sys.exit(validate(arguments[1:]))
     if not arguments or arguments[0] not in MODES:
         print(USAGE, file=sys.stderr)
         sys.exit(2)

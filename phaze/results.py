@@ -129,8 +129,13 @@ def write_table(directory: Path, rows: list[dict]) -> pd.DataFrame:
     return frame
 
 
+def dumps(record: dict) -> str:
+    """JSON of a result file (indented; no NaN or infinity)."""
+    return json.dumps(record, indent=2, allow_nan=False) + "\n"
+
+
 def write_best(directory: Path, record: dict) -> None:
-    atomic_write(directory / BEST, json.dumps(record, indent=2, allow_nan=False) + "\n")
+    atomic_write(directory / BEST, dumps(record))
 
 
 def read_run(directory: Path) -> tuple[dict, pd.DataFrame]:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from estimator import AcceleratorConfig, candidate_space, named_accelerator
+from estimator import AcceleratorConfig, accelerator_names, candidate_space, named_accelerator
+from estimator.accelerator import DEFAULT_BUDGET
+from estimator.known import KNOWN_CHIPS, KnownChip
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
 from phaze.results import GIB
@@ -19,7 +21,9 @@ from solver.placement.layouts import allowed_virtual_stages
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.training_step import OPTIMIZERS, RECOMPUTE_MODES, Cluster, Training
 
-MODES = ("extract_graph", "prepopulate_estimates", "run_solver")
+MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
+#: HBM per device [GiB] of the template chips (a TPU v4's), when `hbm_size` is null.
+TEMPLATE_HBM_GIB = 32
 #: The cluster presets of phaze/conf/system/.
 SYSTEMS = tuple(sorted(path.stem for path in (Path(__file__).parent / "conf" / "system").glob("*.yaml")))
 
@@ -51,6 +55,9 @@ class Settings:
     candidate_sample: int | None
     n_jobs: int
     fixed_megatron: FixedStrategy | None
+    known_chip: KnownChip | None = None  # a chip that exists: no architecture search
+    pipeline_parallel_width: int | None = None  # predict only
+    data_parallel_width: int | None = None  # predict only
 
     @staticmethod
     def hbm_bytes(gib: float) -> int:
@@ -128,6 +135,12 @@ def _boolean(name: str, value: object) -> bool:
     return value
 
 
+def system_cluster(name: str, devices: int) -> Cluster:
+    """The cluster of a preset of phaze/conf/system/ with `devices` devices."""
+    system = OmegaConf.to_container(OmegaConf.load(Path(__file__).parent / "conf" / "system" / f"{name}.yaml"))
+    return Cluster.build(name, devices, system["node_size"], system["tiers"])
+
+
 def _system(cfg: DictConfig, devices: int) -> tuple[Cluster, str]:
     system = OmegaConf.to_container(cfg.system)
     unknown = sorted(set(system) - {"name", "step_model", "node_size", "tiers"})
@@ -192,11 +205,22 @@ def _widths(cfg: DictConfig, spec: ModelSpec) -> tuple[int, ...]:
     return (width,)
 
 
-def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None]:
+def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None, KnownChip | None]:
+    """The template (technology and area budget), the area budget, and the known chip if one is named."""
     fields = OmegaConf.to_container(cfg.accelerator)
     preset = fields.pop("preset")
+    overrides = {k: v for k, v in fields.items() if v is not None}
+    known = KNOWN_CHIPS.get(preset)
+    if preset not in KNOWN_CHIPS and preset not in accelerator_names():
+        raise ConfigError(f"accelerator.preset: unknown {preset!r}; valid: "
+                          f"{', '.join((*accelerator_names(), *KNOWN_CHIPS))}")
+    if known is not None and known.template is None and overrides:
+        raise ConfigError(f"accelerator.{sorted(overrides)[0]}: {preset} is priced by its roofline; the "
+                          "template's fields apply to template chips only")
+    name = known.template_name if known is not None and known.template is not None else preset
     try:
-        accelerator = named_accelerator(preset, **{k: v for k, v in fields.items() if v is not None})
+        accelerator = named_accelerator(DEFAULT_BUDGET if known is not None and known.template is None else name,
+                                        **overrides)
     except (TypeError, ValueError) as problem:
         raise ConfigError(str(problem)) from None
     area_budget = cfg.area_budget
@@ -206,7 +230,37 @@ def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None]:
         candidate_space(accelerator, area_budget)
     except ValueError as problem:
         raise ConfigError(str(problem)) from None
-    return accelerator, area_budget
+    return accelerator, area_budget, known
+
+
+def _predict_placement(cfg: DictConfig, spec: ModelSpec, settings: dict) -> tuple[int, int]:
+    """Check the fixed placement of `phaze predict`; (pipeline_parallel_width, data_parallel_width)."""
+    if cfg.tensor_parallel_width is None:
+        raise ConfigError("tensor_parallel_width: predict prices one placement; give tensor_parallel_width=t")
+    width = settings["tensor_parallel_widths"][0]
+    stages = _positive_int("pipeline_parallel_width", cfg.pipeline_parallel_width)
+    degree = _positive_int("data_parallel_width", cfg.data_parallel_width)
+    devices = settings["system"].num_devices
+    if width * stages * degree != devices:
+        raise ConfigError(f"data_parallel_width: tensor x pipeline x data parallel = {width} x {stages} x {degree} = "
+                          f"{width * stages * degree}, must equal num_devices={devices}")
+    for name in ("micro_batch_sizes", "hbm_sizes_gib", "recompute"):
+        if len(settings[name]) != 1:
+            key = {"micro_batch_sizes": "micro_batch_size", "hbm_sizes_gib": "hbm_size"}.get(name, name)
+            raise ConfigError(f"{key}: predict prices one placement; give one value, got {list(settings[name])}")
+    virtual = settings["virtual_stages"] or (1,)
+    if len(virtual) != 1:
+        raise ConfigError(f"virtual_stages: predict prices one placement; give one value, got {list(virtual)}")
+    if spec.num_layers % (stages * virtual[0]):
+        raise ConfigError(f"pipeline_parallel_width: {stages} stages x {virtual[0]} virtual stages do not divide the "
+                          f"{spec.num_layers} blocks of {spec.name}")
+    micro_batch_size, batch = settings["micro_batch_sizes"][0], settings["global_batch_size"]
+    if batch % (micro_batch_size * degree):
+        raise ConfigError(f"micro_batch_size: global_batch_size={batch} is not a multiple of micro_batch_size x "
+                          f"data_parallel_width = {micro_batch_size} x {degree}")
+    if settings["step_model"] != "training_step":
+        raise ConfigError("system: predict prices with the training-step model; system=original has none")
+    return stages, degree
 
 
 def _fixed_megatron(cfg: DictConfig, spec: ModelSpec) -> FixedStrategy | None:
@@ -245,14 +299,15 @@ def settings_from_config(cfg: DictConfig) -> Settings:
                 check_request(spec, micro_batch_size, sequence_length, width)
     except ValueError as problem:
         raise ConfigError(str(problem)) from None
-    hbm_sizes = tuple(float(_positive_number("hbm_size", v, "GiB")) for v in _values("hbm_size", cfg.hbm_size))
     if not isinstance(cfg.force_reextract, bool):
         raise ConfigError(f"force_reextract: must be true or false, got {cfg.force_reextract!r}")
-    accelerator, area_budget = _accelerator(cfg)
+    accelerator, area_budget, known = _accelerator(cfg)
+    hbm = cfg.hbm_size if cfg.hbm_size is not None else known.hbm_capacity / GIB if known else TEMPLATE_HBM_GIB
+    hbm_sizes = tuple(float(_positive_number("hbm_size", v, "GiB")) for v in _values("hbm_size", hbm))
     global_batch_size = _positive_int("global_batch_size", cfg.global_batch_size)
     system, step_model = _system(cfg, _positive_int("num_devices", cfg.num_devices))
     training, recompute, virtual_stages = _training(cfg, spec, step_model)
-    if mode == "run_solver":
+    if mode in ("run_solver", "predict"):
         for micro_batch_size in micro_batch_sizes:
             if global_batch_size % micro_batch_size:
                 raise ConfigError(
@@ -262,7 +317,7 @@ def settings_from_config(cfg: DictConfig) -> Settings:
     n_jobs = cfg.n_jobs
     if not _is_int(n_jobs) or n_jobs == 0 or n_jobs < -1:
         raise ConfigError(f"n_jobs: must be a positive integer or -1 (all cores), got {n_jobs!r}")
-    return Settings(
+    fields = dict(
         mode=mode,
         spec=spec,
         micro_batch_sizes=micro_batch_sizes,
@@ -284,4 +339,10 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         candidate_sample=None if sample is None else _positive_int("candidate_sample", sample),
         n_jobs=(os.cpu_count() or 1) if n_jobs == -1 else n_jobs,
         fixed_megatron=_fixed_megatron(cfg, spec),
+        known_chip=known,
     )
+    if mode == "predict":
+        if known is None:
+            raise ConfigError(f"accelerator.preset: predict prices a chip that exists; valid: {', '.join(KNOWN_CHIPS)}")
+        fields["pipeline_parallel_width"], fields["data_parallel_width"] = _predict_placement(cfg, spec, fields)
+    return Settings(**fields)

@@ -69,7 +69,7 @@ def optimistic_throughputs(job: Job, graphs_by_width, space: CandidateSpace, tab
         if job.step_model == "original":
             time = _original_bound(job, {width: graphs[width]}, work, memory)
         else:
-            step = training_steps(job, {width: graphs[width]}, space.template, memory, "none")[width]
+            step = training_steps(job, {width: graphs[width]}, space.template.hbm_bandwidth, memory, "none")[width]
             time = step.time_lower_bound(work, degrees(step))
         best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):

@@ -151,10 +151,10 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
     return graphs
 
 
-def training_steps(job: Job, graphs: dict[int, StepGraph], accelerator: AcceleratorConfig, memory: int,
+def training_steps(job: Job, graphs: dict[int, StepGraph], hbm_bandwidth: float, memory: int,
                    recompute: str) -> dict[int, TrainingStep]:
-    """The step model of every width for one HBM size and recomputation mode."""
-    device = Device(memory, accelerator.hbm_bandwidth)
+    """The step model of every width for one chip's HBM (size and bandwidth) and recomputation mode."""
+    device = Device(memory, hbm_bandwidth)
     return {width: TrainingStep(graph, job.system, job.training, device, job.micro_batches, recompute)
             for width, graph in graphs.items()}
 
@@ -240,7 +240,8 @@ def place(job: Job, graphs: dict[int, StepGraph], accelerator: AcceleratorConfig
     """The best placement in one recomputation mode, under the job's step model."""
     if job.step_model == "original":
         return place_original(original_graphs(job, graphs), original_settings(job, memory, recompute))
-    return best_placement(training_steps(job, graphs, accelerator, memory, recompute), job.virtual_stages)
+    return best_placement(training_steps(job, graphs, accelerator.hbm_bandwidth, memory, recompute),
+                          job.virtual_stages)
 
 
 def evaluate_placements(job: Job, graphs_by_width, accelerator: AcceleratorConfig, costs: LayerCosts, memory: int,
@@ -279,7 +280,7 @@ def fixed_baseline(job: Job, graphs_by_width, accelerator: AcceleratorConfig, co
             result = None if time is None else PlacementResult((), fixed.data_parallel_degree,
                                                                 fixed.tensor_parallel_width, time, recompute=recompute)
         else:
-            steps = training_steps(job, graphs, accelerator, memory, recompute)
+            steps = training_steps(job, graphs, accelerator.hbm_bandwidth, memory, recompute)
             result, why = fixed_megatron(steps[fixed.tensor_parallel_width], fixed.pipeline_stages,
                                          fixed.data_parallel_degree)
         if result is not None and (best is None or result.time_per_batch < best.time_per_batch):
