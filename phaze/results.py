@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from estimator import AcceleratorConfig
+from estimator.known import KnownChip
 from graph_extract.serialize import atomic_write
 from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation
@@ -28,7 +29,10 @@ TABLE = "results"  # results.parquet and results.csv
 BEST = "best.json"
 
 
-def accelerator_record(accelerator: AcceleratorConfig, index: int) -> dict:
+def accelerator_record(accelerator: AcceleratorConfig | KnownChip, index: int) -> dict:
+    """A candidate chip's dimensions and area, or a known chip's name and figures."""
+    if isinstance(accelerator, KnownChip):
+        return {"candidate_index": index, **accelerator.record()}
     return {
         "candidate_index": index,
         "num_tc": accelerator.num_tc,

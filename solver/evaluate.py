@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from estimator import AcceleratorConfig, EstimateTable, FusedLayer, layer_workload
+from estimator.known import KnownChip
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from solver.job import Job
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
@@ -213,7 +214,17 @@ class Evaluation:
         return self.throughput > 0
 
 
-def _evaluation(job: Job, costs: LayerCosts, accelerator: AcceleratorConfig, result: PlacementResult) -> Evaluation:
+#: A chip the evaluation prices: a template accelerator, or a known chip (a GPU has no cores to report).
+Chip = AcceleratorConfig | KnownChip
+
+
+def _cores(chip: Chip) -> tuple[int, int] | None:
+    """Tensor and vector cores of a template chip, None for a GPU."""
+    template = chip.template if isinstance(chip, KnownChip) else chip
+    return None if template is None else (template.num_tc, template.num_vc)
+
+
+def _evaluation(job: Job, costs: LayerCosts, chip: Chip, result: PlacementResult) -> Evaluation:
     if not result.feasible:
         return Evaluation(result.recompute, result, 0.0, math.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
     width_costs = costs[result.tensor_parallel_width]
@@ -222,47 +233,46 @@ def _evaluation(job: Job, costs: LayerCosts, accelerator: AcceleratorConfig, res
              "full": sum(c.forward for c in layers)}[result.recompute]
     computing = sum(c.forward + c.backward for c in layers) + rerun
     energy_shard = sum(c.energy for c in layers)  # recomputed forwards add little; not counted
+    num_tc, num_vc = _cores(chip) or (0, 0)
     return Evaluation(
         recompute=result.recompute,
         placement=result,
         throughput=job.global_batch_size / result.time_per_batch,
         energy_per_batch=energy_shard * result.tensor_parallel_width * job.micro_batches,
-        tc_utilisation=sum(c.tc_busy for c in layers) / (accelerator.num_tc * computing) if computing else 0.0,
-        vc_utilisation=sum(c.vc_busy for c in layers) / (accelerator.num_vc * computing) if computing else 0.0,
+        tc_utilisation=sum(c.tc_busy for c in layers) / (num_tc * computing) if computing and num_tc else 0.0,
+        vc_utilisation=sum(c.vc_busy for c in layers) / (num_vc * computing) if computing and num_vc else 0.0,
         tc_peak=max(c.tc_peak for c in layers),
         vc_peak=max(c.vc_peak for c in layers),
         schedule_gap=max(c.gap for c in layers),
     )
 
 
-def place(job: Job, graphs: dict[int, StepGraph], accelerator: AcceleratorConfig, memory: int,
-          recompute: str) -> PlacementResult:
+def place(job: Job, graphs: dict[int, StepGraph], chip: Chip, memory: int, recompute: str) -> PlacementResult:
     """The best placement in one recomputation mode, under the job's step model."""
     if job.step_model == "original":
         return place_original(original_graphs(job, graphs), original_settings(job, memory, recompute))
-    return best_placement(training_steps(job, graphs, accelerator.hbm_bandwidth, memory, recompute),
-                          job.virtual_stages)
+    return best_placement(training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute), job.virtual_stages)
 
 
-def evaluate_placements(job: Job, graphs_by_width, accelerator: AcceleratorConfig, costs: LayerCosts, memory: int,
+def evaluate_placements(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts, memory: int,
                         memo: dict | None = None) -> tuple[Evaluation, ...]:
     """The best placement in each recomputation mode of the job. `memo` (owned by the caller)
     shares the placement of identical layer costs between accelerators."""
     graphs = step_graphs(graphs_by_width, costs)
     evaluations = []
     for recompute in job.recompute:
-        key = (tuple(graphs.items()), memory, accelerator.hbm_bandwidth, recompute)
+        key = (tuple(graphs.items()), memory, chip.hbm_bandwidth, recompute)
         if memo is not None and key in memo:
             result = memo[key]
         else:
-            result = place(job, graphs, accelerator, memory, recompute)
+            result = place(job, graphs, chip, memory, recompute)
             if memo is not None:
                 memo[key] = result
-        evaluations.append(_evaluation(job, costs, accelerator, result))
+        evaluations.append(_evaluation(job, costs, chip, result))
     return tuple(evaluations)
 
 
-def fixed_baseline(job: Job, graphs_by_width, accelerator: AcceleratorConfig, costs: LayerCosts,
+def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
                    memory: int) -> tuple[PlacementResult | None, str | None]:
     """The job's fixed Megatron (p, t, d) on this accelerator in its best recomputation mode:
     (result, None), or (None, why it cannot run)."""
@@ -280,7 +290,7 @@ def fixed_baseline(job: Job, graphs_by_width, accelerator: AcceleratorConfig, co
             result = None if time is None else PlacementResult((), fixed.data_parallel_degree,
                                                                 fixed.tensor_parallel_width, time, recompute=recompute)
         else:
-            steps = training_steps(job, graphs, accelerator.hbm_bandwidth, memory, recompute)
+            steps = training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute)
             result, why = fixed_megatron(steps[fixed.tensor_parallel_width], fixed.pipeline_stages,
                                          fixed.data_parallel_degree)
         if result is not None and (best is None or result.time_per_batch < best.time_per_batch):

@@ -22,8 +22,9 @@ from phaze import plots, results
 from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
 from solver.codesign import CandidateOutcome, Resources, Search, SearchContext, accelerator_costs, evaluate_accelerator
-from solver.evaluate import fixed_baseline, schedule_problem
+from solver.evaluate import LayerCosts, evaluate_placements, fixed_baseline, schedule_problem
 from solver.job import Job
+from solver.predict import chip_costs
 from solver.search import SearchResult
 from solver.schedule import plot_gantt
 
@@ -66,13 +67,13 @@ def tpuv4_baseline(settings: Settings, resources: Resources, hbm: int, best: flo
     return {**record, "speedup": _speedup(best, record["throughput"])}
 
 
-def fixed_megatron_baseline(settings: Settings, resources: Resources, best: CandidateOutcome, hbm: int) -> dict:
+def fixed_megatron_baseline(settings: Settings, job: Job, graphs: dict, costs: LayerCosts, best: CandidateOutcome,
+                            hbm: int) -> dict:
     """The model's fixed Megatron-style (p, t, d) on the best accelerator, in its best recomputation mode."""
     fixed = settings.fixed_megatron
     if fixed is None:
         return {"throughput": 0.0, "speedup": None, "infeasible_reason": "the model defines no fixed_megatron"}
-    costs = accelerator_costs(resources, best.accelerator)
-    result, reason = fixed_baseline(resources.job, resources.graphs, best.accelerator, costs, hbm)
+    result, reason = fixed_baseline(job, graphs, best.accelerator, costs, hbm)
     throughput = settings.global_batch_size / result.time_per_batch if result else 0.0
     record = {
         "placement": {"pipeline_stages": fixed.pipeline_stages, "tensor_parallel_width": fixed.tensor_parallel_width,
@@ -124,7 +125,9 @@ class Run:
         if complete:
             record["baselines"] = {
                 "tpuv4_like": tpuv4_baseline(self.settings, search.resources, hbm, record["throughput"]),
-                "fixed_megatron": fixed_megatron_baseline(self.settings, search.resources, best, hbm),
+                "fixed_megatron": fixed_megatron_baseline(
+                    self.settings, job, search.resources.graphs, accelerator_costs(search.resources, best.accelerator),
+                    best, hbm),
             }
         return record
 
@@ -144,7 +147,7 @@ class Run:
         }
         summary["complete"] = complete
         results.write_best(self.directory, summary)
-        if len(frame):
+        if len(frame) and "area" in frame:  # a known chip has no area to plot against
             marks = {}
             if best.get("feasible"):
                 marks["best"] = (best["accelerator"]["area"], best["throughput"])
@@ -156,6 +159,18 @@ class Run:
         return summary
 
 
+def plot_stages(settings: Settings, summary: dict, costs: LayerCosts, directory: Path) -> None:
+    """The best placement's compute per stage and micro-batch."""
+    width = summary["placement"]["tensor_parallel_width"]
+    costs = costs[width]
+    stages = summary["placement"]["stages"]
+    loads = [sum(costs[layer].forward + costs[layer].backward for layer in stage["layers"]) for stage in stages]
+    labels = [f"{stage['layers'][0]}-{stage['layers'][-1]}" for stage in stages]
+    plots.plot_stages(loads, labels, directory / "placement.png",
+                      f"{settings.spec.name}: {len(stages)} stages x width {width} x "
+                      f"{summary['placement']['data_parallel_degree']} replicas")
+
+
 def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     """The best placement's stages and the Gantt chart of its largest repeated layer, forward."""
     res = Resources.build(search_context(settings, summary["micro_batch_size"]))
@@ -163,13 +178,7 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
         *(summary["accelerator"][k] for k in ("num_tc", "num_vc", "tc_width", "tc_depth", "glb_bytes"))
     )
     width = summary["placement"]["tensor_parallel_width"]
-    costs = accelerator_costs(res, accelerator)[width]
-    stages = summary["placement"]["stages"]
-    loads = [sum(costs[layer].forward + costs[layer].backward for layer in stage["layers"]) for stage in stages]
-    labels = [f"{stage['layers'][0]}-{stage['layers'][-1]}" for stage in stages]
-    plots.plot_stages(loads, labels, directory / "placement.png",
-                      f"{settings.spec.name}: {len(stages)} stages x width {width} x "
-                      f"{summary['placement']['data_parallel_degree']} replicas")
+    plot_stages(settings, summary, accelerator_costs(res, accelerator), directory)
     graphs = res.graphs[width]
     layer = max(graphs.repeat_groups, key=len)[0]
     workload = layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table,
@@ -180,8 +189,37 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")
 
 
+def execute_known(settings: Settings, directory: Path) -> dict:
+    """A chip that exists: no architecture search, the best placement of every (micro-batch, HBM)
+    setting over t, p, d, v and recomputation, and the model's fixed Megatron placement beside it."""
+    chip, graphs = settings.known_chip, extract_all(settings)
+    record, best_costs = Run(settings, directory), {}
+    for micro_batch_size in settings.micro_batch_sizes:
+        job = settings.job(micro_batch_size)
+        costs = chip_costs(job, graphs[micro_batch_size], chip, settings.cache_dir, settings.schedule)
+        outcome = CandidateOutcome(-1, chip, {hbm: evaluate_placements(job, graphs[micro_batch_size], chip, costs, hbm)
+                                              for hbm in job.memory_capacities})
+        record.add(outcome, job)
+        for hbm in job.memory_capacities:
+            setting = {**results.best_record(outcome, job, hbm), "architectures_evaluated": 1, "complete": True}
+            if not setting["feasible"]:
+                setting["reason"] = (f"no placement of {settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB "
+                                     f"per device of {chip.name}")
+            else:
+                setting["baselines"] = {"fixed_megatron": fixed_megatron_baseline(
+                    settings, job, graphs[micro_batch_size], costs, outcome, hbm)}
+                best_costs[micro_batch_size] = costs
+            record.per_setting.append(setting)
+    summary = record.write(True)
+    if summary.get("feasible"):
+        plot_stages(settings, summary, best_costs[summary["micro_batch_size"]], directory)
+    return summary
+
+
 def execute(settings: Settings, directory: Path) -> dict:
     """Search every (micro-batch, HBM) setting, write the run's files into `directory`, return best.json."""
+    if settings.known_chip is not None:
+        return execute_known(settings, directory)
     graphs = extract_all(settings)
     prepopulate([g for by_width in graphs.values() for g in by_width.values()], settings.accelerator,
                 cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
@@ -239,9 +277,10 @@ def report(summary: dict, directory: Path) -> None:
             console.print(f"{head}: {setting.get('reason', 'interrupted')}")
             continue
         accelerator, placement = setting["accelerator"], setting["placement"]
-        line = (f"{head}: {setting['throughput']:.1f} samples/s on {accelerator['num_tc']} TC "
-                f"{accelerator['tc_width']}x{accelerator['tc_depth']}, {accelerator['num_vc']} VC, "
-                f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²); "
+        chip = accelerator.get("name") or (
+            f"{accelerator['num_tc']} TC {accelerator['tc_width']}x{accelerator['tc_depth']}, {accelerator['num_vc']} VC, "
+            f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²)")
+        line = (f"{head}: {setting['throughput']:.1f} samples/s on {chip}; "
                 f"p={placement['pipeline_stages']} t={placement['tensor_parallel_width']} "
                 f"d={placement['data_parallel_degree']} v={placement['virtual_stages']}, "
                 f"recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")

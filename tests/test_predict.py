@@ -1,0 +1,227 @@
+"""Known chips, the GPU roofline, `phaze predict` and `phaze validate` against hand calculations and the
+published measured runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from estimator.known import KNOWN_CHIPS, known_chip
+from estimator.roofline import layer_times, op_seconds, waves
+from estimator.fusion import fuse_layers
+from estimator.work import Gemm
+from graph_extract import extract, get_spec
+from phaze.settings import system_cluster
+from phaze.validate import case, validate
+from solver.job import Job
+from solver.predict import predict, roofline_costs
+from solver.training_step import Training
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+CALIBRATION = REPOSITORY.parent / "shared" / "reference" / "calibration" / "runs.json"
+H, L, A, S, V = 256, 2, 8, 128, 1024  # a tiny GPT: the vocabulary needs no padding up to t = 8
+TINY = get_spec("megatrongpt3").with_overrides(num_layers=L, hidden_size=H, num_heads=A, ffn_hidden_size=4 * H,
+                                                vocab_size=V, max_position_embeddings=S)
+A100 = known_chip("a100_80gb")
+
+
+def test_known_chips_name_a_source_for_every_figure():
+    assert set(KNOWN_CHIPS) == {"a100_80gb", "h100_sxm", "tpuv4"}
+    assert (A100.peak_flops, A100.hbm_bandwidth, A100.hbm_capacity) == (312e12, 2.039e12, 80 * 2**30)
+    assert known_chip("h100_sxm").peak_flops == 989e12 and known_chip("tpuv4").template.num_tc == 8
+    for chip in KNOWN_CHIPS.values():
+        assert all(source.strip() for source in chip.sources.values())
+        assert {"peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes"} <= set(chip.sources)
+
+
+def test_roofline_of_a_gemm_by_hand():
+    graphs = extract(TINY, 2, S, 1)
+    (fused,) = fuse_layers(graphs.op_graph, (1,))
+    qkv = next(op for op in fused.ops if graphs.op_graph.nodes[op.members[0]].op == "linear")
+    gemm = graphs.op_graph.nodes[qkv.members[0]].gemm  # [2·128 x 256] @ [256 x 768]
+    assert (gemm.m, gemm.k, gemm.n) == (256, 256, 768)
+    # 2 x 6 = 12 output tiles of 128 x 128 on 108 SMs: one wave, 12/108 of the GPU busy
+    assert waves(Gemm(1, 256, 256, 768), 108) == 12 / 108
+    flops = 2 * 256 * 256 * 768
+    compute = flops / (312e12 * A100.matrix_efficiency * 12 / 108)
+    split = [1.0] * len(graphs.op_graph.nodes)
+    assert op_seconds(graphs.op_graph, qkv, "forward", A100, split) == pytest.approx(compute, rel=1e-12)
+    # backward: the data- and weight-gradient GEMMs ([256 x 768]·[768 x 256], [256 x 256]·[256 x 768])
+    backward = flops / (312e12 * A100.matrix_efficiency * 4 / 108) + flops / (312e12 * A100.matrix_efficiency * 12 / 108)
+    assert op_seconds(graphs.op_graph, qkv, "backward", A100, split) == pytest.approx(backward, rel=1e-12)
+
+
+def test_memory_bound_operators_move_their_bytes():
+    graphs = extract(TINY, 2, S, 1)
+    (fused,) = fuse_layers(graphs.op_graph, (1,))
+    norm = fused.ops[0]  # the block's first layernorm: reads and writes [2, 128, 256] in 16 bits
+    assert graphs.op_graph.nodes[norm.members[0]].op == "layernorm"
+    moved = 2 * (2 * 128 * 256 * 2) + 2 * 256 * 2  # activation in and out, weight and bias
+    bandwidth = 2.039e12 * A100.memory_efficiency
+    split = [1.0] * len(graphs.op_graph.nodes)
+    assert op_seconds(graphs.op_graph, norm, "forward", A100, split) == pytest.approx(moved / bandwidth, rel=1e-12)
+    assert op_seconds(graphs.op_graph, norm, "backward", A100, split) == pytest.approx(2 * moved / bandwidth, rel=1e-12)
+    times = layer_times(graphs.op_graph, 1, A100, False, graphs.attention_core)
+    assert 0 < times.attention_core_forward < times.forward < times.backward
+
+
+def tiny_job(width: int, recompute: str, devices: int = 16, batch: int = 16) -> Job:
+    return Job(TINY, S, 2, batch, (width,), system_cluster("dgx_a100", devices), (80 * 2**30,),
+               Training("adam", True, True, False), (recompute,))
+
+
+@pytest.mark.parametrize("recompute, passes", [("none", 3), ("full", 4)])
+def test_model_flops_and_mfu_by_hand(recompute, passes):
+    width, stages, degree = 2, 2, 4
+    job = tiny_job(width, recompute)
+    graphs = extract(TINY, 2, S, width)
+    result = predict(job, graphs, roofline_costs(job, {width: graphs}, A100), A100, stages, degree)
+    batch = job.global_batch_size
+    model = 72 * batch * S * L * H**2 * (1 + S / (6 * H) + V / (12 * L * H))  # Narayanan et al. 2021, Eq. 3
+    assert result.model_flops_per_batch == pytest.approx(model, rel=1e-12)
+    hardware = {3: model, 4: 96 * batch * S * L * H**2 * (1 + S / (6 * H) + V / (16 * L * H))}[passes]
+    assert result.hardware_flops_per_batch == pytest.approx(hardware, rel=1e-12)
+    time = result.step.time_per_batch
+    assert result.mfu == pytest.approx(model / time / (312e12 * 16), rel=1e-12)
+    assert result.hardware_flops_per_s_per_device == pytest.approx(hardware / time / 16, rel=1e-12)
+    assert result.tokens_per_s == pytest.approx(batch * S / time, rel=1e-12)
+
+
+def test_a_prediction_term_by_term():
+    # t=2 p=2 d=4 on 16 A100s in two DGX nodes: stage 0 = embedding + block 1, stage 1 = block 2 + head;
+    # m = 16 / (2 · 4) = 2 micro-batches per replica
+    width, stages, degree = 2, 2, 4
+    job = tiny_job(width, "selective")
+    graphs = extract(TINY, 2, S, width)
+    costs = roofline_costs(job, {width: graphs}, A100)[width]
+    result = predict(job, graphs, {width: costs}, A100, stages, degree)
+    layers = graphs.layer_graph.layers
+    cluster = job.system
+    nvlink, infiniband = (tier.bandwidth * tier.efficiency for tier in cluster.tiers)
+    latency = cluster.tiers[0].latency
+    ring = 2 * (2 - 1) / 2 / nvlink  # a tensor-parallel pair inside a node, per byte
+
+    def stage(ids):
+        compute = sum(costs[i].forward + costs[i].backward for i in ids)
+        rerun = sum(costs[i].attention_core_forward for i in ids if layers[i].recomputable)
+        collectives = sum(ring * b + 2 * latency for i in ids
+                          for b in layers[i].forward_collective_bytes + layers[i].backward_collective_bytes)
+        return compute, rerun, collectives
+
+    # each stage receives one tensor per micro-batch (stage 0 the gradient, stage 1 the activation),
+    # 1/t of it (scatter/gather); stages are t·d = 8 devices apart, in two nodes: over InfiniBand
+    sent = 2 * S * H * 2 / width
+    transfer = sent / infiniband + cluster.tiers[1].latency
+    terms = [stage((0, 1)), stage((2, 3))]
+    loads = [sum(term) + transfer for term in terms]
+    slowest = max(range(2), key=lambda i: loads[i])
+    m = 2
+    compute, rerun, collectives = terms[slowest]
+    assert result.step.breakdown["compute"] == pytest.approx(m * compute, rel=1e-12)
+    assert result.step.breakdown["recompute"] == pytest.approx(m * rerun, rel=1e-12)
+    assert result.step.breakdown["tensor_parallel"] == pytest.approx(m * collectives, rel=1e-12)
+    assert result.step.breakdown["pipeline_transfer"] == pytest.approx(m * transfer, rel=1e-12)
+    assert result.step.breakdown["bubble"] == pytest.approx((stages - 1) * loads[slowest], rel=1e-12)
+    # data-parallel groups: 4 devices 2 apart, inside one node; reduce-scatter fp32 gradients, all-gather
+    # 16-bit weights, each (f - 1)/f · S / B + (f - 1)·λ with f = 4
+    parameters = [sum(layers[i].parameter_bytes / 2 for i in ids) for ids in ((0, 1), (2, 3))]
+    sync = [3 / 4 * p * 4 / nvlink + 3 * latency + 3 / 4 * p * 2 / nvlink + 3 * latency for p in parameters]
+    optimizer = [2 * p * 12 / degree / 2.039e12 for p in parameters]
+    last = max(range(2), key=lambda i: sync[i] + optimizer[i])
+    assert result.step.breakdown["data_parallel_sync"] == pytest.approx(sync[last], rel=1e-12)
+    assert result.step.breakdown["optimizer"] == pytest.approx(optimizer[last], rel=1e-12)
+    assert result.step.time_per_batch == pytest.approx(sum(result.step.breakdown.values()), rel=1e-12)
+
+
+def test_the_published_runs_are_predicted_within_the_bar():
+    runs = json.loads(CALIBRATION.read_text())
+    predicted, left_out = validate(runs, REPOSITORY / "outputs" / "cache")
+    errors = [abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted]
+    assert len(predicted) == 10 and all(item.chip == "a100_80gb" for item, _ in predicted)
+    assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.20
+    assert len(predicted) + len(left_out) == len(runs)
+    assert all(result.step.feasible for _, result in predicted)
+
+
+def test_runs_left_out_say_why():
+    runs = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
+    assert "ZeRO-3" in case(runs["sc21_t2_ZeRO-3_174.6B_384gpu"])
+    assert case(runs["nemo2407_GPT3-175B_128gpu"]).startswith("FP8")
+    assert "micro_batch_size" in case(runs["mcore2024_weak_7.1B"])
+    assert case(runs["sc21_t1_145.6B"]).overlap_grad_reduce is False
+    assert case(runs["sc21_t1_1.7B"]).overlap_grad_reduce is True  # PyTorch DDP overlaps the gradient sync
+
+
+def phaze(*arguments, cwd):
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    return subprocess.run([sys.executable, "-m", "phaze", *arguments], cwd=cwd, capture_output=True, text=True,
+                          env=environment)
+
+
+TINY_ARGUMENTS = ["model=megatrongpt3", "+model.overrides.num_layers=2", "+model.overrides.hidden_size=256",
+                  "+model.overrides.num_heads=8", "+model.overrides.ffn_hidden_size=1024",
+                  "+model.overrides.vocab_size=1024", "+model.overrides.max_position_embeddings=128",
+                  "sequence_length=128", "accelerator.preset=a100_80gb", "system=dgx_a100", "global_batch_size=16",
+                  "micro_batch_size=2", "recompute=selective"]
+
+
+def test_predict_writes_prediction_json(tmp_path):
+    run = phaze("predict", *TINY_ARGUMENTS, "num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2",
+                "data_parallel_width=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert record["feasible"] and record["reason"] is None
+    assert set(record["breakdown_s"]) == {"compute", "recompute", "tensor_parallel", "bubble", "pipeline_transfer",
+                                          "data_parallel_sync", "optimizer"}
+    assert math.isclose(sum(record["breakdown_s"].values()), record["time_per_batch_s"], rel_tol=1e-12)
+    assert set(record["memory_bytes"]) == {"weights", "gradients", "optimizer_state", "activations", "total"}
+    assert [stage["layers"] for stage in record["stages"]] == [[0, 1], [2, 3]]
+    for key in ("tokens_per_s", "model_flops_per_batch", "mfu", "hardware_flops_per_s_per_device"):
+        assert record[key] > 0
+    assert record["inputs"]["pipeline_parallel_width"] == 2 and record["inputs"]["accelerator"]["name"] == "a100_80gb"
+
+
+def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
+    run = phaze("predict", *TINY_ARGUMENTS, "num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2",
+                "data_parallel_width=4", "hbm_size=0.001", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert not record["feasible"] and record["reason"].startswith("memory: stage")
+    assert record["memory_bytes"]["total"] > 0.001 * 2**30
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=2"],
+     "data_parallel_width: tensor x pipeline x data parallel = 2 x 2 x 2 = 8, must equal num_devices=16"),
+    (["num_devices=24", "tensor_parallel_width=3", "pipeline_parallel_width=2", "data_parallel_width=4"],
+     "tensor_parallel_width: must be a power of two"),
+    (["num_devices=16", "tensor_parallel_width=16", "pipeline_parallel_width=1", "data_parallel_width=1",
+      "max_tensor_parallel_width=16"], "tensor_parallel_width: 16 does not divide the 8 heads"),
+    (["num_devices=24", "tensor_parallel_width=1", "pipeline_parallel_width=3", "data_parallel_width=8"],
+     "pipeline_parallel_width: 3 stages x 1 virtual stages do not divide the 2 blocks"),
+    (["num_devices=8", "tensor_parallel_width=1", "pipeline_parallel_width=1", "data_parallel_width=8",
+      "micro_batch_size=4"], "micro_batch_size: global_batch_size=16 is not a multiple of micro_batch_size x "
+                             "data_parallel_width = 4 x 8"),
+    (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
+      "accelerator.preset=tpuv4_like"], "accelerator.preset: predict prices a chip that exists"),
+])
+def test_predict_input_errors(arguments, message, tmp_path):
+    run = phaze("predict", *TINY_ARGUMENTS, *arguments, cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and message in run.stderr, run.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_placement_search_on_a_known_chip(tmp_path):
+    run = phaze("run_solver", *TINY_ARGUMENTS[:-2], "micro_batch_size=[1,2]", "num_devices=16",
+                "model.fixed_megatron.pipeline_stages=2", "model.fixed_megatron.tensor_parallel_width=2",
+                "model.fixed_megatron.data_parallel_degree=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert best["accelerator"]["name"] == "a100_80gb" and best["feasible"]
+    assert len(best["per_setting"]) == 2 and best["throughput"] == max(s["throughput"] for s in best["per_setting"])
+    assert best["baselines"]["fixed_megatron"]["throughput"] > 0
+    assert best["placement"]["recompute"] in ("none", "selective", "full")
