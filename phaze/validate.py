@@ -20,7 +20,7 @@ from rich.table import Table
 
 from estimator.known import KnownChip, known_chip
 from graph_extract import extract, get_spec
-from phaze.settings import SYSTEMS, system_cluster
+from phaze.settings import system_cluster
 from solver.job import Job
 from solver.predict import Prediction, chip_costs, predict
 from solver.training_step import Cluster, Training
