@@ -20,10 +20,7 @@ import argparse
 import statistics
 import time
 
-from pathlib import Path
-
-from omegaconf import OmegaConf
-
+from phaze.settings import system_cluster
 from solver.placement.jsonio import solve_document
 from solver.placement.search import best_placement
 from solver.training_step import RECOMPUTE_MODES, Cluster, Device, StepGraph, StepLayer, Training, TrainingStep
@@ -31,7 +28,6 @@ from solver.training_step import RECOMPUTE_MODES, Cluster, Device, StepGraph, St
 GIB = 1024**3
 HIDDEN, HEADS, SEQUENCE, MICRO_BATCH, VOCABULARY = 4096, 32, 2048, 8, 50257
 FLOPS_PER_SECOND, LINK_BYTES_PER_SECOND = 100e12, 4 * GIB
-SYSTEMS = Path(__file__).resolve().parents[1] / "phaze" / "conf" / "system"
 
 
 def allreduce_ms(width: int, tokens_hidden: int) -> float:
@@ -108,11 +104,6 @@ def gpt3(width: int) -> StepGraph:
     return StepGraph(width, layers, tuple((i, i + 1, 2.0 * sbh) for i in range(len(layers) - 1)))
 
 
-def cluster(name: str) -> Cluster:
-    system = OmegaConf.to_container(OmegaConf.load(SYSTEMS / f"{name}.yaml"))
-    return Cluster.build(name, 1024, system["node_size"], system["tiers"])
-
-
 def cpu_seconds(function, repeats: int):
     """Median CPU seconds of `function()` and its result."""
     times = []
@@ -146,7 +137,7 @@ def main() -> None:
         for memory_name, memory in (("80 GiB", 80 * GIB), ("never binds", 1e30)):
             device, total, lines = Device(memory, 2.039e12), 0.0, []
             for mode in RECOMPUTE_MODES:
-                steps = {width: TrainingStep(graph, cluster(system), Training(), device, 1536, mode)
+                steps = {width: TrainingStep(graph, system_cluster(system, 1024), Training(), device, 1536, mode)
                          for width, graph in graphs.items()}
                 seconds, result = cpu_seconds(lambda: best_placement(steps), args.repeats)
                 total += seconds

@@ -214,13 +214,15 @@ def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None, Know
     if preset not in KNOWN_CHIPS and preset not in accelerator_names():
         raise ConfigError(f"accelerator.preset: unknown {preset!r}; valid: "
                           f"{', '.join((*accelerator_names(), *KNOWN_CHIPS))}")
-    if known is not None and known.template is None and overrides:
-        raise ConfigError(f"accelerator.{sorted(overrides)[0]}: {preset} is priced by its roofline; the "
-                          "template's fields apply to template chips only")
-    name = known.template_name if known is not None and known.template is not None else preset
+    if known is not None and known.template is None:  # a GPU: no template chip, the search's default technology
+        if overrides:
+            raise ConfigError(f"accelerator.{sorted(overrides)[0]}: {preset} is priced by its roofline; the "
+                              "template's fields apply to template chips only")
+        name = DEFAULT_BUDGET
+    else:
+        name = known.template_name if known is not None else preset
     try:
-        accelerator = named_accelerator(DEFAULT_BUDGET if known is not None and known.template is None else name,
-                                        **overrides)
+        accelerator = named_accelerator(name, **overrides)
     except (TypeError, ValueError) as problem:
         raise ConfigError(str(problem)) from None
     area_budget = cfg.area_budget
