@@ -176,6 +176,8 @@ def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Traini
     choices = allowed_virtual_stages(spec.num_layers) if step_model == "training_step" else (1,)
     values = tuple(dict.fromkeys(_values("virtual_stages", virtual)))
     for value in values:
+        if cfg.mode == "predict" and _is_int(value) and value > 0:
+            continue  # checked against the given pipeline (_predict_placement)
         if value not in choices:
             raise ConfigError(f"virtual_stages: {value!r} divides no pipeline of two or more stages of the "
                               f"{spec.num_layers} blocks of {spec.name}; allowed: {', '.join(map(str, choices))}")
@@ -249,13 +251,21 @@ def _predict_placement(cfg: DictConfig, spec: ModelSpec, settings: dict) -> tupl
     for name in ("micro_batch_sizes", "hbm_sizes_gib", "recompute"):
         if len(settings[name]) != 1:
             key = {"micro_batch_sizes": "micro_batch_size", "hbm_sizes_gib": "hbm_size"}.get(name, name)
-            raise ConfigError(f"{key}: predict prices one placement; give one value, got {list(settings[name])}")
+            hint = f" ({', '.join(RECOMPUTE_MODES)})" if name == "recompute" else ""
+            raise ConfigError(f"{key}: predict prices one placement; give one value{hint}, got {list(settings[name])}")
     virtual = settings["virtual_stages"] or (1,)
     if len(virtual) != 1:
         raise ConfigError(f"virtual_stages: predict prices one placement; give one value, got {list(virtual)}")
-    if spec.num_layers % (stages * virtual[0]):
-        raise ConfigError(f"pipeline_parallel_width: {stages} stages x {virtual[0]} virtual stages do not divide the "
-                          f"{spec.num_layers} blocks of {spec.name}")
+    blocks = spec.num_layers
+    if blocks % stages:
+        allowed = [p for p in range(1, blocks + 1) if blocks % p == 0]
+        raise ConfigError(f"pipeline_parallel_width: {stages} stages do not divide the {blocks} blocks of {spec.name}; "
+                          f"allowed: {', '.join(map(str, allowed))}")
+    if blocks % (stages * virtual[0]) or (virtual[0] > 1 and stages < 2):
+        allowed = [v for v in range(1, blocks // stages + 1) if blocks % (stages * v) == 0 and (v == 1 or stages > 1)]
+        raise ConfigError(f"virtual_stages: {stages} stages x {virtual[0]} virtual stages do not divide the {blocks} "
+                          f"blocks of {spec.name}; allowed with pipeline_parallel_width={stages}: "
+                          f"{', '.join(map(str, allowed))}")
     micro_batch_size, batch = settings["micro_batch_sizes"][0], settings["global_batch_size"]
     if batch % (micro_batch_size * degree):
         raise ConfigError(f"micro_batch_size: global_batch_size={batch} is not a multiple of micro_batch_size x "

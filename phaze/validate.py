@@ -1,6 +1,6 @@
 """`phaze validate FILE`: phaze's predictions against published measured training runs.
 
-FILE is a calibration set (shared/reference/calibration/runs.json). A run is predicted when it is a
+FILE is a calibration set (arch_configs/calibration/runs.json). A run is predicted when it is a
 dense model on A100 or H100 GPUs whose configuration is given: the model's shape, t, p, d, the
 micro-batch and batch sizes, the recomputation, 16-bit precision, a measured time per iteration,
 and a parallelism phaze models (not ZeRO-3 or FSDP). Every other run is listed with why it is left
@@ -132,8 +132,12 @@ def validate(runs: list[dict], cache_dir: Path) -> tuple[list[tuple[Case, Predic
 
 
 def main(arguments: list[str]) -> int:
-    if len(arguments) != 1 or not Path(arguments[0]).is_file():
-        print("usage: phaze validate FILE   (a calibration set of measured runs, e.g. runs.json)", file=sys.stderr)
+    if len(arguments) != 1:
+        print("usage: phaze validate FILE   (a calibration set of measured runs, e.g. "
+              "arch_configs/calibration/runs.json)", file=sys.stderr)
+        return 2
+    if not Path(arguments[0]).is_file():
+        print(f"phaze: error: FILE: no such file: {arguments[0]}", file=sys.stderr)
         return 2
     try:
         runs = json.loads(Path(arguments[0]).read_text())

@@ -1,6 +1,6 @@
 """Fit the achievable fractions of a known GPU and its cluster to published measured runs.
 
-    python scripts/calibrate.py ../shared/reference/calibration/runs.json [--chip a100_80gb]
+    python scripts/calibrate.py arch_configs/calibration/runs.json [--chip a100_80gb]
 
 Four numbers, no factor per run: the chip's matrix efficiency (fraction of peak FLOP/s on its
 GEMMs) and memory efficiency (fraction of HBM bandwidth), and the efficiency of each link tier of

@@ -22,7 +22,7 @@ from solver.predict import predict, roofline_costs
 from solver.training_step import Training
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-CALIBRATION = REPOSITORY.parent / "shared" / "reference" / "calibration" / "runs.json"
+CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
 H, L, A, S, V = 256, 2, 8, 128, 1024  # a tiny GPT: the vocabulary needs no padding up to t = 8
 TINY = get_spec("megatrongpt3").with_overrides(num_layers=L, hidden_size=H, num_heads=A, ffn_hidden_size=4 * H,
                                                 vocab_size=V, max_position_embeddings=S)
@@ -202,7 +202,12 @@ def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
     (["num_devices=16", "tensor_parallel_width=16", "pipeline_parallel_width=1", "data_parallel_width=1",
       "max_tensor_parallel_width=16"], "tensor_parallel_width: 16 does not divide the 8 heads"),
     (["num_devices=24", "tensor_parallel_width=1", "pipeline_parallel_width=3", "data_parallel_width=8"],
-     "pipeline_parallel_width: 3 stages x 1 virtual stages do not divide the 2 blocks"),
+     "pipeline_parallel_width: 3 stages do not divide the 2 blocks of megatrongpt3; allowed: 1, 2"),
+    (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
+      "virtual_stages=2"], "virtual_stages: 2 stages x 2 virtual stages do not divide the 2 blocks of megatrongpt3; "
+                           "allowed with pipeline_parallel_width=2: 1"),
+    (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
+      "recompute=[none,full]"], "recompute: predict prices one placement; give one value (none, selective, full)"),
     (["num_devices=8", "tensor_parallel_width=1", "pipeline_parallel_width=1", "data_parallel_width=8",
       "micro_batch_size=4"], "micro_batch_size: global_batch_size=16 is not a multiple of micro_batch_size x "
                              "data_parallel_width = 4 x 8"),
