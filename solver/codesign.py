@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -128,13 +129,25 @@ class Resources:
         return self.placements
 
 
+def _stored_costs(graphs: dict[int, ExtractedModel], stored: Any) -> LayerCosts:
+    """Layer costs as `accelerator_costs` stores them, checked to cover every layer of `graphs` with
+    numbers (ValueError if not, or whatever decoding raises): a bad value is a miss."""
+    costs = {int(w): {int(layer): LayerCost(**cost) for layer, cost in layers.items()} for w, layers in stored.items()}
+    layers = {width: {layer.id for layer in graph.layer_graph.layers} for width, graph in graphs.items()}
+    if {width: set(by_layer) for width, by_layer in costs.items()} != layers or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool)
+            for by_layer in costs.values() for cost in by_layer.values() for x in dataclasses.astuple(cost)):
+        raise ValueError("not the numeric costs of every layer")
+    return costs
+
+
 def accelerator_costs(resources: Resources, accelerator: AcceleratorConfig) -> LayerCosts:
     """The scheduled layer costs of one accelerator, from the cache or computed and stored."""
     context = resources.context
     key = context.costs_key(accelerator)
-    stored = resources.costs.get(key)
+    stored = resources.costs.get(key, partial(_stored_costs, resources.graphs))
     if stored is not None:
-        return {int(w): {int(layer): LayerCost(**cost) for layer, cost in layers.items()} for w, layers in stored.items()}
+        return stored
     costs = layer_costs(resources.job, resources.graphs, accelerator, resources.table,
                         context.schedule.scheduler(resources.schedules))
     resources.costs.put(key, {w: {layer: dataclasses.asdict(c) for layer, c in layers.items()}

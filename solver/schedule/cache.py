@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from solver.kvstore import KeyValueStore
 from solver.schedule import MODEL_VERSION
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import ScheduleResult
 from solver.schedule.solve import solve
+
+
+def stored_result(ops: int, stored: Any) -> ScheduleResult:
+    """A stored result, checked to schedule `ops` operators with numeric times (ValueError if not,
+    or whatever `ScheduleResult.from_dict` raises): a bad value is a miss, not a wrong schedule."""
+    result = ScheduleResult.from_dict(stored)
+    numbers = (result.makespan, result.energy, result.lower_bound, result.gap, *result.start,
+               *dataclasses.astuple(result.tc_utilisation), *dataclasses.astuple(result.vc_utilisation))
+    if (len(result.start) != ops or len(result.parallel) != ops
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers)):
+        raise ValueError(f"not a schedule of {ops} operators")
+    return result
 
 
 class ScheduleCache:
@@ -52,8 +67,8 @@ class ScheduleCache:
         rounded = self.problem_solved(problem)
         key = self.key(rounded, backend, time_limit, **options)
         result = self._memory.get(key)
-        if result is None and self._store is not None and (stored := self._store.get(key)) is not None:
-            result = ScheduleResult.from_dict(stored)
+        if result is None and self._store is not None:
+            result = self._store.get(key, partial(stored_result, len(rounded.ops)))
         if result is None:
             result = solve(rounded, backend, time_limit, **options)
             self.solved += 1
