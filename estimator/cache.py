@@ -1,7 +1,7 @@
 """On-disk cache of GEMM costs: one Parquet file per GEMM shape, over a fixed list of tensor-core
 configurations. Files are written to a temporary name and renamed, so concurrent multirun jobs
-never see a half-written file; a file that cannot be read or does not match its key is reported
-and rebuilt, never used.
+never see a half-written file; a file that cannot be read or does not match its key is set aside
+and rebuilt, never used; a cache that cannot be written is done without.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pyarrow.parquet as pq
 
 from estimator.accelerator import CoreConfig
 from estimator.tc_model import GemmCost, MemorySystem
+from graph_extract.serialize import file_identity, set_aside, temporary_file, warn_once
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
 TC_MODEL_VERSION = 1
@@ -55,11 +54,15 @@ class GemmCache:
         return json.dumps({"key": self.key, "shape": [n, c, k], "rows": self.rows}).encode()
 
     def load(self, n: int, c: int, k: int) -> GemmCost | None:
-        """The stored cost, or None if absent; a damaged or mismatched file is reported and ignored."""
+        """The stored cost, or None if absent; a damaged or mismatched file is set aside (once
+        reported), an unreadable one reported: either is then a miss."""
         path = self.path(n, c, k)
-        if not path.exists():
+        identity = file_identity(path)
+        if identity is None:
             return None
         try:
+            if not path.is_file():
+                raise ValueError("not a regular file")
             table = pq.read_table(path)
             if (table.schema.metadata or {}).get(METADATA_KEY) != self._metadata(n, c, k):
                 raise ValueError("its key, shape or row count does not match")
@@ -68,21 +71,32 @@ class GemmCache:
                 raise ValueError("a column has the wrong length or a non-finite value")
             if not np.all(columns["cycles"] > 0):
                 raise ValueError("a latency is not positive")
+        except PermissionError as error:
+            warn_once(("unreadable", path), "estimate cache: cannot read %s (%s); computing it", path, error.strerror)
+            return None
         except (OSError, ValueError, KeyError, pa.ArrowException) as error:
-            warnings.warn(f"estimate cache: {path} is unusable ({error}); rebuilding it", RuntimeWarning, stacklevel=2)
+            set_aside(path, str(error), identity)
             return None
         return GemmCost(n * c * k, **columns)
 
     def store(self, n: int, c: int, k: int, cost: GemmCost) -> None:
-        """Write atomically: a temporary file in the same folder, then a rename over the target."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Write atomically: a temporary file in the same folder, then a rename over the target; a
+        cache that cannot be written is reported once."""
         table = pa.table({name: getattr(cost, name) for name in COLUMNS})
         table = table.replace_schema_metadata({METADATA_KEY: self._metadata(n, c, k)})
-        handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        os.close(handle)
+        path = self.path(n, c, k)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            temporary = temporary_file(self.directory, path.name)
+        except OSError as error:
+            warn_once(("unwritable", self.directory), "estimate cache: cannot write to %s (%s); new estimates are "
+                      "not stored", self.directory, error.strerror or error)
+            return
         try:
             pq.write_table(table, temporary)
-            os.replace(temporary, self.path(n, c, k))
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+            os.replace(temporary, path)
+        except (OSError, pa.ArrowException) as error:
+            warn_once(("unwritable", self.directory), "estimate cache: cannot write %s (%s); new estimates are "
+                      "not stored", path, error.strerror or error)
+        finally:
+            temporary.unlink(missing_ok=True)
