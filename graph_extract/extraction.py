@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -20,17 +19,17 @@ from graph_extract.serialize import (
     FORMAT_VERSION,
     atomic_write,
     dumps,
+    file_identity,
     layer_graph_from_dict,
     layer_graph_to_dict,
     op_graph_from_dict,
     op_graph_to_dict,
+    set_aside,
+    warn_once,
 )
 from graph_extract.trace import TRAINING_DTYPE_BYTES, to_op_graph, trace
 from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
-
-log = logging.getLogger(__name__)
-
 
 #: Transformer blocks traced. The blocks of a zoo model are one module class with one shape, so every
 #: further block is the last traced one again: its layer is copied, not traced.
@@ -197,19 +196,46 @@ def extract(
 ) -> ExtractedModel:
     """Trace rank 0 of `model` at `tensor_parallel_width` on the meta device.
 
-    With `cache_dir`, a cached extraction is reused unless `force`; an unreadable cache file is
-    rebuilt. `sequence_length` defaults to the model's.
+    With `cache_dir`, a cached extraction is reused unless `force`; a damaged cache file is set aside
+    and rebuilt, and a cache that cannot be written is done without. `sequence_length` defaults to
+    the model's.
     """
     spec = get_spec(model)
     sequence_length = spec.default_sequence_length if sequence_length is None else sequence_length
     check_request(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     path = cache_path(Path(cache_dir), spec, micro_batch_size, sequence_length, tensor_parallel_width) if cache_dir else None
-    if path is not None and path.exists() and not force:
-        try:
-            return _from_record(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError) as error:
-            log.warning("rebuilding unreadable graph cache %s (%s)", path, error)
+    request = (spec, micro_batch_size, sequence_length, tensor_parallel_width)
+    if path is not None and not force and (cached := _load(path, request)) is not None:
+        return cached
     extracted = _trace(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     if path is not None:
-        atomic_write(path, dumps(_to_record(extracted)))
+        try:
+            atomic_write(path, dumps(_to_record(extracted)))
+        except OSError as error:
+            warn_once(("unwritable", path.parent), "graph cache: cannot write to %s (%s); traced graphs are not "
+                      "stored", path.parent, error.strerror or error)
     return extracted
+
+
+def _load(path: Path, request: tuple[ModelSpec, int, int, int]) -> ExtractedModel | None:
+    """The cached extraction of `request` (spec, micro-batch size, sequence length, width) at `path`,
+    or None: absent, unreadable (reported once), damaged or of another request (set aside)."""
+    identity = file_identity(path)
+    if identity is None:
+        return None
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise ValueError(f"a JSON {type(record).__name__}, not an object")
+        extracted = _from_record(record)
+        found = (extracted.spec, extracted.micro_batch_size, extracted.sequence_length, extracted.tensor_parallel_width)
+        if found != request:
+            raise ValueError("it holds the graphs of another model, micro-batch, sequence length or width")
+        return extracted
+    except PermissionError as error:
+        warn_once(("unreadable", path), "graph cache: cannot read %s (%s); tracing again", path, error.strerror)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        set_aside(path, f"{type(error).__name__}: {error}", identity)
+    return None
