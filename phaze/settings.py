@@ -298,6 +298,21 @@ def _schedule(cfg: DictConfig) -> ScheduleSettings:
     )
 
 
+def _cache_dir(value: object) -> Path:
+    """`cache_dir` if it is a directory or can be made one (checked, not created: a wrong input writes
+    nothing); else a ConfigError naming the file in the way or the folder that is not writable."""
+    path = Path(str(value))
+    existing = next(parent for parent in (path, *path.parents) if os.path.lexists(parent))
+    if not os.path.isdir(existing):
+        kind = "a file" if os.path.isfile(existing) else "not a folder"
+        where = "" if existing == path else f" ({existing} is {kind})"
+        raise ConfigError(f"cache_dir: {path} is not a directory{where}; give a folder for the caches")
+    if existing != path and not os.access(existing, os.W_OK | os.X_OK,
+                                          effective_ids=os.access in os.supports_effective_ids):
+        raise ConfigError(f"cache_dir: {path} cannot be created ({existing} is not writable); give a writable folder")
+    return path
+
+
 def settings_from_config(cfg: DictConfig) -> Settings:
     """Check every user-facing key of the composed config."""
     mode = _choice("mode", cfg.mode, MODES)
@@ -337,7 +352,7 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         tensor_parallel_widths=widths,
         hbm_sizes_gib=hbm_sizes,
         force_reextract=cfg.force_reextract,
-        cache_dir=Path(cfg.cache_dir),
+        cache_dir=_cache_dir(cfg.cache_dir),
         accelerator=accelerator,
         area_budget=area_budget,
         search=_choice("search", cfg.search, STRATEGIES),
