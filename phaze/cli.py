@@ -6,6 +6,7 @@ wrong input prints one line, exits with code 2 and writes nothing.
 
 from __future__ import annotations
 
+import secrets
 import sys
 
 import hydra
@@ -13,10 +14,16 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from phaze.settings import MODES, ConfigError, model_name_error, settings_from_config, system_name_error
+
+#: This process's token in its run directory's name (`${run_token:}` in hydra.run.dir and
+#: hydra.sweep.dir): two runs started in the same second write to different directories. Cached
+#: in the config like `${now:}`, so every job of a sweep resolves the same sweep directory.
+RUN_TOKEN = secrets.token_hex(4)
+OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN, use_cache=True, replace=True)
 
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"

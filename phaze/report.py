@@ -1,19 +1,30 @@
-"""`phaze report DIR`: one table and plots from every run_solver run found under a directory."""
+"""`phaze report DIR`: one table and plots from every run_solver run found under a directory.
+
+Each run is complete, interrupted (its best.json says `"complete": false`: the best of what was
+evaluated) or failed (a job of a sweep that stopped with an error: best.json states it). A run
+whose best.json cannot be used (truncated, not JSON, lacking fields) is skipped and listed with why
+after the table; report.csv has a row for it too (status `skipped`), so it alone accounts for every
+run under DIR. A run whose results.parquet cannot be read is summarised from best.json alone.
+"""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from phaze import plots, results
 
 COLUMNS = {
     "run": "run",
     "model": "model",
+    "status": "status",
     "micro_batch_size": "mbs",
     "hbm_size_gib": "HBM GiB",
     "feasible": "feasible",
@@ -26,22 +37,33 @@ COLUMNS = {
     "speedup_tpuv4_like": "vs TPUv4-like",
     "speedup_fixed_megatron": "vs fixed Megatron",
     "architectures_evaluated": "evaluated",
+    "reason": "reason",
 }
+SKIPPED = "skipped"
+REASON_WIDTH = 60  # characters of the reason column per line
 
 
-def setting_row(run: str, model: str, setting: dict) -> dict:
+def accelerator_text(accelerator: dict) -> str:
+    """A known chip's name, or a candidate's cores and buffer."""
+    if "name" in accelerator:
+        return accelerator["name"]
+    return (f"{accelerator['num_tc']}x{accelerator['tc_width']}x{accelerator['tc_depth']} TC, "
+            f"{accelerator['num_vc']} VC, {accelerator['glb_bytes'] // 2**20} MiB")
+
+
+def setting_row(run: str, best: dict, setting: dict) -> dict:
     """One (micro-batch, HBM) setting of a run's best.json, flattened."""
-    row = {"run": run, "model": model, "micro_batch_size": setting["micro_batch_size"],
-           "hbm_size_gib": setting["hbm_size_gib"], "feasible": bool(setting.get("feasible")),
-           "throughput": setting.get("throughput", 0.0),
-           "architectures_evaluated": setting.get("architectures_evaluated")}
+    complete = best["complete"] and setting.get("complete", True)
+    row = {"run": run, "model": best["model"], "status": "complete" if complete else "interrupted",
+           "micro_batch_size": setting["micro_batch_size"], "hbm_size_gib": setting["hbm_size_gib"],
+           "feasible": setting["feasible"], "throughput": setting.get("throughput", 0.0),
+           "architectures_evaluated": setting.get("architectures_evaluated"), "reason": setting.get("reason")}
     if row["feasible"]:
         accelerator, placement = setting["accelerator"], setting["placement"]
         row.update(
-            accelerator=f"{accelerator['num_tc']}x{accelerator['tc_width']}x{accelerator['tc_depth']} TC, "
-            f"{accelerator['num_vc']} VC, {accelerator['glb_bytes'] // 2**20} MiB",
-            area_mm2=accelerator["area"] / 1e6,
-            system=setting["system"]["name"],
+            accelerator=accelerator_text(accelerator),
+            area_mm2=accelerator["area"] / 1e6 if "area" in accelerator else None,
+            system=setting["system"].get("name"),
             placement=f"{placement['pipeline_stages']}x{placement['tensor_parallel_width']}x"
             f"{placement['data_parallel_degree']} ({placement['virtual_stages']})",
             recompute=placement["recompute"],
@@ -51,37 +73,104 @@ def setting_row(run: str, model: str, setting: dict) -> dict:
     return row
 
 
-def collect(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per setting of every run, every run's evaluation table with its run name)."""
-    rows, tables = [], []
+def run_rows(run: str, best: dict) -> list[dict]:
+    """The rows of one readable run: one per setting, or one saying why it has none."""
+    if "error" in best:
+        return [{"run": run, "model": best.get("model"), "status": "failed", "feasible": False, "reason": best["error"]}]
+    if not best["per_setting"]:
+        status = "complete" if best["complete"] else "interrupted"
+        return [{"run": run, "model": best["model"], "status": status, "feasible": False,
+                 "reason": "no setting finished"}]
+    return [setting_row(run, best, setting) for setting in best["per_setting"]]
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What `phaze report` found under a directory."""
+
+    summary: pd.DataFrame  # one row per setting of every run (COLUMNS), skipped runs included
+    evaluations: pd.DataFrame  # every readable results table, with its run and model
+    notes: tuple[str, ...]  # runs summarised without their results table, and why
+
+    @property
+    def skipped(self) -> pd.DataFrame:
+        return self.summary[self.summary["status"] == SKIPPED]
+
+    @property
+    def shown(self) -> pd.DataFrame:
+        return self.summary[self.summary["status"] != SKIPPED]
+
+
+def collect(directory: Path) -> Collected:
+    """Every run under `directory`: its rows, its evaluation table, or why it was skipped."""
+    rows, tables, notes = [], [], []
     for best_file in sorted(directory.rglob(results.BEST)):
-        run = str(best_file.parent.relative_to(directory)) or "."
-        best, table = results.read_run(best_file.parent)
-        rows.extend(setting_row(run, best["model"], setting) for setting in best["per_setting"])
+        run = str(best_file.parent.relative_to(directory))
+        try:
+            best = results.read_best(best_file.parent)
+        except results.DamagedRun as damage:
+            rows.append({"run": run, "status": SKIPPED, "feasible": False, "reason": str(damage)})
+            continue
+        rows.extend(run_rows(run, best))
+        try:
+            table = results.read_table(best_file.parent)
+        except results.DamagedRun as damage:
+            notes.append(f"{run}: {damage}: summarised from {results.BEST} alone")
+            continue
         if len(table):
-            tables.append(table.assign(run=run, model=best["model"]))
-    return pd.DataFrame(rows, columns=list(COLUMNS)), pd.concat(tables) if tables else pd.DataFrame()
+            tables.append(table.assign(run=run, model=best.get("model")))
+    return Collected(pd.DataFrame(rows, columns=list(COLUMNS)), pd.concat(tables) if tables else pd.DataFrame(),
+                     tuple(notes))
+
+
+def cell(value) -> Text:
+    """A table cell, as plain text (a reason's brackets are not markup)."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return Text("")
+    return Text(f"{value:.3g}" if isinstance(value, float) else str(value))
+
+
+def print_report(directory: Path, found: Collected) -> None:
+    """The table of the runs read, then one line per run skipped or read without its table."""
+    console = Console()
+    if len(found.shown):
+        table = Table(title=f"phaze report: {directory}")
+        for key, header in COLUMNS.items():
+            table.add_column(header, no_wrap=key != "reason", max_width=REASON_WIDTH if key == "reason" else None)
+        for row in found.shown.to_dict("records"):
+            table.add_row(*(cell(value) for value in row.values()))
+        console.width = max(console.width, Measurement.get(console, console.options.update_width(10**6), table).maximum)
+        console.print(table)
+    for row in found.skipped.to_dict("records"):
+        console.print(f"skipped {row['run']}: {row['reason']}", soft_wrap=True, markup=False)
+    for note in found.notes:
+        console.print(note, soft_wrap=True, markup=False)
 
 
 def main(arguments: list[str]) -> int:
-    if len(arguments) != 1 or not Path(arguments[0]).is_dir():
+    if len(arguments) != 1:
         print("usage: phaze report DIR   (a run or multirun directory of phaze run_solver)", file=sys.stderr)
         return 2
     directory = Path(arguments[0])
-    summary, evaluations = collect(directory)
-    if summary.empty:
-        print(f"phaze: error: DIR: no {results.BEST} under {directory}", file=sys.stderr)
+    if not directory.is_dir():
+        print(f"phaze: error: DIR: {directory} is not a directory", file=sys.stderr)
         return 2
-    results.write_frame(directory, "report", summary)
-    if len(evaluations):
-        evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
-        plots.plot_throughput_vs_area(evaluations, {}, directory / "report_throughput_vs_area.png",
-                                      f"{len(summary)} settings")
-    table = Table(title=f"phaze report: {directory}")
-    for header in COLUMNS.values():
-        table.add_column(header, no_wrap=True)
-    for row in summary.to_dict("records"):
-        table.add_row(*("" if pd.isna(v) else f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console(width=max(Console().width, 200)).print(table)
+    found = collect(directory)
+    if found.summary.empty:
+        print(f"phaze: error: DIR: no run under {directory} (no {results.BEST} of phaze run_solver)", file=sys.stderr)
+        return 2
+    if found.shown.empty:
+        print_report(directory, found)
+        print(f"phaze: error: DIR: none of the {len(found.skipped)} runs under {directory} can be read", file=sys.stderr)
+        return 2
+    results.write_frame(directory, "report", found.summary)
+    evaluations = found.evaluations
+    if "area" in evaluations:  # known chips have no area to plot against
+        evaluations = evaluations[evaluations["area"].notna()]
+        if len(evaluations):
+            evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
+            plots.plot_throughput_vs_area(evaluations, {}, directory / "report_throughput_vs_area.png",
+                                          f"{len(found.shown)} settings")
+    print_report(directory, found)
     print(f"wrote {directory / 'report.csv'}")
     return 0

@@ -142,8 +142,73 @@ def write_best(directory: Path, record: dict) -> None:
     atomic_write(directory / BEST, dumps(record))
 
 
+class DamagedRun(ValueError):
+    """A file of a run directory that cannot be used (unreadable, truncated, or lacking fields)."""
+
+
+NUMBER = (int, float)
+#: what best.json states of a run, and of each of its settings (of a feasible one, also FEASIBLE_FIELDS)
+RUN_FIELDS = {"model": str, "complete": bool, "per_setting": list}
+SETTING_FIELDS = {"micro_batch_size": int, "hbm_size_gib": NUMBER, "feasible": bool}
+FEASIBLE_FIELDS = {"throughput": NUMBER, "accelerator": dict, "placement": dict, "system": dict}
+PLACEMENT_FIELDS = {"pipeline_stages": int, "tensor_parallel_width": int, "data_parallel_degree": int,
+                    "virtual_stages": int, "recompute": str}
+#: columns every non-empty results table has
+TABLE_COLUMNS = ("candidate_index", "micro_batch_size", "hbm_size_gib", "feasible", "throughput")
+
+
+def _require(record: dict, fields: dict, where: str) -> None:
+    for key, kind in fields.items():
+        if not isinstance(record.get(key), kind):
+            names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+            raise DamagedRun(f"{where} has no {key!r} ({names})")
+
+
+def read_best(directory: Path) -> dict:
+    """best.json of a run directory, checked for what a summary of it needs; DamagedRun says why not.
+
+    A failed job's best.json (`"error": "<reason>"`) needs only its error."""
+    try:
+        best = json.loads((directory / BEST).read_text())
+    except OSError as error:
+        raise DamagedRun(f"{BEST} cannot be read ({error.strerror})") from error
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise DamagedRun(f"{BEST} is truncated or not JSON ({error})") from error
+    if not isinstance(best, dict):
+        raise DamagedRun(f"{BEST} is not a JSON object")
+    if "error" in best:
+        _require(best, {"error": str}, BEST)
+        return best
+    _require(best, RUN_FIELDS, BEST)
+    for index, setting in enumerate(best["per_setting"]):
+        where = f"{BEST} per_setting[{index}]"
+        if not isinstance(setting, dict):
+            raise DamagedRun(f"{where} is not a JSON object")
+        _require(setting, SETTING_FIELDS, where)
+        if setting["feasible"]:
+            _require(setting, FEASIBLE_FIELDS, where)
+            _require(setting["placement"], PLACEMENT_FIELDS, f"{where} placement")
+        baselines = setting.get("baselines", {})
+        if not isinstance(baselines, dict) or not all(isinstance(b, dict) for b in baselines.values()):
+            raise DamagedRun(f"{where} baselines is not an object of objects")
+    return best
+
+
+def read_table(directory: Path) -> pd.DataFrame:
+    """The results table of a run directory (empty if there is none); DamagedRun if it cannot be read."""
+    path = directory / f"{TABLE}.parquet"
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        table = pd.read_parquet(path)
+    except (OSError, ValueError) as error:
+        raise DamagedRun(f"{path.name} cannot be read ({str(error).splitlines()[0]})") from error
+    missing = [column for column in TABLE_COLUMNS if column not in table]
+    if len(table) and missing:
+        raise DamagedRun(f"{path.name} has no column {missing[0]!r}")
+    return table
+
+
 def read_run(directory: Path) -> tuple[dict, pd.DataFrame]:
-    """best.json and the results table of a run directory."""
-    best = json.loads((directory / BEST).read_text())
-    table = directory / f"{TABLE}.parquet"
-    return best, pd.read_parquet(table) if table.exists() else pd.DataFrame()
+    """best.json and the results table of a run directory; DamagedRun if either cannot be used."""
+    return read_best(directory), read_table(directory)

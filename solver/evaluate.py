@@ -19,6 +19,7 @@ from graph_extract.trace import TRAINING_DTYPE_BYTES
 from solver.job import Job
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
 from solver.placement import solve as place_original
+from solver.placement.evaluate import baseline_stages
 from solver.placement.search import best_placement, fixed_megatron
 from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
 from solver.training_step.model import Device, StepGraph, StepLayer, TrainingStep
@@ -272,6 +273,24 @@ def evaluate_placements(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts
     return tuple(evaluations)
 
 
+def empty_stage(job: Job, layers: int) -> str | None:
+    """Why the job's fixed pipeline would have a stage without a transformer block (its time would
+    compare the search against idle devices), or None. Megatron's even split has one when there are
+    fewer blocks than stages; the original's layout of ceil(blocks / stages) blocks per stage (over
+    a graph of `layers` layers) can leave a middle stage empty even then."""
+    fixed = job.fixed_megatron
+    blocks, stages = fixed.num_transformer_layers, fixed.pipeline_stages
+    if stages > blocks:
+        return f"{stages} pipeline stages but {job.spec.name} has {blocks} blocks: a stage would be empty"
+    if job.step_model == "original":
+        layout = baseline_stages(layers, fixed)
+        empty = next((stage for stage, positions in enumerate(layout) if not positions), None)
+        if empty is not None:
+            return (f"{stages} pipeline stages of ceil({blocks} / {stages}) = {-(-blocks // stages)} of the {blocks} "
+                    f"blocks of {job.spec.name} (the original's layout): stage {empty} would be empty")
+    return None
+
+
 def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
                    memory: int) -> tuple[PlacementResult | None, str | None]:
     """The job's fixed Megatron (p, t, d) on this accelerator in its best recomputation mode:
@@ -282,6 +301,8 @@ def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
     graphs = step_graphs(graphs_by_width, costs)
     if fixed.tensor_parallel_width not in graphs:
         return None, f"tensor-parallel width {fixed.tensor_parallel_width} is not among the widths searched"
+    if (empty := empty_stage(job, graphs[fixed.tensor_parallel_width].n)) is not None:
+        return None, empty
     best, reasons = None, []
     for recompute in job.recompute:
         if job.step_model == "original":

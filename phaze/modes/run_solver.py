@@ -72,10 +72,12 @@ def fixed_megatron_baseline(settings: Settings, job: Job, graphs: dict, costs: L
     """The model's fixed Megatron-style (p, t, d) on the best accelerator, in its best recomputation mode."""
     fixed = settings.fixed_megatron
     if fixed is None:
-        return {"throughput": 0.0, "speedup": None, "infeasible_reason": "the model defines no fixed_megatron"}
+        return {"feasible": False, "throughput": 0.0, "speedup": None,
+                "infeasible_reason": "the model defines no fixed_megatron"}
     result, reason = fixed_baseline(job, graphs, best.accelerator, costs, hbm)
     throughput = settings.global_batch_size / result.time_per_batch if result else 0.0
     record = {
+        "feasible": result is not None,
         "placement": {"pipeline_stages": fixed.pipeline_stages, "tensor_parallel_width": fixed.tensor_parallel_width,
                       "data_parallel_degree": fixed.data_parallel_degree,
                       "recompute": result.recompute if result else None},
@@ -269,6 +271,14 @@ def run(settings: Settings) -> None:
         sys.exit(2)
 
 
+def baseline_text(baseline: dict) -> str:
+    """A baseline's speed-up in the summary, or why it cannot run."""
+    if baseline.get("speedup"):
+        return f"{baseline['speedup']:.2f}x"
+    reason = baseline.get("infeasible_reason") or baseline.get("reason")
+    return f"infeasible ({reason})" if reason else "infeasible"
+
+
 def report(summary: dict, directory: Path) -> None:
     console = Console(width=max(Console().width, 120))
     for setting in summary["per_setting"]:
@@ -288,7 +298,6 @@ def report(summary: dict, directory: Path) -> None:
         line += "\n  time per batch " + f"{time:.4g} s = " + " + ".join(
             f"{name.replace('_', ' ')} {seconds:.3g}" for name, seconds in setting["breakdown_s"].items() if seconds)
         for name, baseline in setting.get("baselines", {}).items():
-            speedup = baseline.get("speedup")
-            line += f"; vs {name}: " + (f"{speedup:.2f}x" if speedup else "infeasible")
+            line += f"; vs {name}: {baseline_text(baseline)}"
         console.print(line)
     console.print(f"results: {directory}")

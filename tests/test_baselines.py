@@ -1,0 +1,55 @@
+"""The fixed Megatron baseline: a pipeline with a stage holding no block is infeasible, with why."""
+
+import pytest
+
+from phaze.modes.run_solver import execute, report
+from solver.evaluate import empty_stage
+
+FAST = ("n_jobs=1", "candidate_sample=4", "schedule.backend=heuristic")
+#: the tiny model (2 blocks, 16 devices) with Megatron's fixed placement on 4 stages x width 2 x 2 replicas
+FOUR_STAGES = ("model.fixed_megatron.pipeline_stages=4", "model.fixed_megatron.data_parallel_degree=2")
+
+
+@pytest.mark.parametrize("system", ["tpuv4_pod", "original"])
+def test_more_stages_than_blocks_is_infeasible_and_says_why(tmp_path, tiny_settings, capsys, system):
+    settings = tiny_settings(tmp_path / "cache", *FAST, f"system={system}", *FOUR_STAGES)
+    summary = execute(settings, tmp_path)
+    fixed = summary["baselines"]["fixed_megatron"]
+    reason = "4 pipeline stages but megatrongpt3 has 2 blocks: a stage would be empty"
+    assert summary["feasible"] and summary["throughput"] > 0
+    assert fixed["feasible"] is False and fixed["speedup"] is None and fixed["throughput"] == 0.0
+    assert fixed["infeasible_reason"] == reason
+    assert summary["per_setting"][0]["baselines"]["fixed_megatron"] == fixed
+    report(summary, tmp_path)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"vs fixed_megatron: infeasible ({reason})" in printed
+
+
+@pytest.mark.parametrize("system", ["tpuv4_pod", "original"])
+def test_a_fixed_pipeline_with_a_block_per_stage_is_compared(tmp_path, tiny_settings, capsys, system):
+    summary = execute(tiny_settings(tmp_path / "cache", *FAST, f"system={system}"), tmp_path)  # 2 stages, 2 blocks
+    fixed = summary["baselines"]["fixed_megatron"]
+    assert fixed["feasible"] is True and fixed["infeasible_reason"] is None
+    assert fixed["speedup"] == pytest.approx(summary["throughput"] / fixed["throughput"])
+    assert fixed["speedup"] >= 1  # the search's space holds the fixed placement
+    report(summary, tmp_path)
+    assert f"vs fixed_megatron: {fixed['speedup']:.2f}x" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "blocks, stages, system, reason",
+    [
+        (2, 3, "tpuv4_pod", "3 pipeline stages but megatrongpt3 has 2 blocks: a stage would be empty"),
+        # the original's layout puts ceil(7 / 6) = 2 blocks on each stage: stages 0-3 hold the 7, stage 5
+        # the layers after them, stage 4 nothing
+        (7, 6, "original", "6 pipeline stages of ceil(7 / 6) = 2 of the 7 blocks of megatrongpt3 (the original's "
+                           "layout): stage 4 would be empty"),
+        (7, 6, "tpuv4_pod", None),  # Megatron's even split refuses 7 blocks on 6 stages for another reason
+        (6, 6, "original", None),
+        (8, 4, "original", None),
+    ],
+)
+def test_empty_stage(tmp_path, tiny_settings, blocks, stages, system, reason):
+    settings = tiny_settings(tmp_path, f"system={system}", f"model.overrides.num_layers={blocks}",
+                             f"model.fixed_megatron.pipeline_stages={stages}", "model.fixed_megatron.data_parallel_degree=1")
+    assert empty_stage(settings.job(1), layers=blocks + 3) == reason
