@@ -10,11 +10,13 @@ them over the widths.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from estimator import CandidateSpace, EstimateTable
 from estimator.workload import prepare_layer
-from solver.evaluate import DIRECTIONS, original_graphs, original_settings, step_graphs, training_steps
+from solver.evaluate import DIRECTIONS, LayerCost, original_graphs, original_settings, step_graphs, training_steps
 from solver.job import Job
 from solver.placement.capped import degrees
 from solver.training_step import original
@@ -43,29 +45,74 @@ def lower_bounds(latency: np.ndarray, parallel: np.ndarray, core_types: list[str
     return bound
 
 
-def layer_work(graphs, space: CandidateSpace, table: EstimateTable, sequence_parallel: bool) -> np.ndarray:
-    """Forward + backward schedule lower bound of every layer (rows, program order) on every candidate."""
-    num_tc, num_vc = space.num_tc.astype(float), space.num_vc.astype(float)
-    row = {layer.id: index for index, layer in enumerate(graphs.layer_graph.layers)}
-    work = np.zeros((len(row), len(space)))
+@dataclass(frozen=True)
+class GroupBounds:
+    """Schedule lower bounds [s] of every repeat group's representative layer on every candidate,
+    arrays [groups x candidates]: forward, backward, and the forward of its attention core (what
+    selective recomputation re-runs; 0 without one)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    forward: np.ndarray
+    backward: np.ndarray
+    attention_core: np.ndarray
+
+    def layer_work(self, layer_ids: tuple[int, ...]) -> np.ndarray:
+        """Forward + backward bound of every layer (rows in `layer_ids`' order) on every candidate."""
+        row = {layer: index for index, group in enumerate(self.groups) for layer in group}
+        total = self.forward + self.backward
+        return total[[row[layer] for layer in layer_ids]]
+
+    def costs(self, index: int) -> dict[int, LayerCost]:
+        """Layer costs of candidate `index` from the bounds: no schedule is faster (energy etc. zero)."""
+        costs = {}
+        for group, forward, backward, core in zip(self.groups, self.forward[:, index], self.backward[:, index],
+                                                  self.attention_core[:, index]):
+            cost = LayerCost(float(forward), float(backward), float(core), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            costs.update(dict.fromkeys(group, cost))
+        return costs
+
+    def column(self, index: int) -> np.ndarray:
+        """Candidate `index`'s bounds, flat: equal columns, equal costs; one column no larger than
+        another everywhere, costs no larger (and a throughput bound no smaller)."""
+        return np.concatenate([self.forward[:, index], self.backward[:, index], self.attention_core[:, index]])
+
+
+def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None) -> np.ndarray:
+    """`lower_bounds` of a prepared layer, or of the sub-problem of its operators `keep` (the edges
+    among them), on every candidate."""
+    latency, parallel = prepared.candidate_prices(space)
+    ops, edges = list(range(len(prepared.ops))), prepared.edges
+    if keep is not None:
+        position = {old: new for new, old in enumerate(keep)}
+        ops, latency, parallel = keep, latency[keep], parallel[keep]
+        edges = [(position[a], position[b]) for a, b in edges if a in position and b in position]
+    core_types = [prepared.ops[op].core_type for op in ops]
+    return lower_bounds(latency, parallel, core_types, edges, space.num_tc.astype(float), space.num_vc.astype(float))
+
+
+def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, sequence_parallel: bool) -> GroupBounds:
+    """The `GroupBounds` of one extracted width: the vectorised `lower_bound` of each schedule problem
+    `solver.evaluate` builds (the attention core as `core_problem` cuts it)."""
+    rows = {direction: [] for direction in (*DIRECTIONS, "core")}
     for group in graphs.repeat_groups:
-        total = np.zeros(len(space))
         for direction in DIRECTIONS:
             prepared = prepare_layer(graphs.op_graph, group[0], direction, table, sequence_parallel)
-            latency, parallel = prepared.candidate_prices(space)
-            core_types = [op.core_type for op in prepared.ops]
-            total += lower_bounds(latency, parallel, core_types, prepared.edges, num_tc, num_vc)
-        work[[row[layer] for layer in group]] = total
-    return work
+            rows[direction].append(_layer_bounds(prepared, space))
+        forward = prepare_layer(graphs.op_graph, group[0], "forward", table, sequence_parallel)
+        keep = [index for index, op in enumerate(forward.ops) if op.members[0] in graphs.attention_core]
+        rows["core"].append(_layer_bounds(forward, space, keep) if keep else np.zeros(len(space)))
+    return GroupBounds(tuple(graphs.repeat_groups), *(np.array(rows[name]) for name in (*DIRECTIONS, "core")))
 
 
-def optimistic_throughputs(job: Job, graphs_by_width, space: CandidateSpace, table: EstimateTable) -> np.ndarray:
-    """An upper bound on the throughput [samples/s] of every candidate of `space` (module docstring)."""
+def optimistic_throughputs(job: Job, graphs_by_width, space: CandidateSpace,
+                           bounds: dict[int, GroupBounds]) -> np.ndarray:
+    """An upper bound on the throughput [samples/s] of every candidate of `space` (module docstring),
+    from the group bounds of every width."""
     best_time = np.full(len(space), np.inf)
     graphs = step_graphs(graphs_by_width, None)
     memory = max(job.memory_capacities)
     for width, extracted in graphs_by_width.items():
-        work = layer_work(extracted, space, table, job.training.sequence_parallel)
+        work = bounds[width].layer_work(tuple(layer.id for layer in extracted.layer_graph.layers))
         if job.step_model == "original":
             time = _original_bound(job, {width: graphs[width]}, work, memory)
         else:

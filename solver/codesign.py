@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,15 +27,16 @@ from estimator import AcceleratorConfig, CandidateSpace, EstimateTable, candidat
 from graph_extract import ExtractedModel, extract
 from graph_extract.serialize import FORMAT_VERSION as GRAPH_VERSION
 from solver import search
-from solver.bounds import ROUNDING_MARGIN, optimistic_throughputs
+from solver.bounds import ROUNDING_MARGIN, GroupBounds, group_bounds, optimistic_throughputs
 from solver.evaluate import (
     Evaluation,
     LayerCost,
     LayerCosts,
     best_of,
     evaluate_placements,
+    evaluation_from_record,
+    fastest_time,
     layer_costs,
-    lower_bound_costs,
 )
 from solver.job import Job
 from solver.kvstore import KeyValueStore
@@ -47,6 +49,11 @@ STRATEGIES = ("bounded", "exhaustive", "phaze")
 BATCH_PER_WORKER = 8
 #: Bump when what a cached layer cost means changes.
 COSTS_VERSION = 2
+#: Bump when what a cached placement means changes (the training-step model, the placement search,
+#: the fields of an Evaluation).
+PLACEMENT_VERSION = 1
+#: Relative slack of the refinement's cut: a candidate that could tie with the best is not cut.
+TIE_MARGIN = 1e-9
 #: Placements remembered per process (identical layer costs share one placement search).
 PLACEMENT_MEMO_SIZE = 4096
 
@@ -92,6 +99,17 @@ class SearchContext:
         ]
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
+    def placement_key(self, memory: int) -> str:
+        """What a placement of given layer costs depends on besides them: the job (all but its HBM
+        sizes), the HBM per device [bytes] and bandwidth, and the version of every model behind it."""
+        record = [
+            {"placement": PLACEMENT_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION},
+            {**self.job.record(), "memory_capacities": None},
+            memory,
+            self.template.hbm_bandwidth,
+        ]
+        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
 
 @dataclass
 class Resources:
@@ -104,7 +122,10 @@ class Resources:
     table: EstimateTable
     schedules: ScheduleCache
     costs: KeyValueStore
-    placements: dict = field(default_factory=dict)
+    placements: KeyValueStore  # an accelerator's evaluations, per HBM size
+    placement_bounds: KeyValueStore  # refined throughput bounds, by the bounds' content
+    memo: dict = field(default_factory=dict)  # placements of identical layer costs, in this process
+    _bounds: dict[int, GroupBounds] | None = None
 
     @classmethod
     def build(cls, context: SearchContext) -> Resources:
@@ -115,18 +136,35 @@ class Resources:
         space = candidate_space(context.template, context.area_budget)
         table = EstimateTable(context.template, space.tc_cores, context.cache_dir / "estimates")
         schedules = ScheduleCache(context.cache_dir / "schedules.sqlite")
-        costs = KeyValueStore(context.cache_dir / "evaluations.sqlite", "layer_costs")
-        return cls(context, graphs, space, table, schedules, costs)
+        evaluations = context.cache_dir / "evaluations.sqlite"
+        return cls(context, graphs, space, table, schedules, KeyValueStore(evaluations, "layer_costs"),
+                   KeyValueStore(evaluations, "placements"), KeyValueStore(evaluations, "placement_bounds"))
 
     @property
     def job(self) -> Job:
         return self.context.job
 
-    def memo(self) -> dict:
+    def placement_memo(self) -> dict:
         """The placement memo, emptied when it grows past PLACEMENT_MEMO_SIZE."""
-        if len(self.placements) > PLACEMENT_MEMO_SIZE:
-            self.placements.clear()
-        return self.placements
+        if len(self.memo) > PLACEMENT_MEMO_SIZE:
+            self.memo.clear()
+        return self.memo
+
+    def group_bounds(self) -> dict[int, GroupBounds]:
+        """The schedule lower bounds of every width's repeat groups on every candidate (computed once)."""
+        if self._bounds is None:
+            parallel = self.job.training.sequence_parallel
+            self._bounds = {width: group_bounds(graphs, self.space, self.table, parallel)
+                            for width, graphs in self.graphs.items()}
+        return self._bounds
+
+    def bound_column(self, index: int) -> np.ndarray:
+        """Candidate `index`'s lower-bound costs of every width (`GroupBounds.column`), in one vector."""
+        return np.concatenate([bounds.column(index) for _, bounds in sorted(self.group_bounds().items())])
+
+    def bound_key(self, index: int, memory: int) -> str:
+        """The key of candidate `index`'s refined bound: its lower-bound costs, the placement's context."""
+        return hashlib.sha256(self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()).hexdigest()
 
 
 def _stored_costs(graphs: dict[int, ExtractedModel], stored: Any) -> LayerCosts:
@@ -167,29 +205,75 @@ class CandidateOutcome:
         return best_of(self.evaluations[hbm_bytes])
 
 
-def evaluate_accelerator(resources: Resources, accelerator: AcceleratorConfig, index: int = -1) -> CandidateOutcome:
-    costs = accelerator_costs(resources, accelerator)
-    job = resources.job
-    return CandidateOutcome(index, accelerator, {
-        hbm: evaluate_placements(job, resources.graphs, accelerator, costs, hbm, resources.memo())
-        for hbm in job.memory_capacities
-    })
+def _evaluations(records: list) -> tuple[Evaluation, ...]:
+    return tuple(map(evaluation_from_record, records))
+
+
+def evaluation_key(resources: Resources, accelerator: AcceleratorConfig, memory: int) -> str:
+    """The key of an accelerator's evaluations for one HBM size."""
+    context = resources.context
+    return hashlib.sha256(f"{context.placement_key(memory)}/{context.costs_key(accelerator)}".encode()).hexdigest()
+
+
+def evaluate_accelerator(resources: Resources, accelerator: AcceleratorConfig, index: int = -1,
+                         compute: bool = True) -> CandidateOutcome | None:
+    """The accelerator's best placements for every HBM size of the job, from the cache or (`compute`)
+    computed and stored; None when not all are cached and `compute` is false."""
+    job, costs, evaluations = resources.job, None, {}
+    for hbm in job.memory_capacities:
+        key = evaluation_key(resources, accelerator, hbm)
+        stored = resources.placements.get(key, _evaluations)
+        if stored is not None:
+            evaluations[hbm] = stored
+            continue
+        if not compute:
+            return None
+        costs = costs or accelerator_costs(resources, accelerator)
+        evaluations[hbm] = evaluate_placements(job, resources.graphs, accelerator, costs, hbm,
+                                               resources.placement_memo())
+        resources.placements.put(key, [dataclasses.asdict(evaluation) for evaluation in evaluations[hbm]])
+    return CandidateOutcome(index, accelerator, evaluations)
 
 
 def evaluate_candidates(resources: Resources, indices: Sequence[int]) -> list[CandidateOutcome]:
     return [evaluate_accelerator(resources, resources.space[i], i) for i in indices]
 
 
-def refined_throughputs(resources: Resources, indices: Sequence[int], hbm_bytes: int) -> list[float]:
-    """Throughput upper bounds: the placement search run on the layers' schedule lower bounds."""
-    bounds = []
+@dataclass(frozen=True)
+class RefinedBound:
+    """An upper bound on a candidate's throughput [samples/s] from the placement search on its
+    layers' schedule lower bounds: `exact` when that search ran to the end, else a search cut at a
+    time no candidate beating the best so far could exceed (the bound is then just below that best)."""
+
+    value: float
+    exact: bool
+
+
+def refined_throughputs(resources: Resources, indices: Sequence[int], hbm_bytes: int,
+                        best: float = 0.0) -> list[RefinedBound]:
+    """Throughput upper bounds: the placement search run on the layers' schedule lower bounds, cut
+    where the candidate could no longer reach `best` (a throughput found already)."""
+    job, bounds = resources.job, resources.group_bounds()
+    # The exact throughput may exceed its bound's by ROUNDING_MARGIN; a cut just above the time
+    # matching `best` keeps a candidate that could tie with it.
+    cut = job.global_batch_size * (1 + ROUNDING_MARGIN) / best * (1 + TIE_MARGIN) if best > 0 else math.inf
+    values = []
     for index in indices:
-        accelerator = resources.space[index]
-        costs = lower_bound_costs(resources.job, resources.graphs, accelerator, resources.table)
-        evaluations = evaluate_placements(resources.job, resources.graphs, accelerator, costs, hbm_bytes,
-                                          resources.memo())
-        bounds.append(best_of(evaluations).throughput * (1 + ROUNDING_MARGIN))
-    return bounds
+        costs = {width: width_bounds.costs(index) for width, width_bounds in bounds.items()}
+        time = fastest_time(job, resources.graphs, resources.space[index], costs, hbm_bytes, cut)
+        if math.isfinite(time):
+            values.append(RefinedBound(job.global_batch_size / time * (1 + ROUNDING_MARGIN), True))
+        else:
+            values.append(RefinedBound(job.global_batch_size / cut * (1 + ROUNDING_MARGIN) if best > 0 else 0.0,
+                                       best <= 0))
+    return values
+
+
+def _refined_bound(record: dict) -> RefinedBound:
+    bound = RefinedBound(float(record["value"]), record["exact"])
+    if not (bound.value >= 0 and isinstance(bound.exact, bool)):
+        raise ValueError(f"not a throughput bound: {record!r}")
+    return bound
 
 
 class Search:
@@ -197,64 +281,116 @@ class Search:
 
     Every candidate evaluated for one HBM size is evaluated for all of them (the schedules are
     shared; only the placement differs), and `on_outcome` sees each outcome once, as it arrives.
-    With `n_jobs` > 1, worker processes (each with its own Resources) evaluate batches; `close`
-    stops them.
+    What the caches hold (evaluations, refined bounds) is read here; only the rest goes to the
+    `pool`'s worker processes (each with its own Resources), or is computed here without one.
+    Candidates whose lower-bound costs are equal share one refined bound.
     """
 
     def __init__(
         self,
         resources: Resources,
-        n_jobs: int = 1,
+        pool: WorkerPool | None = None,
         on_outcome: Callable[[CandidateOutcome], None] = lambda outcome: None,
         candidates: Sequence[int] | None = None,
     ) -> None:
-        self.resources, self.n_jobs, self.on_outcome = resources, n_jobs, on_outcome
+        self.resources, self.pool, self.on_outcome = resources, pool, on_outcome
         self.context = resources.context
         self.space = resources.space
         self.candidates = list(range(len(self.space))) if candidates is None else list(candidates)
         self.outcomes: dict[int, CandidateOutcome] = {}
         self._refined: dict[tuple[int, int], float] = {}
+        self._bounds: dict[str, RefinedBound] = {}  # refined bound by bound key
+        self._best: dict[int, float] = {}  # the highest throughput found so far, per HBM size
+        self._provisional: dict[tuple[int, int], float] = {}  # the last provisional bound of a candidate
+        self._refined_columns: dict[int, tuple[list[np.ndarray], list[float]]] = {}  # per HBM size
         self._optimistic: np.ndarray | None = None
-        self._pool: WorkerPool | None = None
+
+    @property
+    def workers(self) -> int:
+        return self.pool.processes if self.pool is not None else 1
 
     def _map(self, function: Callable, indices: list[int], *arguments) -> list:
         """function(resources, chunk, *arguments) over chunks of `indices`, on the workers if any."""
-        if self.n_jobs <= 1 or len(indices) == 1:
+        if self.pool is None or len(indices) == 1:
             return function(self.resources, indices, *arguments)
-        if self._pool is None:
-            self._pool = WorkerPool(Resources.build, self.context, self.n_jobs)
-        chunks = [indices[i:: self.n_jobs] for i in range(self.n_jobs) if indices[i:: self.n_jobs]]
-        results = self._pool.map(function, chunks, *arguments)
+        step = self.pool.processes
+        chunks = [indices[i::step] for i in range(step) if indices[i::step]]
+        results = self.pool.map(self.context, function, chunks, *arguments)
         by_index = {index: value for chunk, values in zip(chunks, results) for index, value in zip(chunk, values)}
         return [by_index[index] for index in indices]
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
 
     def _evaluate(self, hbm_bytes: int, positions: list[int]) -> list[float]:
         indices = [self.candidates[p] for p in positions]
         missing = [i for i in dict.fromkeys(indices) if i not in self.outcomes]
-        if missing:
-            for outcome in self._map(evaluate_candidates, missing):
-                self.outcomes[outcome.index] = outcome
-                self.on_outcome(outcome)
+        stored = [evaluate_accelerator(self.resources, self.space[i], i, compute=False) for i in missing]
+        computed = iter(self._map(evaluate_candidates, [i for i, o in zip(missing, stored) if o is None])
+                        if None in stored else ())
+        for outcome in stored:
+            outcome = outcome or next(computed)
+            self.outcomes[outcome.index] = outcome
+            for hbm in outcome.evaluations:
+                self._best[hbm] = max(self._best.get(hbm, 0.0), outcome.best(hbm).throughput)
+            self.on_outcome(outcome)
         return [self.outcomes[i].best(hbm_bytes).throughput for i in indices]
 
-    def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float]:
-        indices = [self.candidates[p] for p in positions]
-        missing = [i for i in indices if (i, hbm_bytes) not in self._refined]
-        if missing:
-            for index, value in zip(missing, self._map(refined_throughputs, missing, hbm_bytes)):
-                self._refined[index, hbm_bytes] = value
-        return [self._refined[i, hbm_bytes] for i in indices]
+    def _usable(self, bound: RefinedBound | None, best: float) -> bool:
+        """A refined bound settles a candidate when exact, or when cut and below the best found."""
+        return bound is not None and (bound.exact or bound.value < best)
+
+    def _dominated(self, hbm_bytes: int, index: int) -> float:
+        """A bound from the refined ones: a candidate whose lower-bound costs are nowhere below a
+        refined candidate's has no higher refined bound (a step's time never falls as a layer's cost
+        grows), so the least such bound bounds it too (math.inf without one)."""
+        columns, values = self._refined_columns.get(hbm_bytes, ([], []))
+        if not values:
+            return math.inf
+        dominating = np.all(np.array(columns) <= self.resources.bound_column(index), axis=1)
+        return float(np.array(values)[dominating].min()) if dominating.any() else math.inf
+
+    def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float | search.Provisional]:
+        """Refined bounds: from memory or the cache when they settle the candidate; else, when a
+        refined candidate dominates it with a lower bound than its last, that bound, provisionally;
+        else the placement search on its lower-bound costs (once per distinct costs)."""
+        store, best = self.resources.placement_bounds, self._best.get(hbm_bytes, 0.0)
+        optimistic = self.optimistic()
+        provisional: dict[int, search.Provisional] = {}
+        keys: dict[int, str] = {}
+        todo: dict[str, int] = {}  # bound key -> the candidate it is computed on
+        for position in positions:
+            index = self.candidates[position]
+            if (index, hbm_bytes) in self._refined:
+                continue
+            key = keys[index] = self.resources.bound_key(index, hbm_bytes)
+            if self._usable(self._bounds.get(key), best):
+                continue
+            stored = store.get(key, _refined_bound)
+            if self._usable(stored, best):
+                self._bounds[key] = stored
+                continue
+            dominated = self._dominated(hbm_bytes, index)
+            last = self._provisional.get((index, hbm_bytes), float(optimistic[position]))
+            if dominated < last:
+                provisional[index] = search.Provisional(dominated)
+                self._provisional[index, hbm_bytes] = dominated
+                del keys[index]
+            else:
+                todo.setdefault(key, index)
+        if todo:
+            for key, bound in zip(todo, self._map(refined_throughputs, list(todo.values()), hbm_bytes, best)):
+                store.put(key, dataclasses.asdict(bound))
+                self._bounds[key] = bound
+        columns, values = self._refined_columns.setdefault(hbm_bytes, ([], []))
+        for index, key in keys.items():
+            self._refined[index, hbm_bytes] = self._bounds[key].value
+            columns.append(self.resources.bound_column(index))
+            values.append(self._bounds[key].value)
+        return [provisional.get(i) or self._refined[i, hbm_bytes] for i in (self.candidates[p] for p in positions)]
 
     def optimistic(self) -> np.ndarray:
         """Level-0 throughput bounds of the candidates (the same for every HBM size)."""
         if self._optimistic is None:
             res = self.resources
-            self._optimistic = optimistic_throughputs(res.job, res.graphs, self.space, res.table)[self.candidates]
+            self._optimistic = optimistic_throughputs(res.job, res.graphs, self.space, res.group_bounds())[self.candidates]
         return self._optimistic
 
     def run(self, strategy: str, hbm_bytes: int) -> search.SearchResult:
@@ -262,11 +398,10 @@ class Search:
         if strategy not in STRATEGIES:
             raise ValueError(f"search: unknown {strategy!r}; valid: {', '.join(STRATEGIES)}")
         evaluate = partial(self._evaluate, hbm_bytes)
-        batch_size = BATCH_PER_WORKER * self.n_jobs
+        batch_size = BATCH_PER_WORKER * self.workers
         areas = self.space.area[self.candidates]
         if strategy == "exhaustive":
             return search.exhaustive(len(self.candidates), evaluate, batch_size, areas)
         if strategy == "phaze":
             return search.phaze_sweep(areas, evaluate)
-        refine = partial(self._refine, hbm_bytes)
-        return search.bounded(self.optimistic(), [refine], evaluate, batch_size, areas)
+        return search.bounded(self.optimistic(), [partial(self._refine, hbm_bytes)], evaluate, batch_size, areas)

@@ -17,11 +17,12 @@ from estimator import AcceleratorConfig, EstimateTable, FusedLayer, layer_worklo
 from estimator.known import KnownChip
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from solver.job import Job
-from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
+from solver.placement import (PlacedStage, PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult,
+                              PlacementSettings)
 from solver.placement import solve as place_original
 from solver.placement.evaluate import baseline_stages
 from solver.placement.search import best_placement, fixed_megatron
-from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
+from solver.schedule import ScheduleProblem, ScheduleResult
 from solver.training_step.model import Device, StepGraph, StepLayer, TrainingStep
 
 DIRECTIONS = ("forward", "backward")
@@ -102,16 +103,6 @@ def layer_costs(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table
             vc_peak=max(r.vc_utilisation.peak for r in results),
             gap=max(r.gap for r in results + ([core_result] if core_result else [])),
         )
-        costs.setdefault(width, {}).update({layer: cost for layer in group})
-    return costs
-
-
-def lower_bound_costs(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable) -> LayerCosts:
-    """Layer costs from the schedules' lower bounds: no schedule is faster (energy etc. zero)."""
-    costs: LayerCosts = {}
-    for width, group, forward, backward, core in _layer_problems(job, graphs_by_width, accelerator, table):
-        attention = lower_bound(core) if core is not None else 0.0
-        cost = LayerCost(lower_bound(forward), lower_bound(backward), attention, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
@@ -248,11 +239,24 @@ def _evaluation(job: Job, costs: LayerCosts, chip: Chip, result: PlacementResult
     )
 
 
-def place(job: Job, graphs: dict[int, StepGraph], chip: Chip, memory: int, recompute: str) -> PlacementResult:
-    """The best placement in one recomputation mode, under the job's step model."""
+def place(job: Job, graphs: dict[int, StepGraph], chip: Chip, memory: int, recompute: str,
+          upper_bound: float = math.inf) -> PlacementResult:
+    """The best placement in one recomputation mode, under the job's step model; with the training
+    step's, only one faster than `upper_bound` [s] (none: an infeasible result)."""
     if job.step_model == "original":
         return place_original(original_graphs(job, graphs), original_settings(job, memory, recompute))
-    return best_placement(training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute), job.virtual_stages)
+    steps = training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute)
+    return best_placement(steps, job.virtual_stages, upper_bound=upper_bound)
+
+
+def fastest_time(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts, memory: int,
+                 upper_bound: float = math.inf) -> float:
+    """The least time per batch [s] over the placements in every recomputation mode, if below
+    `upper_bound` (each mode's search is cut at the best time found so far), else math.inf."""
+    graphs, best = step_graphs(graphs_by_width, costs), upper_bound
+    for recompute in job.recompute:
+        best = min(best, place(job, graphs, chip, memory, recompute, best).time_per_batch)
+    return best if best < upper_bound else math.inf
 
 
 def evaluate_placements(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts, memory: int,
@@ -319,6 +323,14 @@ def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
         elif result is None:
             reasons.append(why)
     return (best, None) if best is not None else (None, reasons[0])
+
+
+def evaluation_from_record(record: dict) -> Evaluation:
+    """The inverse of `dataclasses.asdict` on an Evaluation (a cached one)."""
+    placement = dict(record["placement"])
+    placement["stages"] = tuple(PlacedStage(**{**stage, "layer_ids": tuple(stage["layer_ids"])})
+                                for stage in placement["stages"])
+    return Evaluation(**{**record, "placement": PlacementResult(**placement)})
 
 
 def best_of(evaluations: tuple[Evaluation, ...]) -> Evaluation:

@@ -19,6 +19,14 @@ BatchFunction = Callable[[list[int]], list[float]]
 
 
 @dataclass(frozen=True)
+class Provisional:
+    """A refinement's cheaper bound for a candidate, lower than its last: the candidate keeps its
+    level, so the refinement sees it again if it comes back to the top."""
+
+    value: float
+
+
+@dataclass(frozen=True)
 class SearchResult:
     best: int | None  # index of the best candidate, None when no candidate is feasible
     best_throughput: float
@@ -111,7 +119,8 @@ def bounded(
     """Best-first search on upper bounds of the throughput, exact when the bounds are valid.
 
     `optimistic[i]` bounds candidate i's throughput from above; each refinement is a tighter bound
-    that is still an upper bound. A candidate is refined level by level, then evaluated, always
+    that is still an upper bound (or a `Provisional` one, strictly lower than the last, which keeps
+    the candidate at its level). A candidate is refined level by level, then evaluated, always
     taking the candidate with the highest bound next; the search stops when no remaining bound can
     beat the best throughput found.
     """
@@ -132,5 +141,8 @@ def bounded(
                 tracker.record(indices, values)
             else:
                 for index, value in zip(indices, values, strict=True):
-                    heapq.heappush(heap, (-value, index, level + 1))
+                    if isinstance(value, Provisional):
+                        heapq.heappush(heap, (-value.value, index, level))
+                    else:
+                        heapq.heappush(heap, (-value, index, level + 1))
     return tracker.result()

@@ -1,8 +1,9 @@
-"""Worker processes that each build their own state once and then serve calls: the state a search
-needs (graphs, estimate table, caches) lives in each worker's loop, not in module globals.
+"""Worker processes that each build the state of a search context once and then serve calls: the
+state (graphs, estimate table, caches) lives in each worker's loop, not in module globals.
 
-Workers start with `spawn` in their own process group, so a Ctrl-C in the terminal reaches only
-the driver, which stops them (`close`).
+Workers start with `spawn`, on the first call, in their own process group, so a Ctrl-C in the
+terminal reaches only the driver, which stops them (`close`); a worker whose driver has gone exits.
+One pool serves a whole run: a call for another context rebuilds the worker's state.
 """
 
 from __future__ import annotations
@@ -13,45 +14,69 @@ import queue
 from collections.abc import Callable, Sequence
 from typing import Any
 
+#: How often [s] an idle worker checks that its driver is still there.
+DRIVER_CHECK = 5.0
 
-def _serve(build: Callable[[Any], Any], argument: Any, tasks, results) -> None:
+
+def _serve(build: Callable[[Any], Any], driver: int, tasks, results) -> None:
     os.setpgrp()
-    state = build(argument)
-    while (task := tasks.get()) is not None:
-        key, function, arguments = task
+    argument, state = None, None  # the state of the latest context only
+    while True:
         try:
+            task = tasks.get(timeout=DRIVER_CHECK)
+        except queue.Empty:
+            if os.getppid() != driver:
+                return
+            continue
+        if task is None:
+            return
+        key, context, function, arguments = task
+        try:
+            if state is None or context != argument:
+                argument, state = context, build(context)
             results.put((key, None, function(state, *arguments)))
         except Exception as error:  # the driver re-raises it
             results.put((key, error, None))
 
 
 class WorkerPool:
-    """`processes` workers, each holding `build(argument)`; `map` runs function(state, chunk, *extra)."""
+    """`processes` workers; `map(context, function, chunks, *extra)` runs function(state, chunk, *extra)
+    where each worker's state is `build(context)`."""
 
-    def __init__(self, build: Callable[[Any], Any], argument: Any, processes: int) -> None:
+    def __init__(self, build: Callable[[Any], Any], processes: int) -> None:
+        self.build, self.processes = build, processes
+        self._workers: list = []
+        self._calls = 0  # results of an abandoned call (an error, an interrupt) are told apart and dropped
+
+    def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         self._tasks, self._results = context.Queue(), context.Queue()
-        self._workers = [context.Process(target=_serve, args=(build, argument, self._tasks, self._results), daemon=True)
-                         for _ in range(processes)]
+        self._workers = [context.Process(target=_serve, args=(self.build, os.getpid(), self._tasks, self._results),
+                                         daemon=True) for _ in range(self.processes)]
         for worker in self._workers:
             worker.start()
 
-    def map(self, function: Callable, chunks: Sequence[Sequence], *extra) -> list:
-        """[function(state, chunk, *extra) for chunk in chunks], computed by the workers."""
-        for key, chunk in enumerate(chunks):
-            self._tasks.put((key, function, (list(chunk), *extra)))
+    def map(self, argument: Any, function: Callable, chunks: Sequence[Sequence], *extra) -> list:
+        """[function(build(argument), chunk, *extra) for chunk in chunks], computed by the workers."""
+        if not self._workers:
+            self._start()
+        self._calls += 1
+        for index, chunk in enumerate(chunks):
+            self._tasks.put(((self._calls, index), argument, function, (list(chunk), *extra)))
         found: dict[int, Any] = {}
         while len(found) < len(chunks):
             try:
-                key, error, value = self._results.get(timeout=5.0)
+                (call, index), error, value = self._results.get(timeout=1.0)
             except queue.Empty:
                 if not all(worker.is_alive() for worker in self._workers):
                     raise RuntimeError("a worker process died") from None
                 continue
+            if call != self._calls:
+                continue
             if error is not None:
                 raise error
-            found[key] = value
-        return [found[key] for key in range(len(chunks))]
+            found[index] = value
+        return [found[index] for index in range(len(chunks))]
 
     def close(self) -> None:
         for worker in self._workers:
@@ -59,3 +84,4 @@ class WorkerPool:
                 worker.terminate()
         for worker in self._workers:
             worker.join(timeout=5.0)
+        self._workers = []

@@ -5,10 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from estimator import layer_workload
 from estimator.workload import prepare_layer
 from solver.bounds import lower_bounds, optimistic_throughputs
 from solver.codesign import Resources, evaluate_candidates, refined_throughputs
-from solver.evaluate import schedule_problem
+from solver.evaluate import core_problem, schedule_problem
 from solver.schedule import Op, ScheduleProblem, lower_bound
 from phaze.modes.run_solver import search_context
 
@@ -42,6 +43,27 @@ def test_vectorised_lower_bound_equals_the_schedulers(res):
                 assert vector[index] == pytest.approx(lower_bound(problem), rel=1e-12)
 
 
+def test_group_bounds_are_the_schedulers_bounds_of_each_problem(res):
+    """The refinement's layer costs (every group, forward, backward and attention core) are the scalar
+    `lower_bound` of the problems `solver.evaluate` schedules, candidate by candidate."""
+    bounds = res.group_bounds()
+    for width, graphs in res.graphs.items():
+        for index in (0, 999, len(res.space) - 1):
+            accelerator, costs = res.space[index], bounds[width].costs(index)
+            for group in graphs.repeat_groups:
+                forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, res.table,
+                                                    res.job.training.sequence_parallel)
+                                     for direction in ("forward", "backward"))
+                core = core_problem(forward, graphs.attention_core, accelerator)
+                expected = (lower_bound(schedule_problem(forward, accelerator)),
+                            lower_bound(schedule_problem(backward, accelerator)),
+                            lower_bound(core) if core is not None else 0.0)
+                for layer in group:
+                    cost = costs[layer]
+                    assert (cost.forward, cost.backward, cost.attention_core_forward) == pytest.approx(expected, rel=1e-12)
+    assert any(cost.attention_core_forward > 0 for cost in costs.values())
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_lower_bounds_on_random_dags(data):
@@ -63,10 +85,20 @@ def test_lower_bounds_on_random_dags(data):
 def test_bounds_never_below_the_exact_throughput(tmp_path, tiny_settings, system):
     res = Resources.build(search_context(tiny_settings(tmp_path, f"system={system}"), 1))
     hbm = 2**30
-    optimistic = optimistic_throughputs(res.job, res.graphs, res.space, res.table)
+    optimistic = optimistic_throughputs(res.job, res.graphs, res.space, res.group_bounds())
     indices = np.linspace(0, len(res.space) - 1, 25).round().astype(int).tolist()
     refined = refined_throughputs(res, indices, hbm)
     exact = [outcome.best(hbm).throughput for outcome in evaluate_candidates(res, indices)]
-    assert any(value > 0 for value in exact)
+    assert any(value > 0 for value in exact) and all(bound.exact for bound in refined)
     for level0, level1, truth in zip(optimistic[indices], refined, exact):
-        assert level0 >= level1 >= truth
+        assert level0 >= level1.value >= truth
+    # Cut at the best exact throughput: still bounds, the best candidate's exact, the rest below it.
+    best = max(exact)
+    cut = refined_throughputs(res, indices, hbm, best)
+    for level1, bound, truth in zip(refined, cut, exact):
+        assert bound.value >= truth
+        if bound.exact:
+            assert bound.value == level1.value
+        else:
+            assert bound.value < best and level1.value <= best * (1 + 1e-9)
+    assert cut[exact.index(best)].exact

@@ -26,6 +26,7 @@ from solver.evaluate import LayerCosts, evaluate_placements, fixed_baseline, sch
 from solver.job import Job
 from solver.predict import chip_costs
 from solver.search import SearchResult
+from solver.workers import WorkerPool
 from solver.schedule import plot_gantt
 
 
@@ -230,6 +231,7 @@ def execute(settings: Settings, directory: Path) -> dict:
     record = Run(settings, directory)
     complete = False
     columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed} architectures"), TimeElapsedColumn())
+    pool = WorkerPool(Resources.build, settings.n_jobs) if settings.n_jobs > 1 else None
     try:
         with Progress(*columns, transient=True) as progress:
             for micro_batch_size in settings.micro_batch_sizes:
@@ -240,21 +242,20 @@ def execute(settings: Settings, directory: Path) -> dict:
                     record.add(outcome, job)
                     progress.advance(task)
 
-                search = Search(resources, settings.n_jobs, on_outcome, candidates)
-                try:
-                    for hbm in resources.job.memory_capacities:
-                        try:
-                            found = search.run(settings.search, hbm)
-                        except KeyboardInterrupt:
-                            record.per_setting.append(record.setting(search, hbm, None))
-                            raise
-                        record.per_setting.append(record.setting(search, hbm, found))
-                finally:
-                    search.close()
+                search = Search(resources, pool, on_outcome, candidates)
+                for hbm in resources.job.memory_capacities:
+                    try:
+                        found = search.run(settings.search, hbm)
+                    except KeyboardInterrupt:
+                        record.per_setting.append(record.setting(search, hbm, None))
+                        raise
+                    record.per_setting.append(record.setting(search, hbm, found))
         complete = True
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted: writing what was evaluated")
     finally:
+        if pool is not None:
+            pool.close()
         summary = record.write(complete)
     if complete and summary.get("feasible"):
         plot_best(settings, summary, directory)

@@ -23,15 +23,16 @@ def state_space(step: TrainingStep) -> StateSpace:
 
 
 def best_placement(steps: Mapping[int, TrainingStep], virtual_stages: tuple[int, ...] | None = None,
-                   space: StateSpace | None = None) -> PlacementResult:
+                   space: StateSpace | None = None, upper_bound: float = math.inf) -> PlacementResult:
     """The fastest feasible placement over the widths of `steps` (one step model per width, all in
-    one recomputation mode); `virtual_stages` restricts v (None: 1 and every v that fits)."""
+    one recomputation mode); `virtual_stages` restricts v (None: 1 and every v that fits). Only a
+    placement faster than `upper_bound` [s] is returned (none: an infeasible result)."""
     best: tuple[int, Placement, StepResult] | None = None
     for width in sorted(steps):
         step = steps[width]
         space = space or state_space(step)
         terms = step.stage_terms(space.members)
-        bound = best[2].time_per_batch if best else math.inf
+        bound = best[2].time_per_batch if best else upper_bound
         found = []
         if virtual_stages is None or any(v > 1 for v in virtual_stages):
             found.append(interleaved(step, space, terms, virtual_stages, bound))
