@@ -1,3 +1,24 @@
-from phaze.cli import main
+"""`phaze` and `python -m phaze`: a Ctrl-C or SIGTERM at any point, even while the modules load,
+ends the command with one line and status 130 (a run_solver run has written what it had done,
+marked incomplete, and says where)."""
 
-main()
+import sys
+
+from phaze import interrupt
+
+
+def main() -> None:
+    interrupt.install()
+    try:
+        from phaze.cli import main as command
+
+        command()
+    except KeyboardInterrupt as stop:
+        interrupt.ignore()
+        where = f": {stop}" if str(stop) else ""
+        print(f"phaze: interrupted{where}; rerun the same command to resume from the caches", file=sys.stderr)
+        sys.exit(interrupt.EXIT_CODE)
+
+
+if __name__ == "__main__":
+    main()

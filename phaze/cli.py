@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import secrets
 import sys
+from pathlib import Path
 
 import hydra
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from phaze import sweep
 from phaze.settings import MODES, ConfigError, model_name_error, settings_from_config, system_name_error
+from phaze.sweep import Infeasible
 
 #: This process's token in its run directory's name (`${run_token:}` in hydra.run.dir and
 #: hydra.sweep.dir): two runs started in the same second write to different directories. Cached
@@ -25,6 +30,8 @@ from phaze.settings import MODES, ConfigError, model_name_error, settings_from_c
 RUN_TOKEN = secrets.token_hex(4)
 OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN, use_cache=True, replace=True)
 
+#: The jobs of this process's `-m` sweep that ended without a result (listed at the end, exit 1).
+SWEEP = sweep.Sweep()
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
     "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
@@ -77,7 +84,16 @@ def _run(cfg: DictConfig) -> None:
         from phaze.modes.predict import run
     else:
         from phaze.modes.run_solver import run
-    run(settings)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        run(settings)
+        SWEEP.jobs += multirun
+    except Exception as error:  # a sweep goes on; its summary lists the job
+        if not multirun:
+            if isinstance(error, Infeasible):
+                _fail(f"hbm_size: {error}")
+            raise
+        SWEEP.record(settings.mode, settings.spec.name, Path(HydraConfig.get().runtime.output_dir), error)
 
 
 def main() -> None:
@@ -100,6 +116,9 @@ def main() -> None:
         _fail(str(error))
     sys.argv = [f"phaze-{mode}", *rest, f"mode={mode}"]
     _run()
+    if SWEEP.failures:
+        print("\n".join(SWEEP.summary()), file=sys.stderr)
+        sys.exit(sweep.EXIT_CODE)
 
 
 if __name__ == "__main__":

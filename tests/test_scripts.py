@@ -15,7 +15,7 @@ from tests.conftest import TINY
 REPOSITORY = Path(__file__).resolve().parents[1]
 SYSTEM_PATH = "/usr/bin:/bin"  # bash, dirname; no phaze
 #: what pip writes for the `phaze` console script of pyproject.toml, for this interpreter
-CONSOLE_SCRIPT = f"#!{sys.executable}\nimport sys\nfrom phaze.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
+CONSOLE_SCRIPT = f"#!{sys.executable}\nimport sys\nfrom phaze.__main__ import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
 
 
 def project(root: Path, venv: bool) -> Path:

@@ -8,7 +8,6 @@ resume where it stopped.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +17,10 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from estimator import AcceleratorConfig, CandidateSpace, candidate_space, layer_workload, prepopulate
-from phaze import plots, results
+from phaze import interrupt, plots, results
 from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
+from phaze.sweep import Infeasible
 from solver.codesign import CandidateOutcome, Resources, Search, SearchContext, accelerator_costs, evaluate_accelerator
 from solver.evaluate import LayerCosts, evaluate_placements, fixed_baseline, schedule_problem
 from solver.job import Job
@@ -101,6 +101,7 @@ class Run:
     rows: list[dict] = field(default_factory=list)
     per_setting: list[dict] = field(default_factory=list)
     evaluated: set = field(default_factory=set)
+    costs: dict = field(default_factory=dict)  # known chips: the layer costs per micro-batch size
 
     def add(self, outcome: CandidateOutcome, job: Job) -> None:
         self.evaluated.add((job.micro_batch_size, outcome.index))
@@ -135,7 +136,7 @@ class Run:
         return record
 
     def write(self, complete: bool) -> dict:
-        frame = results.write_table(self.directory, self.rows)
+        frame = results.write_table(self.directory, [{**row, "run_complete": complete} for row in self.rows])
         best = max(self.per_setting, key=lambda record: record["throughput"], default={})
         summary = {
             "model": self.settings.spec.name,
@@ -192,17 +193,17 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")
 
 
-def execute_known(settings: Settings, directory: Path) -> dict:
+def search_known(settings: Settings, record: Run) -> None:
     """A chip that exists: no architecture search, the best placement of every (micro-batch, HBM)
     setting over t, p, d, v and recomputation, and the model's fixed Megatron placement beside it."""
     chip, graphs = settings.known_chip, extract_all(settings)
-    record, best_costs = Run(settings, directory), {}
     for micro_batch_size in settings.micro_batch_sizes:
         job = settings.job(micro_batch_size)
         costs = chip_costs(job, graphs[micro_batch_size], chip, settings.cache_dir, settings.schedule)
         outcome = CandidateOutcome(-1, chip, {hbm: evaluate_placements(job, graphs[micro_batch_size], chip, costs, hbm)
                                               for hbm in job.memory_capacities})
         record.add(outcome, job)
+        record.costs[micro_batch_size] = costs
         for hbm in job.memory_capacities:
             setting = {**results.best_record(outcome, job, hbm), "architectures_evaluated": 1, "complete": True}
             if not setting["feasible"]:
@@ -211,25 +212,16 @@ def execute_known(settings: Settings, directory: Path) -> dict:
             else:
                 setting["baselines"] = {"fixed_megatron": fixed_megatron_baseline(
                     settings, job, graphs[micro_batch_size], costs, outcome, hbm)}
-                best_costs[micro_batch_size] = costs
             record.per_setting.append(setting)
-    summary = record.write(True)
-    if summary.get("feasible"):
-        plot_stages(settings, summary, best_costs[summary["micro_batch_size"]], directory)
-    return summary
 
 
-def execute(settings: Settings, directory: Path) -> dict:
-    """Search every (micro-batch, HBM) setting, write the run's files into `directory`, return best.json."""
-    if settings.known_chip is not None:
-        return execute_known(settings, directory)
+def search_all(settings: Settings, record: Run) -> None:
+    """The co-design search of every (micro-batch, HBM) setting, into `record`."""
     graphs = extract_all(settings)
     prepopulate([g for by_width in graphs.values() for g in by_width.values()], settings.accelerator,
                 cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
     space = candidate_space(settings.accelerator, settings.area_budget)
     candidates = sample(len(space), settings.candidate_sample)
-    record = Run(settings, directory)
-    complete = False
     columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed} architectures"), TimeElapsedColumn())
     pool = WorkerPool(Resources.build, settings.n_jobs) if settings.n_jobs > 1 else None
     try:
@@ -250,15 +242,34 @@ def execute(settings: Settings, directory: Path) -> dict:
                         record.per_setting.append(record.setting(search, hbm, None))
                         raise
                     record.per_setting.append(record.setting(search, hbm, found))
-        complete = True
-    except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted: writing what was evaluated")
     finally:
         if pool is not None:
-            pool.close()
-        summary = record.write(complete)
+            with interrupt.held(raise_after=False):
+                pool.close()
+
+
+def execute(settings: Settings, directory: Path) -> dict:
+    """Search every (micro-batch, HBM) setting, write the run's files into `directory`, return best.json.
+
+    Interrupted (Ctrl-C, SIGTERM), it writes what was done, marked `"complete": false`, and returns."""
+    record = Run(settings, directory)
+    complete = False
+    try:
+        if settings.known_chip is not None:
+            search_known(settings, record)
+        else:
+            search_all(settings, record)
+        complete = True
+    except KeyboardInterrupt:
+        pass
+    finally:  # on an error too: what was done is written, incomplete
+        with interrupt.held(raise_after=complete):
+            summary = record.write(complete)
     if complete and summary.get("feasible"):
-        plot_best(settings, summary, directory)
+        if settings.known_chip is not None:
+            plot_stages(settings, summary, record.costs[summary["micro_batch_size"]], directory)
+        else:
+            plot_best(settings, summary, directory)
     return summary
 
 
@@ -266,10 +277,11 @@ def run(settings: Settings) -> None:
     directory = Path(HydraConfig.get().runtime.output_dir)
     summary = execute(settings, directory)
     report(summary, directory)
+    if not summary["complete"]:
+        raise interrupt.Interrupted(f"what was done is in {directory}, marked incomplete")
     infeasible = [s for s in summary["per_setting"] if not s.get("feasible")]
-    if summary["complete"] and infeasible:
-        print(f"phaze: error: hbm_size: {infeasible[0]['reason']}", file=sys.stderr)
-        sys.exit(2)
+    if infeasible:
+        raise Infeasible(infeasible[0]["reason"])
 
 
 def baseline_text(baseline: dict) -> str:
@@ -284,6 +296,8 @@ def report(summary: dict, directory: Path) -> None:
     console = Console(width=max(Console().width, 120))
     for setting in summary["per_setting"]:
         head = f"micro-batch {setting['micro_batch_size']}, HBM {setting['hbm_size_gib']:.4g} GiB"
+        if not setting.get("complete", True):
+            head += " (interrupted: the best of those evaluated)"
         if not setting.get("feasible"):
             console.print(f"{head}: {setting.get('reason', 'interrupted')}")
             continue

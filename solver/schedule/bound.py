@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
+from solver.schedule import interruptible
 from solver.schedule.problem import ScheduleProblem
 
 
@@ -81,7 +82,7 @@ def exclusive_bound(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = workers
-    status = solver.solve(model)
+    status = interruptible.solve(solver, model)
     bound = max(0.0, solver.best_objective_bound) * resolution
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return bound, None

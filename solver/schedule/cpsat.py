@@ -33,6 +33,7 @@ import time
 from ortools.sat.python import cp_model
 
 from solver.schedule.bound import add_exclusive_bounds, exclusive_bound
+from solver.schedule import interruptible
 from solver.schedule.cores import assign_cores
 from solver.schedule.heuristic import improve_modes, schedule_in_modes
 from solver.schedule.listsched import Schedule, retime
@@ -170,7 +171,7 @@ def solve_cpsat(
     found = []
     for portfolio in (False, True) if workers == 1 else (True,):  # both from the heuristic's hint
         solver = _solver(deadline - time.monotonic(), relative_gap, workers, portfolio)
-        status = solver.solve(built.model)
+        status = interruptible.solve(solver, built.model)
         if status in (cp_model.MODEL_INVALID, cp_model.INFEASIBLE):
             raise RuntimeError(f"CP-SAT returned {solver.status_name(status)} for a model with a feasible hint")
         bound = max(bound, (solver.best_objective_bound - len(problem.ops)) * resolution)

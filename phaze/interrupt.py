@@ -1,0 +1,51 @@
+"""Stopping a run: SIGTERM is taken like Ctrl-C (KeyboardInterrupt), the files are written whatever
+arrives meanwhile, and `phaze` then exits 130 with one line (phaze/cli.py)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: The exit status of an interrupted run (128 + SIGINT, as a shell reports a Ctrl-C).
+EXIT_CODE = 130
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by the user after writing what was done; the message says where."""
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does (a batch system's stop
+    then writes the files too). A SIGINT the parent ignores (`nohup`, `&`) stays ignored."""
+    signal.signal(signal.SIGTERM, _raise)
+
+
+def ignore() -> None:
+    """From now on SIGINT and SIGTERM do nothing (the run is stopping: repeated Ctrl-Cs must not cut
+    its exit short)."""
+    for number in SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+
+
+@contextmanager
+def held(raise_after: bool = True) -> Iterator[None]:
+    """Run the block (writing the files) with SIGINT and SIGTERM held; one that arrived is raised
+    as KeyboardInterrupt after the block when `raise_after` (else dropped: already stopping)."""
+    arrived: list[int] = []
+    previous = {number: signal.getsignal(number) for number in SIGNALS}
+    for number, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(number, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if arrived and raise_after:
+        raise KeyboardInterrupt

@@ -1,0 +1,190 @@
+"""Interrupting phaze: Ctrl-C (SIGINT) and SIGTERM sent to real processes stop them within seconds
+whatever the schedule backend, the files say what was done (incomplete), the exit status is 130
+with one line, a cut-short schedule is never cached, and a rerun finishes from the caches."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import TINY
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+ENVIRONMENT = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+#: Longest wait [s] from the signal to the process's exit (a CP-SAT solve in progress included).
+STOP_WITHIN = 5.0
+
+#: One layer that CP-SAT cannot close within minutes: 60 mixed operators on 3 tensor and 2 vector
+#: cores. The child solves it through a ScheduleCache on disk and reports what the store holds.
+SOLVE_ONE_LAYER = textwrap.dedent("""
+    import random, sqlite3, sys
+    from phaze import interrupt
+    from solver.schedule import Op, ScheduleCache, ScheduleProblem
+    interrupt.install()
+    rng = random.Random(1)
+    ops = []
+    for _ in range(60):
+        latency = rng.uniform(1, 10)
+        ops.append(Op(rng.choice(["TC", "VC", "TCandVC"]), latency, latency / rng.uniform(1.5, 4)))
+    edges = [(i, j) for j in range(60) for i in range(max(0, j - 6), j) if rng.random() < 0.15]
+    cache = ScheduleCache(sys.argv[1])
+    print("solving", flush=True)
+    try:
+        cache.solve(ScheduleProblem(ops, edges, num_tc=3, num_vc=2), "cpsat", 300.0)
+    except KeyboardInterrupt:
+        interrupt.ignore()
+        rows = sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM schedules").fetchone()[0]
+        print(f"interrupted, {rows} cached", flush=True)
+        sys.exit(130)
+    print("finished", flush=True)
+""")
+
+
+def start(arguments: list[str], cwd: Path) -> subprocess.Popen:
+    """A child with SIGINT at its default, whatever the test runner's shell did to it."""
+    return subprocess.Popen(arguments, cwd=cwd, env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def send(process: subprocess.Popen, number: int, times: int = 1) -> float:
+    """Send the signal (`times` times, 20 ms apart); the seconds until the process has exited."""
+    sent = time.monotonic()
+    for _ in range(times):
+        if process.poll() is None:
+            process.send_signal(number)
+        time.sleep(0.02)
+    process.wait(timeout=60)
+    return time.monotonic() - sent
+
+
+@pytest.mark.parametrize("number, times", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGINT, 5)],
+                         ids=["sigint", "sigterm", "sigint-repeated"])
+def test_cpsat_solve_stops_at_once_and_is_not_cached(tmp_path, number, times):
+    process = start([sys.executable, "-c", SOLVE_ONE_LAYER, str(tmp_path / "schedules.sqlite")], tmp_path)
+    assert process.stdout.readline() == "solving\n"
+    time.sleep(2.0)  # the heuristic is done; CP-SAT (the exclusive bound or the full model) is solving
+    assert send(process, number, times) < STOP_WITHIN
+    output, errors = process.communicate()
+    assert (process.returncode, output) == (130, "interrupted, 0 cached\n"), errors
+
+
+def _rows(path: Path, table: str) -> int:
+    """Rows of a cache table another process is writing (0 while it cannot be read)."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.1) as db:
+            return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def run_solver(tmp_path: Path, run: str, cache: str, *overrides: str) -> list[str]:
+    """A small run_solver command whose search lasts seconds on 2 cores (40 candidates, all evaluated)."""
+    return [sys.executable, "-m", "phaze", "run_solver", *TINY, "search=exhaustive", "candidate_sample=40",
+            "model.overrides.num_layers=4", f"cache_dir={tmp_path / cache}", f"hydra.run.dir={tmp_path / run}",
+            *overrides]
+
+
+def interrupt_search(tmp_path: Path, arguments: list[str], number: int, times: int = 1,
+                     jobs: int = 1) -> subprocess.CompletedProcess:
+    """Start the run, signal it once its search has evaluated a batch of candidates (8 per worker
+    process), and check that it stopped in time."""
+    process = start(arguments, tmp_path)
+    store = Path(arguments[[a.startswith("cache_dir=") for a in arguments].index(True)].split("=", 1)[1])
+    deadline = time.monotonic() + 120
+    while _rows(store / "evaluations.sqlite", "placements") < 8 * jobs + 4:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert send(process, number, times) < STOP_WITHIN
+    output, errors = process.communicate()
+    return subprocess.CompletedProcess(arguments, process.returncode, output, errors)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """best.json of the same run, never interrupted, on its own cache."""
+    root = tmp_path_factory.mktemp("reference")
+    done = subprocess.run(run_solver(root, "run", "cache", "n_jobs=1"), cwd=root, env=ENVIRONMENT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads((root / "run" / "best.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number, times, jobs", [(signal.SIGINT, 1, 1), (signal.SIGTERM, 1, 2), (signal.SIGINT, 5, 1)],
+                         ids=["sigint", "sigterm-2-workers", "sigint-repeated"])
+def test_interrupted_run_writes_what_was_done_and_a_rerun_finishes(tmp_path, reference, number, times, jobs):
+    arguments = run_solver(tmp_path, "stopped", "cache", f"n_jobs={jobs}")
+    stopped = interrupt_search(tmp_path, arguments, number, times, jobs)
+    assert stopped.returncode == 130, stopped.stderr
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert last.startswith("phaze: interrupted: what was done is in ") and "rerun the same command" in last
+    assert "Traceback" not in stopped.stderr
+    best = json.loads((tmp_path / "stopped" / "best.json").read_text())
+    assert best["complete"] is False and best["per_setting"][0]["complete"] is False
+    table = pd.read_csv(tmp_path / "stopped" / "results.csv")
+    assert len(table) and not table["run_complete"].any()
+    assert best["architectures_evaluated"] == table["candidate_index"].nunique() < 40
+    assert "interrupted" in stopped.stdout  # the summary says so
+
+    rerun = subprocess.run(run_solver(tmp_path, "rerun", "cache", f"n_jobs={jobs}"), cwd=tmp_path, env=ENVIRONMENT,
+                           capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    again = json.loads((tmp_path / "rerun" / "best.json").read_text())
+    assert again["complete"] is True and again["architectures_evaluated"] == 40
+    for field in ("throughput", "accelerator", "placement"):
+        assert again[field] == reference[field]
+
+
+@pytest.mark.slow
+def test_heuristic_backend_interrupted_exits_130(tmp_path):
+    stopped = interrupt_search(tmp_path, run_solver(tmp_path, "stopped", "cache", "n_jobs=1", "schedule.backend=heuristic",
+                                                    "candidate_sample=400"), signal.SIGINT)
+    assert stopped.returncode == 130 and stopped.stderr.strip().splitlines()[-1].startswith("phaze: interrupted")
+    assert json.loads((tmp_path / "stopped" / "best.json").read_text())["complete"] is False
+
+
+def signal_while_tracing(tmp_path: Path, mode: str, number: int) -> subprocess.CompletedProcess:
+    """Run `mode` on GPT-3 (four widths to trace); signal it once the first width's graph is cached."""
+    process = start([sys.executable, "-m", "phaze", mode, "model=megatrongpt3", f"cache_dir={tmp_path / 'cache'}",
+                     f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "cache").glob("graphs/*.json")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    assert send(process, number) < STOP_WITHIN
+    output, errors = process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, output, errors)
+
+
+def test_interrupt_while_tracing_writes_an_empty_incomplete_run(tmp_path):
+    """Before the search: nothing evaluated, still a best.json that says so."""
+    stopped = signal_while_tracing(tmp_path, "run_solver", signal.SIGTERM)
+    assert stopped.returncode == 130 and stopped.stderr.strip().splitlines()[-1].startswith("phaze: interrupted")
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert (best["complete"], best["per_setting"], best["architectures_evaluated"]) == (False, [], 0)
+
+
+@pytest.mark.parametrize("mode", ["extract_graph", "prepopulate_estimates"])
+def test_other_modes_interrupted_exit_130_with_one_line(tmp_path, mode):
+    stopped = signal_while_tracing(tmp_path, mode, signal.SIGINT)
+    assert stopped.returncode == 130
+    assert stopped.stderr.strip().splitlines() == ["phaze: interrupted; rerun the same command to resume from the caches"]
+
+
+def test_interrupt_before_the_run_starts_exits_130_with_one_line(tmp_path):
+    """While phaze imports its modules and checks the configuration."""
+    process = start([sys.executable, "-m", "phaze", "run_solver", f"cache_dir={tmp_path / 'cache'}"], tmp_path)
+    time.sleep(0.5)
+    assert send(process, signal.SIGINT) < STOP_WITHIN
+    output, errors = process.communicate()
+    assert process.returncode == 130 and not (tmp_path / "outputs").exists()
+    assert errors.strip().splitlines() == ["phaze: interrupted; rerun the same command to resume from the caches"]
