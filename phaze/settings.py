@@ -183,6 +183,50 @@ def unknown_key_error(path: str, allowed: Iterable[str]) -> ConfigError:
     return ConfigError(f"{path}: unknown key;{hint} valid: {', '.join(valid)}")
 
 
+def config_schema(default: dict) -> dict:
+    """The keys a command line may set: the default composition (a plain container) and any
+    ModelSpec field under model.overrides (checked by the settings)."""
+    model = {**default.get("model", {}), "overrides": {field.name: None for field in dataclasses.fields(ModelSpec)}}
+    return {**default, "model": model}
+
+
+def _optional(path: str) -> bool:
+    """Keys phaze can do without: ModelSpec overrides and the fixed baseline (null or removed: none)."""
+    return path.startswith(("model.overrides.", "model.fixed_megatron"))
+
+
+def config_key_error(config: dict, schema: dict, prefix: str = "") -> ConfigError | None:
+    """The first key of the composed `config` (plain containers) that `schema` (config_schema) lacks,
+    a mapping replaced by a value, or a key removed (~key) that phaze needs; None if there is none."""
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            return unknown_key_error(path, schema)
+        expected = schema[key]
+        if isinstance(expected, dict) and not (value is None and _optional(path)):
+            if not isinstance(value, dict):
+                return ConfigError(f"{path}: must be a mapping of {', '.join(expected)}, got {value!r}")
+            if error := config_key_error(value, expected, f"{path}."):
+                return error
+    for key in schema:
+        if key not in config and not _optional(f"{prefix}{key}"):
+            return ConfigError(f"{prefix}{key}: missing; phaze reads it: set a value ({prefix}{key}=...) rather than "
+                               f"remove it")
+    return None
+
+
+def override_key_error(path: str, schema: dict) -> ConfigError | None:
+    """The error for an override of a dotted `path` that `schema` (config_schema) does not have."""
+    node, parts = schema, path.split(".")
+    for depth, key in enumerate(parts):
+        if not isinstance(node, dict):
+            return None  # inside a list or a value: hydra's or the settings' error
+        if key not in node:
+            return unknown_key_error(".".join(parts[: depth + 1]), node)
+        node = node[key]
+    return None
+
+
 def _boolean(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{name}: must be true or false, got {value!r}")

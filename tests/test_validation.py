@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from phaze.cli import check_command_line
+from phaze.cli import check_command_line, split_command_line
 from phaze.settings import ConfigError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -116,6 +117,111 @@ def test_a_number_out_of_range_on_the_command_line(tmp_path):
     assert message == f"hbm_size: must be a finite number in (0, {GIB_PER_PIB:,}] GiB, got inf"
 
 
+# 2. Composition errors: unknown keys, bad syntax, flags -------------------------------------------
+
+def test_an_unknown_key_without_plus_names_the_keys_of_its_mapping():
+    accelerator = [key for key in OmegaConf.load(CONF / "config.yaml").accelerator]
+    message = error("accelerator.link_bandwidth=inf")
+    assert message.startswith("accelerator.link_bandwidth: unknown key; did you mean accelerator.hbm_bandwidth? valid: ")
+    assert valid_keys(message) == accelerator
+
+
+@pytest.mark.parametrize(
+    "argument, start",
+    [
+        ("hbm_size=[1,", "hbm_size: cannot read 'hbm_size=[1,' ("),
+        ("a=b=c", "a: cannot read 'a=b=c' ("),
+        ("~nosuch", "nosuch: unknown key; valid: "),
+        ("schedule.backnd=milp", "schedule.backnd: unknown key; did you mean schedule.backend? valid: backend, "),
+        ("model.overrides.num_layers=2", "model.overrides.num_layers: "),
+        ("hbm_size.x=1", "hbm_size.x: "),
+        ("accelerator=3", "accelerator: must be a mapping of preset, num_tc"),
+        ("model=bertlarge,gpt2", "model: 'model=bertlarge,gpt2' sweeps several values; add -m"),
+        ("--frobnicate", "--frobnicate: unknown option"),
+        ("--cfg=everything", "--cfg: invalid choice: 'everything'"),
+    ],
+)
+def test_composition_errors_are_one_line_naming_the_key(argument, start):
+    assert error(argument).startswith(start)
+
+
+def test_an_interpolation_to_nothing_names_its_key():
+    assert error("max_tensor_parallel_width=${nosuch}") == (
+        "max_tensor_parallel_width: Interpolation key 'nosuch' not found")
+
+
+def test_a_key_only_hydra_could_add_says_how():
+    assert "+model.overrides.num_layers=2" in error("model.overrides.num_layers=2")
+
+
+def test_two_hydra_commands_at_once():
+    assert error("-m", "model=bertlarge", "--cfg", "job") == (
+        "--cfg: cannot go with --multirun; give one of --run, --multirun (-m), --cfg, --info, --shell-completion")
+
+
+def test_unknown_key_and_bad_syntax_on_the_command_line(tmp_path):
+    message = assert_rejected(phaze("run_solver", "accelerator.link_bandwidth=inf", cwd=tmp_path), tmp_path,
+                              "accelerator.link_bandwidth")
+    assert "did you mean accelerator.hbm_bandwidth?" in message
+    assert_rejected(phaze("extract_graph", "hbm_size=[1,", cwd=tmp_path), tmp_path, "hbm_size")
+    assert_rejected(phaze("extract_graph", "model=bertbase", "-m", "micro_batch_size=1,2", "--cfg", "job",
+                          cwd=tmp_path), tmp_path, "--cfg")
+
+
+# 3. Additions that nothing reads ---------------------------------------------------------------
+
+def top_level_keys():
+    """The keys config.yaml sets, and its two groups."""
+    config = OmegaConf.load(CONF / "config.yaml")
+    return {key for key in config if key not in ("defaults", "hydra", "mode")} | {"model", "system"}
+
+
+def test_a_misspelt_addition_suggests_the_key():
+    message = error("+micro_batchsize=2")
+    assert message.startswith("micro_batchsize: unknown key; did you mean micro_batch_size? valid: ")
+    assert set(valid_keys(message)) == top_level_keys()
+
+
+def test_a_new_key_lists_the_top_level_keys():
+    message = error("+new_key=1")
+    assert message.startswith("new_key: unknown key; valid: ") and set(valid_keys(message)) == top_level_keys()
+
+
+@pytest.mark.parametrize("system", ["dgx_a100", "original"])
+def test_the_schema_is_the_chosen_group_option(system):
+    preset = OmegaConf.load(CONF / "system" / f"{system}.yaml")
+    keys = list(preset.system if system == "original" else preset)  # original.yaml is a _global_ package
+    message = error(f"system={system}", "+system.links=2")
+    assert message.startswith("system.links: unknown key; ") and valid_keys(message) == keys
+
+
+def test_additions_in_a_sweep_and_nested():
+    assert error("-m", "model=bertlarge,gpt2", "+foo=1").startswith("foo: unknown key; valid: ")
+    assert error("+accelerator.clock=1e9").startswith("accelerator.clock: unknown key; did you mean "
+                                                      "accelerator.clock_hz? valid: preset, ")
+    assert error("+model.overrides.num_layer=2").startswith(
+        "model.overrides.num_layer: unknown key; did you mean model.overrides.num_layers? valid: name, num_layers, ")
+
+
+@pytest.mark.parametrize("arguments", [
+    ["+model.overrides.num_layers=2"],
+    ["hydra.job.name=other", "+hydra.job.env_set.X=1"],
+    ["~model.fixed_megatron"],
+    ["model.fixed_megatron=null"],
+])
+def test_legitimate_additions_are_taken(arguments):
+    check_command_line("run_solver", arguments)
+
+
+def test_removing_a_key_phaze_reads():
+    assert error("~model.max_tensor_parallel_width").startswith("model.max_tensor_parallel_width: missing; ")
+
+
+def test_an_unknown_addition_on_the_command_line(tmp_path):
+    message = assert_rejected(phaze("run_solver", "+micro_batchsize=2", cwd=tmp_path), tmp_path, "micro_batchsize")
+    assert "did you mean micro_batch_size?" in message
+
+
 # 4. Model overrides ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
@@ -196,3 +302,37 @@ def test_an_installed_solver_or_another_backend_is_taken(installed):
 def test_gurobi_without_gurobipy_on_the_command_line(tmp_path):
     result = phaze("run_solver", "schedule.backend=milp", "schedule.milp_solver=gurobi", cwd=tmp_path)
     assert "(pip install gurobipy)" in assert_rejected(result, tmp_path, "schedule.milp_solver")
+
+
+# 6. Flags and the mode -------------------------------------------------------------------------
+
+def test_overrides_and_flags_are_told_apart():
+    parsed, flags = split_command_line(["model=bertbase", "--cfg", "job", "micro_batch_size=2", "-m"])
+    assert parsed.overrides == ["model=bertbase", "micro_batch_size=2"] and flags == ["--cfg", "job", "-m"]
+
+
+@pytest.mark.parametrize("arguments", [
+    ["model=bertbase", "--help"],
+    ["--help", "model=bertbase"],
+    ["model=bertbase", "--cfg", "job"],
+    ["--cfg", "job", "model=bertbase"],
+])
+def test_help_and_cfg_after_or_before_the_overrides(arguments, tmp_path):
+    result = phaze("run_solver", *arguments, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "mode: run_solver\n" in result.stdout and "  name: bertbase\n" in result.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_multirun_flag_before_or_after_the_overrides(before, tmp_path):
+    overrides = ["model=bertbase", "+model.overrides.num_layers=1", "micro_batch_size=1,2"]
+    result = phaze("extract_graph", *(["-m", *overrides] if before else [*overrides, "-m"]), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(list(tmp_path.glob("outputs/multirun/*/*/*/extract_summary.csv"))) == 2
+
+
+def test_the_mode_is_the_subcommand(tmp_path):
+    message = assert_rejected(phaze("run_solver", "model=bertbase", "mode=predict", cwd=tmp_path), tmp_path, "mode")
+    assert "'mode=predict'" in message and "extract_graph,prepopulate_estimates,run_solver,predict" in message
+    assert error("+mode=predict").startswith("mode: set by the subcommand")
