@@ -6,6 +6,7 @@ wrong input prints one line, exits with code 2 and writes nothing.
 
 from __future__ import annotations
 
+import argparse
 import secrets
 import sys
 from pathlib import Path
@@ -21,7 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from phaze import sweep
-from phaze.settings import MODES, ConfigError, model_name_error, settings_from_config, system_name_error
+from phaze.settings import (
+    MODES,
+    ConfigError,
+    config_key_error,
+    config_schema,
+    model_name_error,
+    override_key_error,
+    settings_from_config,
+    system_name_error,
+)
 from phaze.sweep import Infeasible
 
 #: This process's token in its run directory's name (`${run_token:}` in hydra.run.dir and
@@ -44,30 +54,104 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _argument_error(message: str) -> None:
+    """argparse's error (an unknown flag, a flag's bad value) as a one-line ConfigError."""
+    if message.startswith("unrecognized arguments: "):
+        flag = message.removeprefix("unrecognized arguments: ").split()[0]
+        raise ConfigError(f"{flag}: unknown option; phaze <mode> --help lists the options")
+    if message.startswith("argument "):
+        flags, _, problem = message.removeprefix("argument ").partition(": ")
+        raise ConfigError(f"{flags.split('/')[0]}: {problem}")
+    raise ConfigError(f"arguments: {message}")
+
+
+def split_command_line(arguments: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """hydra's reading of the arguments (overrides and flags in any order) and the flags alone
+    (the arguments that are not overrides, in their order)."""
+    parser = get_args_parser()
+    parser.error = _argument_error
+    parsed = parser.parse_intermixed_args(arguments)
+    overrides, flags = list(parsed.overrides), []
+    for argument in arguments:
+        if overrides and argument == overrides[0]:
+            overrides.pop(0)
+        else:
+            flags.append(argument)
+    return parsed, flags
+
+
+def _override_key(override: str) -> str:
+    """The dotted key an override sets: `+a.b@pkg=1` -> `a.b`."""
+    return override.partition("=")[0].lstrip("+~").partition("@")[0]
+
+
+def _composition_error(job: list[str], schema: dict, error: Exception) -> ConfigError:
+    """A hydra composition error as one line naming the key of the override that caused it."""
+    for override in job:
+        if problem := override_key_error(_override_key(override), schema):
+            return problem
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [_override_key(o) for o in job if _override_key(o) in str(error)]  # hydra quotes the key
+    return ConfigError(f"{max(named, key=len, default='config')}: {' '.join(lines[:2])}")
+
+
 def check_command_line(mode: str, arguments: list[str]) -> None:
     """Compose the config of every job the arguments describe and validate it (ConfigError)."""
-    parsed = get_args_parser().parse_args(arguments)
-    if parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion:
+    parsed, _ = split_command_line(arguments)
+    parser = OverridesParser.create()
+    overrides = []
+    for argument in parsed.overrides:
+        try:
+            overrides += parser.parse_overrides([argument])
+        except HydraException as error:
+            problem = " ".join(line.strip() for line in str(error).splitlines()
+                               if line.strip() and not line.startswith(("Error parsing", "See ")))
+            raise ConfigError(f"{_override_key(argument)}: cannot read {argument!r} ({problem}); "
+                              "see https://hydra.cc/docs/advanced/override_grammar/basic") from None
+    for override in overrides:
+        if _override_key(override.input_line) == "mode":
+            raise ConfigError(f"mode: set by the subcommand, not an override, got {override.input_line!r}; "
+                              f"give it first: phaze {{{','.join(MODES)}}} [overrides]")
+        if override.is_sweep_override() and not parsed.multirun:
+            raise ConfigError(f"{override.key_or_group}: {override.input_line!r} sweeps several values; add -m "
+                              "for one job per value, or give a list as [a,b]")
+    if parsed.help or parsed.hydra_help:
         return
-    try:
-        overrides = OverridesParser.create().parse_overrides(parsed.overrides)
-    except HydraException:
-        return  # hydra reports its own syntax errors
+    commands = [flag for flag, given in (("--run", parsed.run), ("--multirun", parsed.multirun), ("--cfg", parsed.cfg),
+                                         ("--info", parsed.info), ("--shell-completion", parsed.shell_completion)) if given]
+    if len(commands) > 1:
+        raise ConfigError(f"{commands[1]}: cannot go with {commands[0]}; give one of --run, --multirun (-m), --cfg, "
+                          "--info, --shell-completion")
+    if parsed.resolve and not parsed.cfg:
+        raise ConfigError("--resolve: goes with --cfg or --help only")
+    if commands and commands[0] not in ("--run", "--multirun"):
+        return
     user_overrides = [o for o in overrides if not o.key_or_group.startswith("hydra")]
     jobs = BasicSweeper.split_arguments(user_overrides, None)[0] if user_overrides else [[]]
+    schemas: dict[tuple[str, ...], dict] = {}
     with hydra.initialize_config_module(config_module="phaze.conf", version_base="1.3"):
         for job in jobs:
-            for override in job:
-                key, _, value = override.partition("=")
-                if key.lstrip("+~") == "model" and (error := model_name_error(value)):
+            groups = tuple(o for o in job if _override_key(o) in ("model", "system"))
+            for override in groups:
+                value = override.partition("=")[2]
+                if _override_key(override) == "model" and (error := model_name_error(value)):
                     raise error
-                if key.lstrip("+~") == "system" and (error := system_name_error(value)):
+                if _override_key(override) == "system" and (error := system_name_error(value)):
                     raise error
+            if groups not in schemas:
+                default = hydra.compose(config_name="config", overrides=[*groups, f"mode={mode}"])
+                schemas[groups] = config_schema(OmegaConf.to_container(default))
             try:
                 cfg = hydra.compose(config_name="config", overrides=[*job, f"mode={mode}"])
-            except (HydraException, OmegaConfBaseException):
-                return  # an unknown key or a bad value type: hydra reports it when it runs
-            settings_from_config(cfg)
+            except (HydraException, OmegaConfBaseException) as error:
+                raise _composition_error(job, schemas[groups], error) from None
+            if error := config_key_error(OmegaConf.to_container(cfg), schemas[groups]):
+                raise error
+            try:
+                settings_from_config(cfg)
+            except OmegaConfBaseException as error:
+                key = getattr(error, "full_key", None) or "config"
+                raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -112,9 +196,12 @@ def main() -> None:
     mode, rest = arguments[0], arguments[1:]
     try:
         check_command_line(mode, rest)
+        parsed, flags = split_command_line(rest)
     except ConfigError as error:
         _fail(str(error))
-    sys.argv = [f"phaze-{mode}", *rest, f"mode={mode}"]
+    # hydra reads its flags and overrides with argparse, which takes the overrides as one run:
+    # the overrides (and the mode) first, then the flags (`--help`, `--cfg job`, `-m`) wherever given.
+    sys.argv = [f"phaze-{mode}", *parsed.overrides, f"mode={mode}", *flags]
     _run()
     if SWEEP.failures:
         print("\n".join(SWEEP.summary()), file=sys.stderr)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib.util
+import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +31,34 @@ MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
 TEMPLATE_HBM_GIB = 32
 #: The cluster presets of phaze/conf/system/.
 SYSTEMS = tuple(sorted(path.stem for path in (Path(__file__).parent / "conf" / "system").glob("*.yaml")))
+#: Largest HBM per device [GiB] taken: 1 PiB, far beyond any chip (the largest have hundreds of GiB).
+MAX_HBM_GIB = 1_048_576
+#: Largest cluster [devices]: a million accelerators, beyond any training cluster built.
+MAX_DEVICES = 1_048_576
+#: Largest batch [samples] (global or micro-batch).
+MAX_BATCH = 16_777_216
+#: Largest integer ModelSpec field (layers, widths, heads, vocabulary, positions).
+MAX_MODEL_SIZE = 16_777_216
+#: Largest worker-process count of `n_jobs`.
+MAX_JOBS = 1024
+#: Largest time limit of one layer schedule [s]: a day.
+MAX_TIME_LIMIT_S = 86_400.0
+#: Ranges of the template's technology fields (unit, largest value): 100 GHz, 1 PB/s.
+ACCELERATOR_NUMBERS = {"clock_hz": ("Hz", 1e11), "hbm_bandwidth": ("B/s", 1e15)}
+#: The package each MILP solver needs (CBC ships with PuLP).
+MILP_PACKAGES = {"cbc": "pulp", "highs": "highspy", "gurobi": "gurobipy"}
+#: The values a ModelSpec text field takes (see graph_extract.zoo.ModelSpec).
+SPEC_CHOICES = {
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_position": ("pre", "post"),
+    "activation": ("gelu", "gelu_tanh", "relu", "swiglu"),
+    "position_embedding": ("learned", "rotary"),
+    "head": ("lm", "pooler", "bert_pretraining"),
+}
+#: ModelSpec integer fields that may be zero.
+SPEC_MAY_BE_ZERO = ("position_offset", "token_types")
+#: The fields of `model.fixed_megatron`, the fixed Megatron-style baseline (p, t, d).
+FIXED_MEGATRON_FIELDS = ("pipeline_stages", "tensor_parallel_width", "data_parallel_degree")
 
 
 class ConfigError(ValueError):
@@ -89,16 +122,28 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _positive_int(name: str, value: object) -> int:
-    if not _is_int(value) or value <= 0:
-        raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+def _amount(value: float) -> str:
+    """A limit as people read it: 1,048,576 (a count, seconds) or 1e+15 (a float this large)."""
+    return f"{value:g}" if isinstance(value, float) and value >= 1e7 else f"{value:,.0f}"
+
+
+def _positive_int(name: str, value: object, maximum: int | None = None) -> int:
+    if not _is_int(value) or value <= 0 or (maximum is not None and value > maximum):
+        limit = "" if maximum is None else f" at most {_amount(maximum)}"
+        raise ConfigError(f"{name}: must be a positive integer{limit}, got {value!r}")
     return value
 
 
-def _positive_number(name: str, value: object, unit: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{name}: must be a positive number of {unit}, got {value!r}")
-    return value
+def _is_finite_number(value: object) -> bool:
+    """An int or a finite float (not a bool, inf or nan)."""
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _positive_number(name: str, value: object, unit: str, maximum: float | None = None) -> float:
+    if not _is_finite_number(value) or value <= 0 or (maximum is not None and value > maximum):
+        allowed = "a finite positive number of" if maximum is None else f"a finite number in (0, {_amount(maximum)}]"
+        raise ConfigError(f"{name}: must be {allowed} {unit}, got {value!r}")
+    return float(value)
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -127,6 +172,59 @@ def system_name_error(name: object) -> ConfigError | None:
     if name in SYSTEMS:
         return None
     return ConfigError(f"system: unknown {name!r}; valid: {', '.join(SYSTEMS)}")
+
+
+def unknown_key_error(path: str, allowed: Iterable[str]) -> ConfigError:
+    """The error for a key the config does not have, with the closest of `allowed` as a hint."""
+    parent, _, key = path.rpartition(".")
+    valid = [name for name in allowed if name != "mode"]  # the mode is the subcommand
+    match = difflib.get_close_matches(key, valid, n=1)
+    hint = f" did you mean {parent + '.' if parent else ''}{match[0]}?" if match else ""
+    return ConfigError(f"{path}: unknown key;{hint} valid: {', '.join(valid)}")
+
+
+def config_schema(default: dict) -> dict:
+    """The keys a command line may set: the default composition (a plain container) and any
+    ModelSpec field under model.overrides (checked by the settings)."""
+    model = {**default.get("model", {}), "overrides": {field.name: None for field in dataclasses.fields(ModelSpec)}}
+    return {**default, "model": model}
+
+
+def _optional(path: str) -> bool:
+    """Keys phaze can do without: ModelSpec overrides and the fixed baseline (null or removed: none)."""
+    return path.startswith(("model.overrides.", "model.fixed_megatron"))
+
+
+def config_key_error(config: dict, schema: dict, prefix: str = "") -> ConfigError | None:
+    """The first key of the composed `config` (plain containers) that `schema` (config_schema) lacks,
+    a mapping replaced by a value, or a key removed (~key) that phaze needs; None if there is none."""
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            return unknown_key_error(path, schema)
+        expected = schema[key]
+        if isinstance(expected, dict) and not (value is None and _optional(path)):
+            if not isinstance(value, dict):
+                return ConfigError(f"{path}: must be a mapping of {', '.join(expected)}, got {value!r}")
+            if error := config_key_error(value, expected, f"{path}."):
+                return error
+    for key in schema:
+        if key not in config and not _optional(f"{prefix}{key}"):
+            return ConfigError(f"{prefix}{key}: missing; phaze reads it: set a value ({prefix}{key}=...) rather than "
+                               f"remove it")
+    return None
+
+
+def override_key_error(path: str, schema: dict) -> ConfigError | None:
+    """The error for an override of a dotted `path` that `schema` (config_schema) does not have."""
+    node, parts = schema, path.split(".")
+    for depth, key in enumerate(parts):
+        if not isinstance(node, dict):
+            return None  # inside a list or a value: hydra's or the settings' error
+        if key not in node:
+            return unknown_key_error(".".join(parts[: depth + 1]), node)
+        node = node[key]
+    return None
 
 
 def _boolean(name: str, value: object) -> bool:
@@ -184,6 +282,26 @@ def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Traini
     return training, recompute, values
 
 
+def _spec_field(field: dataclasses.Field, value: object) -> None:
+    """Check one `model.overrides` value against its ModelSpec field's type and range."""
+    name = f"model.overrides.{field.name}"
+    if field.name in SPEC_CHOICES:
+        _choice(name, value, SPEC_CHOICES[field.name])
+    elif field.type == "bool":
+        _boolean(name, value)
+    elif field.type == "float":
+        if not _is_finite_number(value) or not 0 <= value < 1:
+            raise ConfigError(f"{name}: must be a number in [0, 1), got {value!r}")
+    elif field.type == "str":
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{name}: must be a non-empty text, got {value!r}")
+    elif field.name in SPEC_MAY_BE_ZERO:
+        if not _is_int(value) or not 0 <= value <= MAX_MODEL_SIZE:
+            raise ConfigError(f"{name}: must be an integer from 0 to {_amount(MAX_MODEL_SIZE)}, got {value!r}")
+    elif not (field.type == "int | None" and value is None):
+        _positive_int(name, value, MAX_MODEL_SIZE)
+
+
 def _spec(cfg: DictConfig) -> ModelSpec:
     error = model_name_error(cfg.model.name)
     if error:
@@ -191,14 +309,23 @@ def _spec(cfg: DictConfig) -> ModelSpec:
     overrides = OmegaConf.to_container(cfg.model.overrides) if "overrides" in cfg.model else {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
-    try:
-        return get_spec(cfg.model.name).with_overrides(**overrides)
-    except (TypeError, ValueError) as problem:
-        raise ConfigError(f"model.overrides: {problem}") from None
+    fields = {field.name: field for field in dataclasses.fields(ModelSpec)}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise unknown_key_error(f"model.overrides.{key}", fields)
+        _spec_field(fields[key], value)
+    spec = get_spec(cfg.model.name).with_overrides(**overrides)
+    if spec.hidden_size % spec.num_heads:
+        raise ConfigError(f"model.overrides.num_heads: {spec.num_heads} heads do not divide hidden_size="
+                          f"{spec.hidden_size}; allowed: a divisor of {spec.hidden_size}")
+    if spec.position_embedding == "rotary" and spec.head_dim % 2:
+        raise ConfigError(f"model.overrides.num_heads: rotary positions need an even head size, got hidden_size / "
+                          f"num_heads = {spec.hidden_size} / {spec.num_heads} = {spec.head_dim}")
+    return spec
 
 
 def _widths(cfg: DictConfig, spec: ModelSpec) -> tuple[int, ...]:
-    maximum = _positive_int("max_tensor_parallel_width", cfg.max_tensor_parallel_width)
+    maximum = _positive_int("max_tensor_parallel_width", cfg.max_tensor_parallel_width, MAX_DEVICES)
     if cfg.tensor_parallel_width is None:
         return valid_tensor_parallel_widths(spec, maximum)
     width = cfg.tensor_parallel_width
@@ -223,13 +350,16 @@ def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None, Know
         name = DEFAULT_BUDGET
     else:
         name = known.template_name if known is not None else preset
+    for key, (unit, maximum) in ACCELERATOR_NUMBERS.items():
+        if key in overrides:
+            _positive_number(f"accelerator.{key}", overrides[key], f"{unit} or null", maximum)
     try:
         accelerator = named_accelerator(name, **overrides)
     except (TypeError, ValueError) as problem:
         raise ConfigError(str(problem)) from None
     area_budget = cfg.area_budget
     if area_budget is not None:
-        area_budget = float(_positive_number("area_budget", area_budget, "µm² or null"))
+        area_budget = _positive_number("area_budget", area_budget, "µm² or null")
     try:
         candidate_space(accelerator, area_budget)
     except ValueError as problem:
@@ -280,20 +410,25 @@ def _fixed_megatron(cfg: DictConfig, spec: ModelSpec) -> FixedStrategy | None:
     if fixed is None:
         return None
     return FixedStrategy(
-        *(_positive_int(f"model.fixed_megatron.{name}", fixed[name])
-          for name in ("pipeline_stages", "tensor_parallel_width", "data_parallel_degree")),
+        *(_positive_int(f"model.fixed_megatron.{name}", fixed.get(name), MAX_DEVICES) for name in FIXED_MEGATRON_FIELDS),
         spec.num_layers,
     )
 
 
 def _schedule(cfg: DictConfig) -> ScheduleSettings:
     gap = cfg.schedule.relative_gap
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap < 1:
+    if not _is_finite_number(gap) or not 0 <= gap < 1:
         raise ConfigError(f"schedule.relative_gap: must be in [0, 1), got {gap!r}")
+    backend = _choice("schedule.backend", cfg.schedule.backend, BACKENDS)
+    milp_solver = _choice("schedule.milp_solver", cfg.schedule.milp_solver, MILP_SOLVERS)
+    if backend == "milp" and importlib.util.find_spec(MILP_PACKAGES[milp_solver]) is None:
+        available = [name for name in MILP_SOLVERS if importlib.util.find_spec(MILP_PACKAGES[name]) is not None]
+        raise ConfigError(f"schedule.milp_solver: {milp_solver} needs the {MILP_PACKAGES[milp_solver]} package "
+                          f"(pip install {MILP_PACKAGES[milp_solver]}); available here: {', '.join(available) or 'none'}")
     return ScheduleSettings(
-        backend=_choice("schedule.backend", cfg.schedule.backend, BACKENDS),
-        time_limit=float(_positive_number("schedule.time_limit", cfg.schedule.time_limit, "seconds")),
-        milp_solver=_choice("schedule.milp_solver", cfg.schedule.milp_solver, MILP_SOLVERS),
+        backend=backend,
+        time_limit=_positive_number("schedule.time_limit", cfg.schedule.time_limit, "seconds", MAX_TIME_LIMIT_S),
+        milp_solver=milp_solver,
         relative_gap=float(gap),
     )
 
@@ -317,7 +452,8 @@ def settings_from_config(cfg: DictConfig) -> Settings:
     """Check every user-facing key of the composed config."""
     mode = _choice("mode", cfg.mode, MODES)
     spec = _spec(cfg)
-    micro_batch_sizes = tuple(_positive_int("micro_batch_size", v) for v in _values("micro_batch_size", cfg.micro_batch_size))
+    micro_batch_sizes = tuple(_positive_int("micro_batch_size", v, MAX_BATCH)
+                              for v in _values("micro_batch_size", cfg.micro_batch_size))
     sequence_length = spec.default_sequence_length if cfg.sequence_length is None else cfg.sequence_length
     widths = _widths(cfg, spec)
     try:
@@ -330,9 +466,9 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         raise ConfigError(f"force_reextract: must be true or false, got {cfg.force_reextract!r}")
     accelerator, area_budget, known = _accelerator(cfg)
     hbm = cfg.hbm_size if cfg.hbm_size is not None else known.hbm_capacity / GIB if known else TEMPLATE_HBM_GIB
-    hbm_sizes = tuple(float(_positive_number("hbm_size", v, "GiB")) for v in _values("hbm_size", hbm))
-    global_batch_size = _positive_int("global_batch_size", cfg.global_batch_size)
-    system, step_model = _system(cfg, _positive_int("num_devices", cfg.num_devices))
+    hbm_sizes = tuple(_positive_number("hbm_size", v, "GiB", MAX_HBM_GIB) for v in _values("hbm_size", hbm))
+    global_batch_size = _positive_int("global_batch_size", cfg.global_batch_size, MAX_BATCH)
+    system, step_model = _system(cfg, _positive_int("num_devices", cfg.num_devices, MAX_DEVICES))
     training, recompute, virtual_stages = _training(cfg, spec, step_model)
     if mode in ("run_solver", "predict"):
         for micro_batch_size in micro_batch_sizes:
@@ -342,8 +478,8 @@ def settings_from_config(cfg: DictConfig) -> Settings:
                 )
     sample = cfg.candidate_sample
     n_jobs = cfg.n_jobs
-    if not _is_int(n_jobs) or n_jobs == 0 or n_jobs < -1:
-        raise ConfigError(f"n_jobs: must be a positive integer or -1 (all cores), got {n_jobs!r}")
+    if not _is_int(n_jobs) or n_jobs == 0 or n_jobs < -1 or n_jobs > MAX_JOBS:
+        raise ConfigError(f"n_jobs: must be a positive integer at most {_amount(MAX_JOBS)} or -1 (all cores), got {n_jobs!r}")
     fields = dict(
         mode=mode,
         spec=spec,
