@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.progress import track
 
 from estimator.accelerator import POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, EnergyCosts
 from estimator.cache import GemmCache, cache_key
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost
 from estimator.work import Gemm, VectorTerm
+from phaze.progress import Progress
 
 Shape = tuple[int, int, int]
 
@@ -105,13 +105,23 @@ class EstimateTable:
             if cost is not None:
                 self._gemms[shape] = cost
         missing = [shape for shape in wanted if shape not in self._gemms]
-        for shape in track(missing, description="GEMM estimates") if progress and missing else missing:
-            cost = gemm_cost(*shape, self._pes, self._num, self._glb, self.memory)
-            if self.cache:
-                self.cache.store(*shape, cost)
-            self._gemms[shape] = cost
+        if progress:
+            with Progress(f"GEMM estimates ({len(wanted) - len(missing):,} cached)", len(missing), "shapes") as counter:
+                for shape in missing:
+                    self._compute(shape)
+                    counter.advance()
+        else:
+            for shape in missing:
+                self._compute(shape)
         self.computed += len(missing)
         return len(missing)
+
+    def _compute(self, shape: Shape) -> None:
+        """Compute (and store) one GEMM shape's costs."""
+        cost = gemm_cost(*shape, self._pes, self._num, self._glb, self.memory)
+        if self.cache:
+            self.cache.store(*shape, cost)
+        self._gemms[shape] = cost
 
     def gemm_arrays(self, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
         """(cycles, energy [J]) of one GEMM shape on every tensor-core configuration of the table."""

@@ -200,7 +200,7 @@ def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = N
     `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
     budget accelerator and technology (default TPUv4-like); `area_budget` [µm²]: default the
     template's area; `cache_dir`: where estimates persist (default `default_cache_dir()`); what is
-    cached is loaded, the rest computed with a progress bar.
+    cached is loaded, the rest computed (`progress`: with `phaze.progress`).
     """
     template = template or named_accelerator(DEFAULT_BUDGET)
     table = EstimateTable(template, candidate_space(template, area_budget).tc_cores,

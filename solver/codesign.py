@@ -26,6 +26,7 @@ from estimator import MODEL_VERSION as ESTIMATOR_VERSION
 from estimator import AcceleratorConfig, CandidateSpace, EstimateTable, candidate_space
 from graph_extract import ExtractedModel, extract
 from graph_extract.serialize import FORMAT_VERSION as GRAPH_VERSION
+from phaze.progress import Progress
 from solver import search
 from solver.bounds import ROUNDING_MARGIN, GroupBounds, group_bounds, optimistic_throughputs
 from solver.evaluate import (
@@ -186,8 +187,12 @@ def accelerator_costs(resources: Resources, accelerator: AcceleratorConfig) -> L
     stored = resources.costs.get(key, partial(_stored_costs, resources.graphs))
     if stored is not None:
         return stored
-    costs = layer_costs(resources.job, resources.graphs, accelerator, resources.table,
-                        context.schedule.scheduler(resources.schedules))
+    chip = (f"{accelerator.num_tc} TC {accelerator.tc_width}x{accelerator.tc_depth}, {accelerator.num_vc} VC, "
+            f"{accelerator.glb_bytes // 2**20} MiB")
+    groups = sum(len(graphs.repeat_groups) for graphs in resources.graphs.values())
+    with Progress(f"layer schedules of {chip}", groups, "unique layers") as progress:
+        costs = layer_costs(resources.job, resources.graphs, accelerator, resources.table,
+                            context.schedule.scheduler(resources.schedules), progress.advance)
     resources.costs.put(key, {w: {layer: dataclasses.asdict(c) for layer, c in layers.items()}
                               for w, layers in costs.items()})
     return costs

@@ -82,8 +82,9 @@ def _layer_problems(job: Job, graphs_by_width, accelerator: AcceleratorConfig, t
 
 
 def layer_costs(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
-                schedule: Scheduler) -> LayerCosts:
-    """Schedule each repeat group's representative; its cost is the group's."""
+                schedule: Scheduler, on_layer: Callable[[], None] = lambda: None) -> LayerCosts:
+    """Schedule each repeat group's representative; its cost is the group's. `on_layer` is called
+    after each group (progress)."""
     costs: LayerCosts = {}
     for width, group, forward, backward, core in _layer_problems(job, graphs_by_width, accelerator, table):
         results = [schedule(forward), schedule(backward)]
@@ -104,6 +105,7 @@ def layer_costs(job: Job, graphs_by_width, accelerator: AcceleratorConfig, table
             gap=max(r.gap for r in results + ([core_result] if core_result else [])),
         )
         costs.setdefault(width, {}).update({layer: cost for layer in group})
+        on_layer()
     return costs
 
 

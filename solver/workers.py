@@ -3,23 +3,42 @@ state (graphs, estimate table, caches) lives in each worker's loop, not in modul
 
 Workers start with `spawn`, on the first call, in their own process group, so a Ctrl-C in the
 terminal reaches only the driver, which stops them (`close`); a worker whose driver has gone exits.
-One pool serves a whole run: a call for another context rebuilds the worker's state.
+One pool serves a whole run: a call for another context rebuilds the worker's state. A worker's log
+records (its warnings, its progress lines) come back on the results queue, in order with its
+results, and the driver logs them with its own handlers (console and phaze.log); a warning whose text
+the driver or another worker gave already is dropped.
 """
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
 import multiprocessing
 import os
 import queue
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from graph_extract.serialize import new_warning
+from phaze.progress import mark_worker
+
 #: How often [s] an idle worker checks that its driver is still there.
 DRIVER_CHECK = 5.0
 
 
-def _serve(build: Callable[[Any], Any], driver: int, tasks, results) -> None:
+class _ToDriver(logging.handlers.QueueHandler):
+    """Puts a worker's log records on the results queue, under the key None."""
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put((None, None, record))
+
+
+def _serve(build: Callable[[Any], Any], driver: int, tasks, results, level: int) -> None:
     os.setpgrp()
+    logging.getLogger().handlers[:] = [_ToDriver(results)]
+    logging.getLogger().setLevel(level)
+    logging.captureWarnings(True)
+    mark_worker()
     argument, state = None, None  # the state of the latest context only
     while True:
         try:
@@ -51,8 +70,10 @@ class WorkerPool:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         self._tasks, self._results = context.Queue(), context.Queue()
-        self._workers = [context.Process(target=_serve, args=(self.build, os.getpid(), self._tasks, self._results),
-                                         daemon=True) for _ in range(self.processes)]
+        level = logging.getLogger().getEffectiveLevel()
+        self._workers = [context.Process(target=_serve, name=f"worker {number}", daemon=True,
+                                         args=(self.build, os.getpid(), self._tasks, self._results, level))
+                         for number in range(1, self.processes + 1)]
         for worker in self._workers:
             worker.start()
 
@@ -66,11 +87,17 @@ class WorkerPool:
         found: dict[int, Any] = {}
         while len(found) < len(chunks):
             try:
-                (call, index), error, value = self._results.get(timeout=1.0)
+                key, error, value = self._results.get(timeout=1.0)
             except queue.Empty:
                 if not all(worker.is_alive() for worker in self._workers):
                     raise RuntimeError("a worker process died") from None
                 continue
+            if key is None:  # a worker's log record: logged here, a warning only once
+                if value.levelno < logging.WARNING or new_warning(value.getMessage()):
+                    value.msg = f"{value.processName}: {value.msg}"
+                    logging.getLogger(value.name).handle(value)
+                continue
+            call, index = key
             if call != self._calls:
                 continue
             if error is not None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from graph_extract import ExtractedModel, extract
 from graph_extract.serialize import atomic_write
+from phaze.progress import Progress, setup_logging, show_table
 from phaze.settings import Settings
+
+log = logging.getLogger(__name__)
 
 #: Summary columns and their printed headers.
 COLUMNS = {
@@ -29,11 +31,10 @@ COLUMNS = {
 
 
 def extract_all(settings: Settings) -> dict[int, dict[int, ExtractedModel]]:
-    """micro-batch size -> width -> graphs, from the cache when possible, with a progress bar."""
+    """micro-batch size -> width -> graphs, from the cache when possible, with progress."""
     jobs = [(b, t) for b in settings.micro_batch_sizes for t in settings.tensor_parallel_widths]
     extracted: dict[int, dict[int, ExtractedModel]] = {}
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"extracting {settings.spec.name}", total=len(jobs))
+    with Progress(f"graph extraction of {settings.spec.name}", len(jobs), "graphs", log) as progress:
         for micro_batch_size, width in jobs:
             extracted.setdefault(micro_batch_size, {})[width] = extract(
                 settings.spec,
@@ -43,7 +44,7 @@ def extract_all(settings: Settings) -> dict[int, dict[int, ExtractedModel]]:
                 cache_dir=settings.cache_dir,
                 force=settings.force_reextract,
             )
-            progress.advance(task)
+            progress.advance()
     return extracted
 
 
@@ -63,13 +64,14 @@ def summary_row(graphs: ExtractedModel) -> dict[str, int]:
 
 
 def run(settings: Settings) -> None:
+    setup_logging()
     rows = [summary_row(graphs) for by_width in extract_all(settings).values() for graphs in by_width.values()]
     table = Table(title=f"{settings.spec.name}, sequence {settings.sequence_length}")
     for header in COLUMNS.values():
         table.add_column(header, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*(f"{row[column]:,}" for column in COLUMNS))
-    Console(width=max(Console().width, 180)).print(table)
+    show_table(table)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(COLUMNS))
     writer.writeheader()

@@ -9,19 +9,22 @@ says so, why, and the memory it would need.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from rich.console import Console
 from rich.table import Table
 
 from graph_extract import extract
 from graph_extract.serialize import atomic_write
 from phaze import results
+from phaze.progress import Progress, setup_logging, show, show_table
 from phaze.settings import Settings
 from solver.predict import Prediction, chip_costs, predict
 
 PREDICTION = "prediction.json"
+
+log = logging.getLogger(__name__)
 
 
 def prediction_record(settings: Settings, prediction: Prediction) -> dict:
@@ -70,8 +73,10 @@ def run_prediction(settings: Settings) -> Prediction:
     """Extract (or load) the graphs, cost the layers on the chip and price the placement."""
     job = settings.job(settings.micro_batch_sizes[0])
     width = settings.tensor_parallel_widths[0]
-    graphs = extract(settings.spec, job.micro_batch_size, settings.sequence_length, width,
-                     cache_dir=settings.cache_dir, force=settings.force_reextract)
+    with Progress(f"graph extraction of {settings.spec.name}", 1, "graphs", log) as progress:
+        graphs = extract(settings.spec, job.micro_batch_size, settings.sequence_length, width,
+                         cache_dir=settings.cache_dir, force=settings.force_reextract)
+        progress.advance()
     costs = chip_costs(job, {width: graphs}, settings.known_chip, settings.cache_dir, settings.schedule)
     return predict(job, graphs, costs, settings.known_chip, settings.pipeline_parallel_width,
                    settings.data_parallel_width, (settings.virtual_stages or (1,))[0])
@@ -98,12 +103,13 @@ def report(record: dict) -> None:
                   " + ".join(f"{memory[kind] / 2**30:.3g} {kind.replace('_', ' ')}"
                              for kind in ("weights", "gradients", "optimizer_state", "activations"))
                   + f" = {memory['total'] / 2**30:.3g} of {inputs['memory_capacity_bytes'] / 2**30:.3g}")
-    Console(width=max(Console().width, 120)).print(table)
+    show_table(table)
 
 
 def run(settings: Settings) -> None:
+    setup_logging()
     directory = Path(HydraConfig.get().runtime.output_dir)
     record = prediction_record(settings, run_prediction(settings))
     atomic_write(directory / PREDICTION, results.dumps(record))
     report(record)
-    Console().print(f"wrote {directory / PREDICTION}")
+    show(f"wrote {directory / PREDICTION}")

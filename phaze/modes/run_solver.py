@@ -8,17 +8,17 @@ resume where it stopped.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from estimator import AcceleratorConfig, CandidateSpace, candidate_space, layer_workload, prepopulate
 from phaze import interrupt, plots, results
 from phaze.modes.extract_graph import extract_all
+from phaze.progress import Progress, setup_logging, show
 from phaze.settings import Settings
 from phaze.sweep import Infeasible
 from solver.codesign import CandidateOutcome, Resources, Search, SearchContext, accelerator_costs, evaluate_accelerator
@@ -28,6 +28,8 @@ from solver.predict import chip_costs
 from solver.search import SearchResult
 from solver.workers import WorkerPool
 from solver.schedule import plot_gantt
+
+log = logging.getLogger(__name__)
 
 
 def sample(count: int, size: int | None) -> list[int]:
@@ -197,22 +199,25 @@ def search_known(settings: Settings, record: Run) -> None:
     """A chip that exists: no architecture search, the best placement of every (micro-batch, HBM)
     setting over t, p, d, v and recomputation, and the model's fixed Megatron placement beside it."""
     chip, graphs = settings.known_chip, extract_all(settings)
-    for micro_batch_size in settings.micro_batch_sizes:
-        job = settings.job(micro_batch_size)
-        costs = chip_costs(job, graphs[micro_batch_size], chip, settings.cache_dir, settings.schedule)
-        outcome = CandidateOutcome(-1, chip, {hbm: evaluate_placements(job, graphs[micro_batch_size], chip, costs, hbm)
-                                              for hbm in job.memory_capacities})
-        record.add(outcome, job)
-        record.costs[micro_batch_size] = costs
-        for hbm in job.memory_capacities:
-            setting = {**results.best_record(outcome, job, hbm), "architectures_evaluated": 1, "complete": True}
-            if not setting["feasible"]:
-                setting["reason"] = (f"no placement of {settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB "
-                                     f"per device of {chip.name}")
-            else:
-                setting["baselines"] = {"fixed_megatron": fixed_megatron_baseline(
-                    settings, job, graphs[micro_batch_size], costs, outcome, hbm)}
-            record.per_setting.append(setting)
+    setting_count = sum(len(settings.job(size).memory_capacities) for size in settings.micro_batch_sizes)
+    with Progress(f"placement on {chip.name} per (micro-batch, HBM)", setting_count, "settings", log) as placement:
+        for micro_batch_size in settings.micro_batch_sizes:
+            job = settings.job(micro_batch_size)
+            costs = chip_costs(job, graphs[micro_batch_size], chip, settings.cache_dir, settings.schedule)
+            outcome = CandidateOutcome(-1, chip, {hbm: evaluate_placements(job, graphs[micro_batch_size], chip, costs,
+                                                                           hbm) for hbm in job.memory_capacities})
+            placement.advance(len(job.memory_capacities))
+            record.add(outcome, job)
+            record.costs[micro_batch_size] = costs
+            for hbm in job.memory_capacities:
+                setting = {**results.best_record(outcome, job, hbm), "architectures_evaluated": 1, "complete": True}
+                if not setting["feasible"]:
+                    setting["reason"] = (f"no placement of {settings.spec.name} fits in "
+                                         f"{results.gibibytes(hbm):.4g} GiB per device of {chip.name}")
+                else:
+                    setting["baselines"] = {"fixed_megatron": fixed_megatron_baseline(
+                        settings, job, graphs[micro_batch_size], costs, outcome, hbm)}
+                record.per_setting.append(setting)
 
 
 def search_all(settings: Settings, record: Run) -> None:
@@ -222,17 +227,21 @@ def search_all(settings: Settings, record: Run) -> None:
                 cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
     space = candidate_space(settings.accelerator, settings.area_budget)
     candidates = sample(len(space), settings.candidate_sample)
-    columns = (SpinnerColumn(), TextColumn("{task.description}: {task.completed} architectures"), TimeElapsedColumn())
     pool = WorkerPool(Resources.build, settings.n_jobs) if settings.n_jobs > 1 else None
+    searched = len(candidates) * len(settings.micro_batch_sizes)
+    name, total = f"candidates ({settings.search} search)", searched
+    if settings.search != "exhaustive":  # it stops early: all candidates are only an upper bound
+        name, total = f"candidates ({settings.search} search, at most {searched:,})", None
+    setting_count = sum(len(settings.job(size).memory_capacities) for size in settings.micro_batch_sizes)
     try:
-        with Progress(*columns, transient=True) as progress:
+        with (Progress("placement per (micro-batch, HBM)", setting_count, "settings", log) as placement,
+              Progress(name, total, "architectures", log, step=False) as progress):
             for micro_batch_size in settings.micro_batch_sizes:
-                task = progress.add_task(f"{settings.search} search, micro-batch {micro_batch_size}", total=None)
                 resources = Resources.build(search_context(settings, micro_batch_size))
 
-                def on_outcome(outcome: CandidateOutcome, job: Job = resources.job, task=task) -> None:
+                def on_outcome(outcome: CandidateOutcome, job: Job = resources.job) -> None:
                     record.add(outcome, job)
-                    progress.advance(task)
+                    progress.advance()
 
                 search = Search(resources, pool, on_outcome, candidates)
                 for hbm in resources.job.memory_capacities:
@@ -242,6 +251,7 @@ def search_all(settings: Settings, record: Run) -> None:
                         record.per_setting.append(record.setting(search, hbm, None))
                         raise
                     record.per_setting.append(record.setting(search, hbm, found))
+                    placement.advance()
     finally:
         if pool is not None:
             with interrupt.held(raise_after=False):
@@ -274,6 +284,7 @@ def execute(settings: Settings, directory: Path) -> dict:
 
 
 def run(settings: Settings) -> None:
+    setup_logging()
     directory = Path(HydraConfig.get().runtime.output_dir)
     summary = execute(settings, directory)
     report(summary, directory)
@@ -293,13 +304,13 @@ def baseline_text(baseline: dict) -> str:
 
 
 def report(summary: dict, directory: Path) -> None:
-    console = Console(width=max(Console().width, 120))
+    """The summary: one line (and its time breakdown) per setting, printed unwrapped and logged."""
     for setting in summary["per_setting"]:
         head = f"micro-batch {setting['micro_batch_size']}, HBM {setting['hbm_size_gib']:.4g} GiB"
         if not setting.get("complete", True):
             head += " (interrupted: the best of those evaluated)"
         if not setting.get("feasible"):
-            console.print(f"{head}: {setting.get('reason', 'interrupted')}")
+            show(f"{head}: {setting.get('reason', 'interrupted')}")
             continue
         accelerator, placement = setting["accelerator"], setting["placement"]
         chip = accelerator.get("name") or (
@@ -314,5 +325,5 @@ def report(summary: dict, directory: Path) -> None:
             f"{name.replace('_', ' ')} {seconds:.3g}" for name, seconds in setting["breakdown_s"].items() if seconds)
         for name, baseline in setting.get("baselines", {}).items():
             line += f"; vs {name}: {baseline_text(baseline)}"
-        console.print(line)
-    console.print(f"results: {directory}")
+        show(line)
+    show(f"results: {directory}")
