@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -100,16 +100,21 @@ class SearchContext:
         ]
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
-    def placement_key(self, memory: int) -> str:
-        """What a placement of given layer costs depends on besides them: the job (all but its HBM
-        sizes), the HBM per device [bytes] and bandwidth, and the version of every model behind it."""
+    @cached_property
+    def _placement_context(self) -> bytes:
+        """The part of every placement key that does not depend on the HBM size (a search asks for
+        thousands of keys: the job is written out once)."""
         record = [
             {"placement": PLACEMENT_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION},
             {**self.job.record(), "memory_capacities": None},
-            memory,
             self.template.hbm_bandwidth,
         ]
-        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+        return json.dumps(record, sort_keys=True).encode()
+
+    def placement_key(self, memory: int) -> str:
+        """What a placement of given layer costs depends on besides them: the job (all but its HBM
+        sizes), the HBM per device [bytes] and bandwidth, and the version of every model behind it."""
+        return hashlib.sha256(self._placement_context + b"/%d" % memory).hexdigest()
 
 
 @dataclass

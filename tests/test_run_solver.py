@@ -130,3 +130,20 @@ def test_micro_batch_that_does_not_divide_the_batch(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "phaze: error: micro_batch_size: 3 does not divide global_batch_size=64"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_run_reruns_from_the_caches_alone(run_in, monkeypatch):
+    """Everything a finished run computed is read back: the rerun solves no layer schedule and
+    searches no placement (placement results are cached per chip and HBM size), same answers."""
+    import solver.evaluate
+    import solver.schedule.cache
+
+    first, _ = run_in("first", "hbm_size=[1,2]", "micro_batch_size=[1,2]", "candidate_sample=24")
+
+    def computed(*arguments, **options):
+        raise AssertionError("computed again instead of read from the cache")
+
+    monkeypatch.setattr(solver.schedule.cache, "solve", computed)
+    monkeypatch.setattr(solver.evaluate, "best_placement", computed)
+    again, _ = run_in("again", "hbm_size=[1,2]", "micro_batch_size=[1,2]", "candidate_sample=24")
+    assert again["complete"] and again["per_setting"] == first["per_setting"]
