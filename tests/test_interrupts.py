@@ -23,58 +23,81 @@ INTERRUPTED = "phaze: interrupted; rerun the same command to resume from the cac
 #: Longest wait [s] from the signal to the process's exit (a CP-SAT solve in progress included).
 STOP_WITHIN = 5.0
 
-#: One layer that CP-SAT cannot close within minutes: 60 mixed operators on 3 tensor and 2 vector
-#: cores. The child solves it through a ScheduleCache on disk and reports what the store holds.
+#: One layer that no backend closes within minutes: mixed operators on 3 tensor and 2 vector cores
+#: (60 for CP-SAT, 25 for the MILP, whose model grows with the square). The child solves it
+#: through a ScheduleCache on disk and reports what the store holds.
 SOLVE_ONE_LAYER = textwrap.dedent("""
     import random, sqlite3, sys
     from phaze import interrupt
     from solver.schedule import Op, ScheduleCache, ScheduleProblem
     interrupt.install()
+    path, backend, milp_solver = sys.argv[1:]
+    count = 60 if backend == "cpsat" else 25
     rng = random.Random(1)
     ops = []
-    for _ in range(60):
+    for _ in range(count):
         latency = rng.uniform(1, 10)
         ops.append(Op(rng.choice(["TC", "VC", "TCandVC"]), latency, latency / rng.uniform(1.5, 4)))
-    edges = [(i, j) for j in range(60) for i in range(max(0, j - 6), j) if rng.random() < 0.15]
-    cache = ScheduleCache(sys.argv[1])
+    edges = [(i, j) for j in range(count) for i in range(max(0, j - 6), j) if rng.random() < 0.15]
+    cache = ScheduleCache(path)
     print("solving", flush=True)
     try:
-        cache.solve(ScheduleProblem(ops, edges, num_tc=3, num_vc=2), "cpsat", 300.0)
+        cache.solve(ScheduleProblem(ops, edges, num_tc=3, num_vc=2), backend, 120.0, milp_solver=milp_solver)
     except KeyboardInterrupt:
         interrupt.ignore()
-        rows = sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM schedules").fetchone()[0]
+        rows = sqlite3.connect(path).execute("SELECT count(*) FROM schedules").fetchone()[0]
         print(f"interrupted, {rows} cached", flush=True)
         sys.exit(130)
     print("finished", flush=True)
 """)
 
 
-def start(arguments: list[str], cwd: Path) -> subprocess.Popen:
+def start(arguments: list[str], cwd: Path, **options) -> subprocess.Popen:
     """A child with SIGINT at its default, whatever the test runner's shell did to it."""
     return subprocess.Popen(arguments, cwd=cwd, env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **options)
 
 
-def send(process: subprocess.Popen, number: int, times: int = 1) -> float:
-    """Send the signal (`times` times, 20 ms apart); the seconds until the process has exited."""
+def send(process: subprocess.Popen, number: int, times: int = 1, group: bool = False) -> float:
+    """Send the signal (`times` times, 20 ms apart; to the process's group, as a terminal's Ctrl-C
+    or a batch system's stop does, when `group`); the seconds until the process has exited."""
     sent = time.monotonic()
     for _ in range(times):
         if process.poll() is None:
-            process.send_signal(number)
+            os.killpg(process.pid, number) if group else process.send_signal(number)
         time.sleep(0.02)
     process.wait(timeout=60)
     return time.monotonic() - sent
 
 
-@pytest.mark.parametrize("number, times", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGINT, 5)],
-                         ids=["sigint", "sigterm", "sigint-repeated"])
-def test_cpsat_solve_stops_at_once_and_is_not_cached(tmp_path, number, times):
-    process = start([sys.executable, "-c", SOLVE_ONE_LAYER, str(tmp_path / "schedules.sqlite")], tmp_path)
+@pytest.mark.parametrize("backend, milp_solver, number, times", [
+    ("cpsat", "cbc", signal.SIGINT, 1), ("cpsat", "cbc", signal.SIGTERM, 1), ("cpsat", "cbc", signal.SIGINT, 5),
+    ("milp", "highs", signal.SIGTERM, 1), ("milp", "cbc", signal.SIGINT, 1),
+], ids=["cpsat-sigint", "cpsat-sigterm", "cpsat-sigint-repeated", "highs-sigterm", "cbc-sigint"])
+def test_a_solve_stops_at_once_and_is_not_cached(tmp_path, backend, milp_solver, number, times):
+    before = _processes("cbc")
+    process = start([sys.executable, "-c", SOLVE_ONE_LAYER, str(tmp_path / "schedules.sqlite"), backend, milp_solver],
+                    tmp_path, start_new_session=True)
     assert process.stdout.readline() == "solving\n"
-    time.sleep(2.0)  # the heuristic is done; CP-SAT (the exclusive bound or the full model) is solving
-    assert send(process, number, times) < STOP_WITHIN
+    time.sleep(2.0)  # the heuristic is done; the exact backend is solving
+    assert process.poll() is None
+    assert send(process, number, times, group=True) < STOP_WITHIN
     output, errors = process.communicate()
     assert (process.returncode, output) == (130, "interrupted, 0 cached\n"), errors
+    time.sleep(0.2)
+    assert _processes("cbc") <= before  # CBC's process did not outlive the solve
+
+
+def _processes(name: str) -> set[int]:
+    """The processes running `name` on this machine (Linux /proc)."""
+    found = set()
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == name:
+                found.add(int(comm.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def _rows(path: Path, table: str) -> int:

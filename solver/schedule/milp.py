@@ -11,11 +11,18 @@ units of the heuristic makespan, which keeps the coefficients near 1 for the sol
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from itertools import permutations
+from pathlib import Path
 
 import pulp
 
+from solver.schedule import interruptible
 from solver.schedule.cores import assign_cores
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
@@ -144,9 +151,10 @@ class _Model:
 
     def solve(self, solver: str, time_limit: float, relative_gap: float, workers: int) -> BackendOutcome:
         """Run one solver; read its schedule and its proven bound (seconds)."""
-        backend = _solver(solver, time_limit, relative_gap, workers)
+        stopping = threading.Event()
+        backend = _solver(solver, time_limit, relative_gap, workers, stopping)
         try:
-            self.lp.solve(backend)
+            interruptible.run(lambda: self.lp.solve(backend), partial(self._stop, stopping))
             bound = self._bound(solver, relative_gap)
         except Exception as error:
             if getattr(error, "errno", None) == 10010:  # gurobipy: model too large for the licence
@@ -168,6 +176,15 @@ class _Model:
         optimal = self.lp.sol_status == pulp.LpSolutionOptimal and relative_gap == 0.0
         return BackendOutcome(schedule, bound, optimal)
 
+    def _stop(self, stopping: threading.Event) -> None:
+        """Stop the solver of an interrupted solve: HiGHS polls `stopping` in its interrupt
+        callbacks, gurobipy's model is told to terminate, CBC's process is terminated."""
+        stopping.set()
+        model = getattr(self.lp, "solverModel", None)
+        if hasattr(model, "terminate"):
+            model.terminate()
+        _terminate_children("cbc")
+
     def _bound(self, solver: str, relative_gap: float) -> float:
         if solver == "highs":
             units = self.lp.solverModel.getInfo().mip_dual_bound
@@ -180,14 +197,43 @@ class _Model:
         return max(0.0, units - SOLVER_TOLERANCE) * self.unit
 
 
-def _solver(name: str, time_limit: float, relative_gap: float, workers: int) -> pulp.LpSolver:
+def _terminate_children(name: str) -> None:
+    """SIGTERM to this process's children running `name` (CBC ignores a Ctrl-C for seconds). Found
+    in Linux's /proc; elsewhere they end at their time limit."""
+    for listing in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        try:
+            for child in listing.read_text().split():
+                if Path(f"/proc/{child}/comm").read_text().strip() == name:
+                    os.kill(int(child), signal.SIGTERM)
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+
+
+def _highs_interrupt(stopping: threading.Event) -> Callable:
+    """A HiGHS callback that asks the solve to stop once `stopping` is set."""
+
+    def callback(kind, message, data_out, data_in, user_data) -> None:
+        if data_in is not None and stopping.is_set():
+            data_in.user_interrupt = True
+
+    return callback
+
+
+def _solver(name: str, time_limit: float, relative_gap: float, workers: int,
+            stopping: threading.Event) -> pulp.LpSolver:
     gap = relative_gap or None
     if name == "cbc":
         return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, threads=workers)
     if name == "highs":
         if not pulp.HiGHS(msg=False).available():
             raise RuntimeError("milp_solver: 'highs' needs highspy, which does not import here; use 'cbc'")
-        return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=workers)
+        import highspy
+
+        interrupts = [highspy.cb.HighsCallbackType.kCallbackSimplexInterrupt,
+                      highspy.cb.HighsCallbackType.kCallbackIpmInterrupt,
+                      highspy.cb.HighsCallbackType.kCallbackMipInterrupt]
+        return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=workers,
+                          callbackTuple=(_highs_interrupt(stopping), None), callbacksToActivate=interrupts)
     solver = pulp.GUROBI(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, OutputFlag=0, Threads=workers)
     if not solver.available():
         raise RuntimeError("milp_solver: 'gurobi' needs gurobipy installed and licensed; use 'cbc' or 'highs'")
