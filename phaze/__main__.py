@@ -10,11 +10,15 @@ from phaze import interrupt
 def main() -> None:
     interrupt.install()
     try:
-        from phaze.cli import main as command
-
+        with interrupt.held():  # torch, ortools and highspy abort or swallow a signal while they load
+            from phaze.cli import main as command
         command()
     except KeyboardInterrupt as stop:
         interrupt.ignore()
+        # A KeyboardInterrupt raised in code run by exec() (a dataclass being defined) leaves CPython's
+        # "unhandled interrupt" mark set, which would end the process by SIGINT instead of the
+        # status below; a successful exec() clears the mark.
+        exec("pass")
         where = f": {stop}" if str(stop) else ""
         print(f"phaze: interrupted{where}; rerun the same command to resume from the caches", file=sys.stderr)
         sys.exit(interrupt.EXIT_CODE)

@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from phaze import sweep
+from phaze import interrupt, sweep
 from phaze.settings import (
     MODES,
     ConfigError,
@@ -160,14 +160,15 @@ def _run(cfg: DictConfig) -> None:
         settings = settings_from_config(cfg)
     except ConfigError as error:
         _fail(str(error))
-    if settings.mode == "extract_graph":
-        from phaze.modes.extract_graph import run
-    elif settings.mode == "prepopulate_estimates":
-        from phaze.modes.prepopulate_estimates import run
-    elif settings.mode == "predict":
-        from phaze.modes.predict import run
-    else:
-        from phaze.modes.run_solver import run
+    with interrupt.held():  # a signal waits until the modules have loaded (phaze/__main__.py)
+        if settings.mode == "extract_graph":
+            from phaze.modes.extract_graph import run
+        elif settings.mode == "prepopulate_estimates":
+            from phaze.modes.prepopulate_estimates import run
+        elif settings.mode == "predict":
+            from phaze.modes.predict import run
+        else:
+            from phaze.modes.run_solver import run
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         run(settings)

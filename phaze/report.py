@@ -164,6 +164,7 @@ def main(arguments: list[str]) -> int:
         print(f"phaze: error: DIR: none of the {len(found.skipped)} runs under {directory} can be read", file=sys.stderr)
         return 2
     results.write_frame(directory, "report", found.summary)
+    written = [directory / "report.csv", directory / "report.parquet"]
     evaluations = found.evaluations
     if "area" in evaluations:  # known chips have no area to plot against
         evaluations = evaluations[evaluations["area"].notna()]
@@ -171,6 +172,7 @@ def main(arguments: list[str]) -> int:
             evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
             plots.plot_throughput_vs_area(evaluations, {}, directory / "report_throughput_vs_area.png",
                                           f"{len(found.shown)} settings")
+            written.append(directory / "report_throughput_vs_area.png")
     print_report(directory, found)
-    print(f"wrote {directory / 'report.csv'}")
+    print(f"wrote {', '.join(str(path) for path in written)}")
     return 0

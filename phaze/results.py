@@ -127,8 +127,8 @@ def write_frame(directory: Path, name: str, frame: pd.DataFrame) -> None:
 
 
 def write_table(directory: Path, rows: list[dict]) -> pd.DataFrame:
-    """The evaluation table: results.parquet and results.csv."""
-    frame = pd.DataFrame(rows)
+    """The evaluation table: results.parquet and results.csv (with its header when no row)."""
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(TABLE_COLUMNS))
     write_frame(directory, TABLE, frame)
     return frame
 

@@ -205,11 +205,16 @@ def test_other_modes_interrupted_exit_130_with_one_line(tmp_path, mode):
     assert "graph extraction of megatrongpt3: stopped (KeyboardInterrupt)" in stopped.stderr  # the log says so
 
 
-def test_interrupt_before_the_run_starts_exits_130_with_one_line(tmp_path):
-    """While phaze imports its modules and checks the configuration."""
-    process = start([sys.executable, "-m", "phaze", "run_solver", f"cache_dir={tmp_path / 'cache'}"], tmp_path)
-    time.sleep(0.5)
-    assert send(process, signal.SIGINT) < STOP_WITHIN
-    output, errors = process.communicate()
-    assert process.returncode == 130 and not (tmp_path / "outputs").exists()
-    assert errors.strip().splitlines() == [INTERRUPTED]
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_interrupt_while_phaze_starts_exits_130_with_one_line(tmp_path, number):
+    """Whenever the signal lands while phaze loads its modules (torch, ortools and highspy abort,
+    fail or swallow a signal that lands while they load) or checks the configuration."""
+    for delay in (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7):
+        process = start([sys.executable, "-m", "phaze", "run_solver", f"cache_dir={tmp_path / 'cache'}",
+                         f"hydra.run.dir={tmp_path / str(delay)}"], tmp_path)
+        time.sleep(delay)
+        assert send(process, number) < STOP_WITHIN, delay
+        output, errors = process.communicate()
+        assert process.returncode == 130, (delay, errors)
+        assert errors.strip().splitlines()[-1].startswith("phaze: interrupted"), (delay, errors)
+        assert not any(sign in errors for sign in ("Traceback", "terminate called", "Fatal Python error")), errors
