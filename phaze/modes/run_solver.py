@@ -195,12 +195,17 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     plot_gantt(problem, schedule, directory / "gantt.png", f"{settings.spec.name} {name} forward, width {width}")
 
 
+def setting_count(settings: Settings) -> int:
+    """The (micro-batch, HBM) settings of a run."""
+    return len(settings.micro_batch_sizes) * len(settings.hbm_sizes_gib)
+
+
 def search_known(settings: Settings, record: Run) -> None:
     """A chip that exists: no architecture search, the best placement of every (micro-batch, HBM)
     setting over t, p, d, v and recomputation, and the model's fixed Megatron placement beside it."""
     chip, graphs = settings.known_chip, extract_all(settings)
-    setting_count = sum(len(settings.job(size).memory_capacities) for size in settings.micro_batch_sizes)
-    with Progress(f"placement on {chip.name} per (micro-batch, HBM)", setting_count, "settings", log) as placement:
+    with Progress(f"placement on {chip.name} per (micro-batch, HBM)", setting_count(settings), "settings",
+                  log) as placement:
         for micro_batch_size in settings.micro_batch_sizes:
             job = settings.job(micro_batch_size)
             costs = chip_costs(job, graphs[micro_batch_size], chip, settings.cache_dir, settings.schedule)
@@ -232,9 +237,8 @@ def search_all(settings: Settings, record: Run) -> None:
     name, total = f"candidates ({settings.search} search)", searched
     if settings.search != "exhaustive":  # it stops early: all candidates are only an upper bound
         name, total = f"candidates ({settings.search} search, at most {searched:,})", None
-    setting_count = sum(len(settings.job(size).memory_capacities) for size in settings.micro_batch_sizes)
     try:
-        with (Progress("placement per (micro-batch, HBM)", setting_count, "settings", log) as placement,
+        with (Progress("placement per (micro-batch, HBM)", setting_count(settings), "settings", log) as placement,
               Progress(name, total, "architectures", log, step=False) as progress):
             for micro_batch_size in settings.micro_batch_sizes:
                 resources = Resources.build(search_context(settings, micro_batch_size))
