@@ -61,12 +61,18 @@ class ExtractedModel:
         return attention_core(self.op_graph)
 
 
+def _kv_heads_allow(spec: ModelSpec, width: int) -> bool:
+    """The key/value heads split over `width` ranks (it divides them) or are replicated (they divide it)."""
+    return spec.kv_heads % width == 0 or width % spec.kv_heads == 0
+
+
 def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[int, ...]:
-    """Powers of two up to `maximum` that divide the head count (and so the hidden and FFN sizes)."""
+    """Powers of two up to `maximum` that divide the head count (and so the hidden and FFN sizes) and
+    that the key/value heads allow."""
     spec = get_spec(model)
     widths, width = [], 1
     while width <= maximum:
-        if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0:
+        if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0 and _kv_heads_allow(spec, width):
             widths.append(width)
         width *= 2
     return tuple(widths)
@@ -84,6 +90,11 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
     if isinstance(width, bool) or not isinstance(width, int) or width <= 0 or width & (width - 1):
         raise ValueError(f"tensor_parallel_width: must be a power of two, got {width!r}")
     valid = valid_tensor_parallel_widths(spec, width)
+    if spec.num_heads % width == 0 and not _kv_heads_allow(spec, width):
+        raise ValueError(
+            f"tensor_parallel_width: {width} and the {spec.kv_heads} key/value heads of {spec.name} do not divide "
+            f"one another; valid: {', '.join(map(str, valid))}"
+        )
     if width not in valid:
         raise ValueError(
             f"tensor_parallel_width: {width} does not divide the {spec.num_heads} heads of {spec.name}; "
@@ -92,15 +103,22 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
 
 
 def parameter_count(model: torch.nn.Module, width: int) -> int:
-    """Parameters of all shards together: a split parameter counts width times, a replicated one once."""
+    """Parameters of all shards together: a split parameter counts once per distinct slice (width /
+    its replicas), a replicated one once."""
     return sum(
-        p.numel() * (width if getattr(p, "partition_dim", None) is not None else 1) for p in model.parameters()
+        p.numel() * (width // getattr(p, "replicas", 1) if getattr(p, "partition_dim", None) is not None else 1)
+        for p in model.parameters()
     )
 
 
 def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> Path:
-    """One file per (model, micro-batch, sequence length, width, format); the spec hash covers overrides."""
-    spec_hash = hashlib.sha1(repr(dataclasses.astuple(spec)).encode()).hexdigest()[:8]
+    """One file per (model, micro-batch, sequence length, width, format); the spec hash covers overrides.
+
+    A multi-head spec (num_kv_heads None, the last field) hashes without that field: its key, and so
+    the graphs cached before grouped-query attention existed, stay valid.
+    """
+    fields = dataclasses.astuple(spec)
+    spec_hash = hashlib.sha1(repr(fields[:-1] if spec.num_kv_heads is None else fields).encode()).hexdigest()[:8]
     name = f"{spec.name}_mbs{micro_batch_size}_seq{sequence_length}_tp{width}_v{FORMAT_VERSION}_{spec_hash}.json"
     return Path(cache_dir) / "graphs" / name
 

@@ -5,7 +5,9 @@ functions that the tracer keeps as single leaf calls (`COLLECTIVES`); run on one
 their input, which has the right shape. `verify.py` runs all shards of a width side by side and
 replaces each collective by the real reduction, which proves the shards compute the model.
 
-Every sharded parameter carries `partition_dim`, the dimension its full tensor is split along.
+Every sharded parameter carries `partition_dim`, the dimension its full tensor is split along, and
+`replicas`, how many consecutive ranks hold the same slice (1, except the key/value heads of
+grouped-query attention when the width exceeds them: width / replicas slices).
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ def copy_to_tensor_parallel_region(x: torch.Tensor, group_size: int) -> torch.Te
 COLLECTIVES = (all_reduce, copy_to_tensor_parallel_region)
 
 
-def sharded_parameter(*shape: int, partition_dim: int | None) -> nn.Parameter:
-    """An uninitialised parameter, marked with the dimension it is split along (None: replicated)."""
+def sharded_parameter(*shape: int, partition_dim: int | None, replicas: int = 1) -> nn.Parameter:
+    """An uninitialised parameter, marked with the dimension it is split along (None: replicated)
+    and the number of ranks that hold each slice."""
     parameter = nn.Parameter(torch.empty(*shape))
     parameter.partition_dim = partition_dim  # type: ignore[attr-defined]
+    parameter.replicas = replicas  # type: ignore[attr-defined]
     return parameter
 
 
@@ -45,12 +49,17 @@ def _init_linear(weight: nn.Parameter, bias: nn.Parameter | None, fan_in: int) -
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x Wᵀ + b with W split by output rows; the input gradient is all-reduced in backward."""
+    """y = x Wᵀ + b with W split by output rows; the input gradient is all-reduced in backward.
 
-    def __init__(self, in_features: int, out_features: int, width: int, bias: bool = True) -> None:
+    With `replicas` > 1, W is split in width / replicas slices, each held by `replicas` consecutive
+    ranks (grouped-query attention's key/value heads when the width exceeds them).
+    """
+
+    def __init__(self, in_features: int, out_features: int, width: int, bias: bool = True, replicas: int = 1) -> None:
         super().__init__()
-        self.weight = sharded_parameter(out_features // width, in_features, partition_dim=0)
-        self.bias = sharded_parameter(out_features // width, partition_dim=0) if bias else None
+        rows = out_features * replicas // width
+        self.weight = sharded_parameter(rows, in_features, partition_dim=0, replicas=replicas)
+        self.bias = sharded_parameter(rows, partition_dim=0, replicas=replicas) if bias else None
         _init_linear(self.weight, self.bias, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

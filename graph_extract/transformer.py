@@ -85,18 +85,27 @@ class Embedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with the heads split over the tensor-parallel ranks."""
+    """Multi-head or grouped-query self-attention with the heads split over the tensor-parallel ranks.
+
+    Grouped-query (Megatron's rule): at width t <= num_kv_heads each rank holds num_kv_heads / t
+    key/value heads; at t > num_kv_heads each rank holds the one head of its query heads' group,
+    replicated over t / num_kv_heads ranks. Each key/value head is repeated to its group's query
+    heads before the products (Megatron's and Llama's repeat_interleave).
+    """
 
     def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
         super().__init__()
         h, self.head_dim = spec.hidden_size, spec.head_dim
         self.width, self.local_heads = width, spec.num_heads // width
+        kv_replicas = max(width // spec.kv_heads, 1)
+        self.local_kv_heads = spec.kv_heads * kv_replicas // width
+        kv_size = spec.kv_heads * self.head_dim
         # Fused: rows ordered (head, q|k|v, head_dim), so a contiguous slice of rows is whole heads.
         self.qkv = ColumnParallelLinear(h, 3 * h, width, spec.bias) if spec.fused_qkv else None
         if not spec.fused_qkv:
             self.query = ColumnParallelLinear(h, h, width, spec.bias)
-            self.key = ColumnParallelLinear(h, h, width, spec.bias)
-            self.value = ColumnParallelLinear(h, h, width, spec.bias)
+            self.key = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
+            self.value = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
         self.dense = RowParallelLinear(h, h, width, spec.bias)
         self.dropout = _dropout(spec)
         self.scale = 1.0 / math.sqrt(self.head_dim)
@@ -112,9 +121,16 @@ class SelfAttention(nn.Module):
         else:
             self.rotary_cos = None
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+    def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """[b, s, heads·d] -> [b, heads, s, d]."""
-        return x.unflatten(-1, (self.local_heads, self.head_dim)).transpose(1, 2)
+        return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
+
+    def _repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, kv heads, s, d] -> [b, heads, s, d]: each key/value head once per query head of its group."""
+        group = self.local_heads // self.local_kv_heads
+        if group == 1:
+            return x
+        return x.unsqueeze(2).expand(-1, -1, group, -1, -1).flatten(1, 2)
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         half = self.head_dim // 2
@@ -127,9 +143,12 @@ class SelfAttention(nn.Module):
             qkv = self.qkv(x).unflatten(-1, (self.local_heads, 3, self.head_dim)).transpose(1, 2)
             q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
         else:
-            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+            q = self._heads(self.query(x), self.local_heads)
+            k = self._heads(self.key(x), self.local_kv_heads)
+            v = self._heads(self.value(x), self.local_kv_heads)
         if self.rotary_cos is not None:
             q, k = self._rotate(q), self._rotate(k)
+        k, v = self._repeat_kv(k), self._repeat_kv(v)
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
         if self.causal_mask is not None:
             scores = scores.masked_fill(self.causal_mask, float("-inf"))

@@ -48,7 +48,8 @@ def load_shard(full: TransformerModel, shard: TransformerModel, width: int, rank
     for name, parameter in shard.named_parameters():
         dim = getattr(parameter, "partition_dim", None)
         value = full_parameters[name]
-        parameter.copy_(value if dim is None else value.chunk(width, dim=dim)[rank])
+        replicas = getattr(parameter, "replicas", 1)
+        parameter.copy_(value if dim is None else value.chunk(width // replicas, dim=dim)[rank // replicas])
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
@@ -80,8 +81,15 @@ def run_shards_in_lockstep(modules: list[fx.GraphModule], inputs: list[torch.Ten
 def verify_tensor_parallel(
     model: str | ModelSpec, width: int, tolerance: float = 1e-4, seed: int = 0, **overrides: int
 ) -> VerificationResult:
-    """Run a tiny configuration of `model`'s family sharded `width` ways against the unsharded model."""
-    spec = get_spec(model).with_overrides(**{**TINY, **overrides})
+    """Run a tiny configuration of `model`'s family sharded `width` ways against the unsharded model.
+
+    A grouped-query model keeps its query heads per key/value head (at least one key/value head).
+    """
+    spec = get_spec(model)
+    tiny = dict(TINY)
+    if spec.num_kv_heads is not None:
+        tiny["num_kv_heads"] = max(TINY["num_heads"] * spec.num_kv_heads // spec.num_heads, 1)
+    spec = spec.with_overrides(**{**tiny, **overrides})
     sequence_length = spec.default_sequence_length
     padded_vocab = spec.padded_vocab_size(width)
     torch.manual_seed(seed)

@@ -2,7 +2,8 @@
 
 Shapes follow the original program's model table (specs/extractor_reference.md §1.2): the HF
 checkpoints' configs for bertbase/bertlarge/gpt2/opt/llama2, and the Megatron shapes hard-coded in
-the original for the `megatron*` models. Everything is written here; nothing is downloaded.
+the original for the `megatron*` models; the grouped-query Llama-2-70B, Llama-3 and Mistral models
+from their published config.json. Everything is written here; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -39,10 +40,29 @@ class ModelSpec:
     final_norm: bool = True  # a norm after the last block (pre-LN models)
     dropout: float = 0.1
     vocab_pad_multiple: int = 1  # Megatron pads the vocabulary to a multiple of 128·t
+    # Grouped-query attention: key/value heads, each shared by num_heads / num_kv_heads query heads
+    # (None: one per query head, multi-head attention). Last, so that a multi-head spec's graph cache
+    # key is what it was before the field existed (see graph_extract.extraction.cache_path).
+    num_kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            return
+        if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads={self.num_heads}; "
+                             f"allowed: a divisor of {self.num_heads}, or null (one per query head)")
+        if self.fused_qkv and self.num_kv_heads != self.num_heads:
+            raise ValueError(f"num_kv_heads: {self.num_kv_heads} key/value heads for {self.num_heads} query heads "
+                             "need separate Q, K, V projections; set fused_qkv false")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (the query heads when the model has multi-head attention)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     def padded_vocab_size(self, tensor_parallel_width: int) -> int:
         """Smallest multiple of vocab_pad_multiple·t that holds the vocabulary (Megatron's rule)."""
@@ -76,6 +96,21 @@ _MEGATRON_GPT = dict(
     fused_qkv=True,
     vocab_pad_multiple=128,
 )
+
+# Llama-family decoders: RMSNorm, SwiGLU, rotary positions, no biases, untied input/output
+# embeddings, no dropout. Shapes from the models' published config.json. The rotary base (10000 for
+# Llama-2 and Mistral, 500000 for Llama-3) changes neither shapes nor FLOPs: the tables use 10000.
+_LLAMA = dict(
+    norm="rmsnorm",
+    activation="swiglu",
+    position_embedding="rotary",
+    bias=False,
+    tied_lm_head=False,
+    dropout=0.0,
+)
+_LLAMA2 = dict(**_LLAMA, vocab_size=32000, max_position_embeddings=4096, default_sequence_length=4096)
+# Llama-3 and 3.1: 128K vocabulary; trained (and benchmarked, e.g. NeMo / Megatron) at 8192 tokens.
+_LLAMA3 = dict(**_LLAMA, vocab_size=128256, max_position_embeddings=8192, default_sequence_length=8192)
 
 _SPECS = (
     ModelSpec("bertbase", 12, 768, 12, 3072, **_BERT),
@@ -123,6 +158,16 @@ _SPECS = (
         tied_lm_head=False,
         dropout=0.0,
     ),
+    ModelSpec("llama2-70b", 80, 8192, 64, 28672, **_LLAMA2, num_kv_heads=8),
+    ModelSpec("llama3-8b", 32, 4096, 32, 14336, **_LLAMA3, num_kv_heads=8),
+    ModelSpec("llama3-70b", 80, 8192, 64, 28672, **_LLAMA3, num_kv_heads=8),
+    # Llama-3.1-405B: 131072 positions (its context), benchmarked at 8192 like the smaller ones.
+    ModelSpec("llama3-405b", 126, 16384, 128, 53248, **{**_LLAMA3, "max_position_embeddings": 131072},
+              num_kv_heads=8),
+    # Mistral-7B v0.1: sliding-window attention over 4096 tokens; at the default 4096 tokens that is
+    # full causal attention, which the graph models exactly (longer sequences keep the full mask).
+    ModelSpec("mistral-7b", 32, 4096, 32, 14336, **{**_LLAMA2, "max_position_embeddings": 32768},
+              num_kv_heads=8),
     ModelSpec(
         "megatronbert",
         24,

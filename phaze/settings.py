@@ -314,7 +314,10 @@ def _spec(cfg: DictConfig) -> ModelSpec:
         if key not in fields:
             raise unknown_key_error(f"model.overrides.{key}", fields)
         _spec_field(fields[key], value)
-    spec = get_spec(cfg.model.name).with_overrides(**overrides)
+    try:
+        spec = get_spec(cfg.model.name).with_overrides(**overrides)
+    except ValueError as problem:  # ModelSpec's own checks name the field (num_kv_heads)
+        raise ConfigError(f"model.overrides.{problem}") from None
     if spec.hidden_size % spec.num_heads:
         raise ConfigError(f"model.overrides.num_heads: {spec.num_heads} heads do not divide hidden_size="
                           f"{spec.hidden_size}; allowed: a divisor of {spec.hidden_size}")
