@@ -1,22 +1,24 @@
-"""Time and peak memory of extracting GPT-3 175B (megatrongpt3) at widths 1, 2, 4, 8 (no cache).
+"""Time and peak memory of extracting a model (GPT-3 175B, megatrongpt3, unless named) at its widths
+up to 8 (no cache).
 
 Budget (DESIGN.md): under 60 s and 4 GiB peak RSS on a 2-core machine.
-Run: python benchmarks/extract.py
+Run: python benchmarks/extract.py [model]   (e.g. llama3-405b)
 """
 
 import resource
+import sys
 import time
 
 START = time.perf_counter()
 
-from graph_extract import extract  # noqa: E402  (timed: importing torch is part of the cost)
+from graph_extract import extract, valid_tensor_parallel_widths  # noqa: E402  (timed: importing torch is part of the cost)
 
 
-def main() -> None:
-    print(f"{'width':>5} {'operators':>9} {'layers':>6} {'groups':>6} {'seconds':>8}")
-    for width in (1, 2, 4, 8):
+def main(model: str = "megatrongpt3") -> None:
+    print(f"{model}\n{'width':>5} {'operators':>9} {'layers':>6} {'groups':>6} {'seconds':>8}")
+    for width in valid_tensor_parallel_widths(model, 8):
         began = time.perf_counter()
-        graphs = extract("megatrongpt3", micro_batch_size=1, tensor_parallel_width=width)
+        graphs = extract(model, micro_batch_size=1, tensor_parallel_width=width)
         print(
             f"{width:>5} {len(graphs.op_graph.nodes):>9} {len(graphs.layer_graph.layers):>6} "
             f"{len(graphs.repeat_groups):>6} {time.perf_counter() - began:>8.2f}"
@@ -27,4 +29,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])
