@@ -18,6 +18,7 @@ from estimator.accelerator import DEFAULT_BUDGET
 from estimator.known import KNOWN_CHIPS, KnownChip
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
+from phaze.custom_model import NAME_PATTERN, read_model_file
 from phaze.results import GIB
 from solver.codesign import STRATEGIES, ScheduleSettings
 from solver.job import STEP_MODELS, Job
@@ -57,6 +58,11 @@ SPEC_CHOICES = {
 }
 #: ModelSpec integer fields that may be zero.
 SPEC_MAY_BE_ZERO = ("position_offset", "token_types")
+#: The model group option of a user's model file (`model=custom model.config=PATH`).
+CUSTOM_MODEL = "custom"
+#: The error of `model.config` set with a zoo model.
+MODEL_CONFIG_ONLY_CUSTOM = (f"model.config: only with model={CUSTOM_MODEL}; a zoo model's hyper-parameters are "
+                            "graph_extract/zoo.py's (change them with +model.overrides.<field>=...)")
 #: The fields of `model.fixed_megatron`, the fixed Megatron-style baseline (p, t, d).
 FIXED_MEGATRON_FIELDS = ("pipeline_stages", "tensor_parallel_width", "data_parallel_degree")
 
@@ -162,9 +168,9 @@ def _values(name: str, value: object) -> list:
 
 def model_name_error(name: object) -> ConfigError | None:
     """The error for an unknown model name, or None."""
-    if name in MODELS:
+    if name in MODELS or name == CUSTOM_MODEL:
         return None
-    return ConfigError(f"model: unknown {name!r}; valid: {', '.join(MODELS)}")
+    return ConfigError(f"model: unknown {name!r}; valid: {', '.join(MODELS)}, {CUSTOM_MODEL} (model.config=PATH)")
 
 
 def system_name_error(name: object) -> ConfigError | None:
@@ -176,6 +182,8 @@ def system_name_error(name: object) -> ConfigError | None:
 
 def unknown_key_error(path: str, allowed: Iterable[str]) -> ConfigError:
     """The error for a key the config does not have, with the closest of `allowed` as a hint."""
+    if path == "model.config":  # a zoo model's group option has no model file
+        return ConfigError(MODEL_CONFIG_ONLY_CUSTOM)
     parent, _, key = path.rpartition(".")
     valid = [name for name in allowed if name != "mode"]  # the mode is the subcommand
     match = difflib.get_close_matches(key, valid, n=1)
@@ -282,9 +290,10 @@ def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Traini
     return training, recompute, values
 
 
-def _spec_field(field: dataclasses.Field, value: object) -> None:
-    """Check one `model.overrides` value against its ModelSpec field's type and range."""
-    name = f"model.overrides.{field.name}"
+def _spec_field(field: dataclasses.Field, value: object, where: str = "model.overrides.") -> None:
+    """Check one ModelSpec value (a `model.overrides` one, or one of a model file: `where`) against its
+    field's type and range."""
+    name = f"{where}{field.name}"
     if field.name in SPEC_CHOICES:
         _choice(name, value, SPEC_CHOICES[field.name])
     elif field.type == "bool":
@@ -302,29 +311,55 @@ def _spec_field(field: dataclasses.Field, value: object) -> None:
         _positive_int(name, value, MAX_MODEL_SIZE)
 
 
+def _checked_spec(base: ModelSpec | None, fields: dict, where: str) -> ModelSpec:
+    """`base` with `fields` checked and set (no base: a spec of `fields` alone); errors start with `where`."""
+    known = {field.name: field for field in dataclasses.fields(ModelSpec)}
+    for key, value in fields.items():
+        if key not in known:
+            raise unknown_key_error(f"{where}{key}", known)
+        _spec_field(known[key], value, where)
+    try:
+        spec = ModelSpec(**fields) if base is None else base.with_overrides(**fields)
+    except ValueError as problem:  # ModelSpec's own checks name the field (num_kv_heads)
+        raise ConfigError(f"{where}{problem}") from None
+    if spec.hidden_size % spec.num_heads:
+        raise ConfigError(f"{where}num_heads: {spec.num_heads} heads do not divide hidden_size="
+                          f"{spec.hidden_size}; allowed: a divisor of {spec.hidden_size}")
+    if spec.position_embedding == "rotary" and spec.head_dim % 2:
+        raise ConfigError(f"{where}num_heads: rotary positions need an even head size, got hidden_size / "
+                          f"num_heads = {spec.hidden_size} / {spec.num_heads} = {spec.head_dim}")
+    return spec
+
+
+def _custom_spec(cfg: DictConfig) -> ModelSpec:
+    """The spec of `model=custom`: the file `model.config` names (phaze.custom_model)."""
+    if OmegaConf.is_missing(cfg.model, "config") or cfg.model.get("config") is None:
+        raise ConfigError("model.config: missing; model=custom reads the model from a file: model.config=PATH "
+                          "(a ModelSpec .yaml or a Hugging Face config.json)")
+    if not isinstance(cfg.model.config, str) or not cfg.model.config:
+        raise ConfigError(f"model.config: must be the path of a .yaml or config.json file, got {cfg.model.config!r}")
+    path = Path(cfg.model.config)
+    where = f"model.config: {path}: "
+    try:
+        fields = read_model_file(path)
+    except (ValueError, OSError) as problem:
+        raise ConfigError(f"{where}{problem}") from None
+    if isinstance(fields.get("name"), str) and not NAME_PATTERN.fullmatch(fields["name"]):
+        raise ConfigError(f"{where}name: {fields['name']!r} names files; allowed: letters, digits, '.', '_', '-'")
+    return _checked_spec(None, fields, where)
+
+
 def _spec(cfg: DictConfig) -> ModelSpec:
     error = model_name_error(cfg.model.name)
     if error:
         raise error
+    if cfg.model.name != CUSTOM_MODEL and "config" in cfg.model:
+        raise ConfigError(MODEL_CONFIG_ONLY_CUSTOM)
     overrides = OmegaConf.to_container(cfg.model.overrides) if "overrides" in cfg.model else {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
-    fields = {field.name: field for field in dataclasses.fields(ModelSpec)}
-    for key, value in overrides.items():
-        if key not in fields:
-            raise unknown_key_error(f"model.overrides.{key}", fields)
-        _spec_field(fields[key], value)
-    try:
-        spec = get_spec(cfg.model.name).with_overrides(**overrides)
-    except ValueError as problem:  # ModelSpec's own checks name the field (num_kv_heads)
-        raise ConfigError(f"model.overrides.{problem}") from None
-    if spec.hidden_size % spec.num_heads:
-        raise ConfigError(f"model.overrides.num_heads: {spec.num_heads} heads do not divide hidden_size="
-                          f"{spec.hidden_size}; allowed: a divisor of {spec.hidden_size}")
-    if spec.position_embedding == "rotary" and spec.head_dim % 2:
-        raise ConfigError(f"model.overrides.num_heads: rotary positions need an even head size, got hidden_size / "
-                          f"num_heads = {spec.hidden_size} / {spec.num_heads} = {spec.head_dim}")
-    return spec
+    base = _custom_spec(cfg) if cfg.model.name == CUSTOM_MODEL else get_spec(cfg.model.name)
+    return _checked_spec(base, overrides, "model.overrides.")
 
 
 def _widths(cfg: DictConfig, spec: ModelSpec) -> tuple[int, ...]:

@@ -1,0 +1,148 @@
+"""A user's own model from a file (`model=custom model.config=PATH`), no code changes needed.
+
+Two formats, told apart by the suffix:
+
+- `.yaml` / `.yml`: the fields of graph_extract.zoo.ModelSpec by name. `name` and the fields ModelSpec
+  has no default for are required; the others are optional, with ModelSpec's defaults.
+- `.json`: a Hugging Face `config.json` of the Llama / Mistral family, read offline (plain json, no
+  `transformers`). Keys that do not change the layer graph (rms_norm_eps, rope_theta, token ids,
+  torch_dtype, ...) are ignored.
+
+`read_model_file` returns the raw fields; phaze.settings checks their types and ranges. Problems are
+ValueErrors whose message names the field (the caller adds the file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from graph_extract import ModelSpec
+
+YAML_SUFFIXES = (".yaml", ".yml")
+JSON_SUFFIXES = (".json",)
+#: ModelSpec fields without a default: a YAML model file must give them.
+REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec)
+                        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+#: Hugging Face model types read from config.json: the dense Llama-family decoders.
+HF_MODEL_TYPES = ("llama", "mistral")
+#: Longest default sequence of a config.json model [tokens]: the 8192 Llama-3 is trained and
+#: benchmarked at, for models whose context is longer (`sequence_length=` picks another).
+MAX_DEFAULT_SEQUENCE_LENGTH = 8192
+#: The characters of a model name: it names cache files and results.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+
+# A Llama-family decoder as graph_extract builds it: RMSNorm, SwiGLU MLP, rotary positions, no
+# biases, no dropout (the zoo's llama2 / llama3 / mistral specs).
+_LLAMA_FAMILY = dict(norm="rmsnorm", activation="swiglu", position_embedding="rotary", bias=False, dropout=0.0)
+#: config.json keys -> ModelSpec fields, all required.
+_HF_SHAPE = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_heads",
+    "intermediate_size": "ffn_hidden_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+
+def read_model_file(path: Path) -> dict[str, object]:
+    """The ModelSpec fields (unchecked values) a model file gives; ValueError naming the field."""
+    suffix = path.suffix.lower()
+    if suffix not in YAML_SUFFIXES + JSON_SUFFIXES:
+        raise ValueError(f"unknown file type {path.suffix or '(none)'!r}; allowed: a ModelSpec YAML "
+                         f"({', '.join(YAML_SUFFIXES)}) or a Hugging Face config.json (.json)")
+    if not path.is_file():
+        raise ValueError("no such file" if not path.exists() else "not a file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if suffix in JSON_SUFFIXES:
+        return spec_fields_from_hf(_mapping(text, json.loads, json.JSONDecodeError, "JSON"), path)
+    return spec_fields_from_yaml(_mapping(text, yaml.safe_load, yaml.YAMLError, "YAML"))
+
+
+def _mapping(text: str, load, error: type[Exception], kind: str) -> dict:
+    """The file's top-level mapping; a one-line ValueError if it is not one."""
+    try:
+        data = load(text)
+    except error as problem:
+        first = str(problem).strip().splitlines()[0] if str(problem).strip() else type(problem).__name__
+        raise ValueError(f"not valid {kind} ({first})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"must be a {kind} mapping of model fields, got {type(data).__name__}")
+    return data
+
+
+def spec_fields_from_yaml(data: dict) -> dict[str, object]:
+    """ModelSpec fields of a YAML model file: every required field given, no unknown one."""
+    fields = [f.name for f in dataclasses.fields(ModelSpec)]
+    for key in data:
+        if key not in fields:
+            match = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean {match[0]}?" if match else f"; valid: {', '.join(fields)}"
+            raise ValueError(f"unknown field {key}{hint}")
+    for name in REQUIRED_FIELDS:
+        if name not in data:
+            raise ValueError(f"missing field {name}")
+    return dict(data)
+
+
+def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
+    """ModelSpec fields of a Hugging Face Llama / Mistral config.json.
+
+    num_kv_heads is num_key_value_heads, or null (multi-head attention, as the zoo's llama2) when it
+    equals the query heads; the default sequence is the shortest of max_position_embeddings, the
+    sliding attention window (Mistral-7B v0.1's 4096) and 8192 tokens.
+    """
+    model_type = config.get("model_type")
+    if model_type == "mixtral" or "num_local_experts" in config:
+        raise ValueError("num_local_experts: mixture of experts is not supported yet (issue 14); "
+                         f"allowed model_type: {', '.join(HF_MODEL_TYPES)}")
+    if model_type not in HF_MODEL_TYPES:
+        raise ValueError(f"model_type: unknown {model_type!r}; allowed: {', '.join(HF_MODEL_TYPES)} "
+                         "(or a ModelSpec YAML file)")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act: {act!r} is not a Llama-family MLP; allowed: silu (SwiGLU)")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key, False) is not False:
+            raise ValueError(f"{key}: {config[key]!r}; allowed: false (Llama-family layers have no biases)")
+    fields: dict[str, object] = {"name": _hf_name(config, path), **_LLAMA_FAMILY}
+    for key, field in _HF_SHAPE.items():
+        if key not in config:
+            raise ValueError(f"missing field {key}")
+        fields[field] = config[key]
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads")
+    fields["num_kv_heads"] = None if kv_heads == heads else kv_heads
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim * heads != config["hidden_size"]:
+        raise ValueError(f"head_dim: {head_dim!r} x num_attention_heads={heads} must equal hidden_size="
+                         f"{config['hidden_size']!r} (graph_extract builds heads of hidden_size / heads)")
+    fields["tied_lm_head"] = config.get("tie_word_embeddings", False)
+    fields["default_sequence_length"] = _default_sequence_length(config)
+    return fields
+
+
+def _hf_name(config: dict, path: Path) -> str:
+    """The model's name: the last part of `_name_or_path`, else the file's folder (meta-llama/Meta-Llama-3-8B
+    -> Meta-Llama-3-8B), with characters a file name cannot take replaced by '-'."""
+    given = config.get("_name_or_path")
+    raw = str(given).rstrip("/").rpartition("/")[2] if given else path.resolve().parent.name
+    name = "-".join(NAME_PATTERN.findall(raw)).strip(".")
+    return name or path.stem
+
+
+def _default_sequence_length(config: dict) -> object:
+    """min(max_position_embeddings, sliding_window, 8192); the raw value if it is not an integer (the
+    settings name the field then)."""
+    positions, window = config["max_position_embeddings"], config.get("sliding_window")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
+        return positions
+    bounds = [positions, MAX_DEFAULT_SEQUENCE_LENGTH]
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        bounds.append(window)
+    return min(bounds)
