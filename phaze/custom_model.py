@@ -8,8 +8,8 @@ Two formats, told apart by the suffix:
   `transformers`). Keys that do not change the layer graph (rms_norm_eps, rope_theta, token ids,
   torch_dtype, ...) are ignored.
 
-`read_model_file` returns the raw fields; phaze.settings checks their types and ranges. Problems are
-ValueErrors whose message names the field (the caller adds the file).
+`read_model_file` returns the raw fields and the file's name of each; phaze.settings checks their
+types and ranges. Problems are ValueErrors whose message names the field (the caller adds the file).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -49,10 +50,29 @@ _HF_SHAPE = {
     "vocab_size": "vocab_size",
     "max_position_embeddings": "max_position_embeddings",
 }
+#: The config.json key each ModelSpec field of a config.json model comes from (errors name it).
+HF_KEYS = {
+    **{field: key for key, field in _HF_SHAPE.items()},
+    "num_kv_heads": "num_key_value_heads",
+    "tied_lm_head": "tie_word_embeddings",
+    "default_sequence_length": "max_position_embeddings",
+}
 
 
-def read_model_file(path: Path) -> dict[str, object]:
-    """The ModelSpec fields (unchecked values) a model file gives; ValueError naming the field."""
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file's ModelSpec fields (values unchecked) and the file's name of each field."""
+
+    fields: dict[str, object]
+    keys: dict[str, str]
+
+    def key(self, field: str) -> str:
+        """The file's name of a ModelSpec field (the field itself in a YAML file)."""
+        return self.keys.get(field, field)
+
+
+def read_model_file(path: Path) -> ModelFile:
+    """The ModelSpec fields a model file gives; ValueError naming the field."""
     suffix = path.suffix.lower()
     if suffix not in YAML_SUFFIXES + JSON_SUFFIXES:
         raise ValueError(f"unknown file type {path.suffix or '(none)'!r}; allowed: a ModelSpec YAML "
@@ -61,8 +81,8 @@ def read_model_file(path: Path) -> dict[str, object]:
         raise ValueError("no such file" if not path.exists() else "not a file")
     text = path.read_text(encoding="utf-8", errors="replace")
     if suffix in JSON_SUFFIXES:
-        return spec_fields_from_hf(_mapping(text, json.loads, json.JSONDecodeError, "JSON"), path)
-    return spec_fields_from_yaml(_mapping(text, yaml.safe_load, yaml.YAMLError, "YAML"))
+        return ModelFile(spec_fields_from_hf(_mapping(text, json.loads, json.JSONDecodeError, "JSON"), path), HF_KEYS)
+    return ModelFile(spec_fields_from_yaml(_mapping(text, yaml.safe_load, yaml.YAMLError, "YAML")), {})
 
 
 def _mapping(text: str, load, error: type[Exception], kind: str) -> dict:

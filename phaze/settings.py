@@ -7,7 +7,7 @@ import difflib
 import importlib.util
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -290,10 +290,8 @@ def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Traini
     return training, recompute, values
 
 
-def _spec_field(field: dataclasses.Field, value: object, where: str = "model.overrides.") -> None:
-    """Check one ModelSpec value (a `model.overrides` one, or one of a model file: `where`) against its
-    field's type and range."""
-    name = f"{where}{field.name}"
+def _spec_field(field: dataclasses.Field, value: object, name: str) -> None:
+    """Check one ModelSpec value (`name` in the errors) against its field's type and range."""
     if field.name in SPEC_CHOICES:
         _choice(name, value, SPEC_CHOICES[field.name])
     elif field.type == "bool":
@@ -311,23 +309,27 @@ def _spec_field(field: dataclasses.Field, value: object, where: str = "model.ove
         _positive_int(name, value, MAX_MODEL_SIZE)
 
 
-def _checked_spec(base: ModelSpec | None, fields: dict, where: str) -> ModelSpec:
-    """`base` with `fields` checked and set (no base: a spec of `fields` alone); errors start with `where`."""
+def _checked_spec(base: ModelSpec | None, fields: dict, where: str,
+                  key: Callable[[str], str] = lambda field: field) -> ModelSpec:
+    """`base` with `fields` checked and set (no base: a spec of `fields` alone). Errors start with
+    `where` and name a field by `key(field)` (a config.json's own key)."""
     known = {field.name: field for field in dataclasses.fields(ModelSpec)}
-    for key, value in fields.items():
-        if key not in known:
-            raise unknown_key_error(f"{where}{key}", known)
-        _spec_field(known[key], value, where)
+    for name, value in fields.items():
+        if name not in known:
+            raise unknown_key_error(f"{where}{name}", known)
+        _spec_field(known[name], value, f"{where}{key(name)}")
     try:
         spec = ModelSpec(**fields) if base is None else base.with_overrides(**fields)
-    except ValueError as problem:  # ModelSpec's own checks name the field (num_kv_heads)
-        raise ConfigError(f"{where}{problem}") from None
+    except ValueError as problem:  # ModelSpec's own checks start with the field (num_kv_heads: ...)
+        field, _, rest = str(problem).partition(": ")
+        raise ConfigError(f"{where}{key(field)}: {rest}") from None
     if spec.hidden_size % spec.num_heads:
-        raise ConfigError(f"{where}num_heads: {spec.num_heads} heads do not divide hidden_size="
+        raise ConfigError(f"{where}{key('num_heads')}: {spec.num_heads} heads do not divide {key('hidden_size')}="
                           f"{spec.hidden_size}; allowed: a divisor of {spec.hidden_size}")
     if spec.position_embedding == "rotary" and spec.head_dim % 2:
-        raise ConfigError(f"{where}num_heads: rotary positions need an even head size, got hidden_size / "
-                          f"num_heads = {spec.hidden_size} / {spec.num_heads} = {spec.head_dim}")
+        raise ConfigError(f"{where}{key('num_heads')}: rotary positions need an even head size, got "
+                          f"{key('hidden_size')} / {key('num_heads')} = {spec.hidden_size} / {spec.num_heads} = "
+                          f"{spec.head_dim}")
     return spec
 
 
@@ -341,12 +343,13 @@ def _custom_spec(cfg: DictConfig) -> ModelSpec:
     path = Path(cfg.model.config)
     where = f"model.config: {path}: "
     try:
-        fields = read_model_file(path)
+        model_file = read_model_file(path)
     except (ValueError, OSError) as problem:
         raise ConfigError(f"{where}{problem}") from None
-    if isinstance(fields.get("name"), str) and not NAME_PATTERN.fullmatch(fields["name"]):
-        raise ConfigError(f"{where}name: {fields['name']!r} names files; allowed: letters, digits, '.', '_', '-'")
-    return _checked_spec(None, fields, where)
+    name = model_file.fields.get("name")
+    if isinstance(name, str) and not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(f"{where}name: {name!r} names files; allowed: letters, digits, '.', '_', '-'")
+    return _checked_spec(None, model_file.fields, where, model_file.key)
 
 
 def _spec(cfg: DictConfig) -> ModelSpec:

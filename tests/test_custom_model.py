@@ -1,0 +1,272 @@
+"""A user's own model (`model=custom model.config=PATH`): a ModelSpec YAML and a Hugging Face
+config.json give the zoo's spec and layer graph, separate graph cache entries, and one-line errors."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_module
+
+from graph_extract import ModelSpec, extract, get_spec
+from graph_extract.extraction import cache_path
+from phaze.cli import check_command_line
+from phaze.settings import ConfigError, settings_from_config
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+#: Meta-Llama-3-8B's published config.json (huggingface.co/meta-llama/Meta-Llama-3-8B), written out.
+LLAMA3_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0",
+    "use_cache": True, "vocab_size": 128256,
+}
+#: Mistral-7B-v0.1's published config.json.
+MISTRAL_7B_CONFIG = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": True, "vocab_size": 32000,
+}
+#: Llama-2-7b-hf's published config.json: as many key/value heads as query heads.
+LLAMA2_7B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False,
+    "torch_dtype": "float16", "vocab_size": 32000,
+}
+#: A small grouped-query decoder as a ModelSpec YAML file (only the required fields and a few more).
+SMALL = {
+    "name": "small", "num_layers": 2, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2,
+    "ffn_hidden_size": 512, "vocab_size": 1000, "max_position_embeddings": 256, "default_sequence_length": 64,
+    "norm": "rmsnorm", "activation": "swiglu", "position_embedding": "rotary", "bias": False,
+    "tied_lm_head": False, "dropout": 0.0,
+}
+
+
+def write(path: Path, content: dict | str) -> Path:
+    """`content` at `path` (YAML or JSON by the suffix, a text as it is)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, dict):
+        content = json.dumps(content) if path.suffix == ".json" else yaml.safe_dump(content, sort_keys=False)
+    path.write_text(content)
+    return path
+
+
+def custom_spec(path: Path, *overrides: str) -> ModelSpec:
+    """The spec phaze's settings make of `model=custom model.config=path`."""
+    with initialize_config_module("phaze.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["mode=extract_graph", "model=custom", f"model.config={path}", *overrides])
+    return settings_from_config(cfg).spec
+
+
+def assert_same_model(spec: ModelSpec, zoo: str) -> None:
+    """Every field but the name is the zoo model's, and a two-block cut of both has one layer graph."""
+    expected = get_spec(zoo)
+    for field in dataclasses.fields(ModelSpec):
+        if field.name != "name":
+            assert getattr(spec, field.name) == getattr(expected, field.name), field.name
+    mine = extract(spec.with_overrides(num_layers=2), 1, sequence_length=32, tensor_parallel_width=2)
+    theirs = extract(expected.with_overrides(num_layers=2), 1, sequence_length=32, tensor_parallel_width=2)
+    assert mine.layer_graph == theirs.layer_graph
+    assert mine.parameter_count == theirs.parameter_count
+
+
+def llama_parameters(layers: int, h: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> int:
+    """Embedding V·h; per block q and o h·h each, k and v h·kv·d each, SwiGLU 3·h·f, two RMSNorms 2h;
+    final RMSNorm h; untied LM head V·h."""
+    d = h // heads
+    return vocab * h + layers * (2 * h * h + 2 * h * kv_heads * d + 3 * h * ffn + 2 * h) + h + vocab * h
+
+
+# 1. The zoo's models from a file ---------------------------------------------------------------
+
+def test_a_yaml_of_llama3_8b_fields_is_llama3_8b(tmp_path):
+    fields = {**dataclasses.asdict(get_spec("llama3-8b")), "name": "my-llama"}
+    spec = custom_spec(write(tmp_path / "llama.yaml", fields))
+    assert spec.name == "my-llama"
+    assert_same_model(spec, "llama3-8b")
+
+
+def test_a_yaml_with_only_the_required_fields_takes_modelspec_defaults(tmp_path):
+    required = {key: SMALL[key] for key in ("name", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                                            "vocab_size", "max_position_embeddings", "default_sequence_length")}
+    spec = custom_spec(write(tmp_path / "m.yml", required))
+    assert spec == ModelSpec(**required)
+    assert (spec.norm, spec.activation, spec.bias, spec.num_kv_heads) == ("layernorm", "gelu", True, None)
+
+
+def test_the_llama3_8b_config_json_is_llama3_8b(tmp_path):
+    spec = custom_spec(write(tmp_path / "Meta-Llama-3-8B" / "config.json", LLAMA3_8B_CONFIG))
+    assert spec.name == "Meta-Llama-3-8B"  # the folder's name
+    assert_same_model(spec, "llama3-8b")
+    named = {**LLAMA3_8B_CONFIG, "_name_or_path": "meta-llama/Meta-Llama-3-8B-Instruct"}
+    assert custom_spec(write(tmp_path / "x" / "config.json", named)).name == "Meta-Llama-3-8B-Instruct"
+
+
+def test_the_whole_llama3_8b_config_json_has_the_published_parameters(tmp_path):
+    spec = custom_spec(write(tmp_path / "llama" / "config.json", LLAMA3_8B_CONFIG))
+    count = llama_parameters(32, 4096, 32, 8, 14336, 128256)
+    assert count == 8_030_261_248  # the published count
+    assert extract(spec, 1, sequence_length=16).parameter_count == count
+
+
+def test_the_mistral_7b_config_json_is_mistral_7b(tmp_path):
+    """Sequence 4096: its sliding window, as the zoo's (the min of positions, window and 8192)."""
+    spec = custom_spec(write(tmp_path / "Mistral-7B-v0.1" / "config.json", MISTRAL_7B_CONFIG))
+    assert spec.name == "Mistral-7B-v0.1" and spec.default_sequence_length == 4096
+    assert_same_model(spec, "mistral-7b")
+    without_window = {**MISTRAL_7B_CONFIG, "sliding_window": None}  # Mistral-7B v0.2
+    assert custom_spec(write(tmp_path / "v2" / "config.json", without_window)).default_sequence_length == 8192
+
+
+def test_the_llama2_7b_config_json_is_llama2_with_multi_head_attention(tmp_path):
+    """num_key_value_heads equal to the heads is multi-head attention (num_kv_heads null): the zoo's
+    llama2, with its graph cache key."""
+    spec = custom_spec(write(tmp_path / "llama2" / "config.json", LLAMA2_7B_CONFIG))
+    assert spec.num_kv_heads is None
+    assert_same_model(spec, "llama2")
+    assert cache_path(tmp_path, spec, 1, 4096, 1) == cache_path(tmp_path, get_spec("llama2"), 1, 4096, 1)
+
+
+def test_overrides_apply_on_top_of_the_file(tmp_path):
+    spec = custom_spec(write(tmp_path / "m.yaml", SMALL), "+model.overrides.num_layers=4",
+                       "+model.overrides.num_kv_heads=4")
+    assert (spec.num_layers, spec.num_kv_heads, spec.hidden_size) == (4, 4, 256)
+
+
+# 2. The graph cache ----------------------------------------------------------------------------
+
+def test_two_files_of_one_name_and_different_shapes_have_their_own_cache_entries(tmp_path):
+    cache = tmp_path / "cache"
+    first = custom_spec(write(tmp_path / "a" / "m.yaml", SMALL))
+    second = custom_spec(write(tmp_path / "b" / "m.yaml", {**SMALL, "ffn_hidden_size": 768}))
+    assert first.name == second.name == "small"
+    assert cache_path(cache, first, 1, 64, 1) != cache_path(cache, second, 1, 64, 1)
+    counts = [extract(spec, 1, tensor_parallel_width=1, cache_dir=cache).parameter_count for spec in (first, second)]
+    assert len(list((cache / "graphs").glob("small_*.json"))) == 2
+    assert counts == [llama_parameters(2, 256, 8, 2, ffn, 1000) for ffn in (512, 768)]
+    # read back from the cache, each file still gives its own model
+    assert [extract(spec, 1, cache_dir=cache).parameter_count for spec in (first, second)] == counts
+
+
+# 3. Bad input: one line naming the field and the file, exit 2, nothing written -----------------
+
+def error(*arguments: str, mode: str = "extract_graph") -> str:
+    """The one-line message check_command_line raises for the arguments."""
+    with pytest.raises(ConfigError) as raised:
+        check_command_line(mode, list(arguments))
+    assert "\n" not in str(raised.value)
+    return str(raised.value)
+
+
+def file_error(path: Path) -> str:
+    """The error of `model=custom model.config=path`, after the `model.config: <path>: ` it starts with."""
+    message = error("model=custom", f"model.config={path}")
+    assert message.startswith(f"model.config: {path}: "), message
+    return message.removeprefix(f"model.config: {path}: ")
+
+
+def test_a_missing_required_field(tmp_path):
+    fields = {key: value for key, value in SMALL.items() if key != "hidden_size"}
+    assert file_error(write(tmp_path / "m.yaml", fields)) == "missing field hidden_size"
+    hf = {key: value for key, value in LLAMA3_8B_CONFIG.items() if key != "intermediate_size"}
+    assert file_error(write(tmp_path / "l" / "config.json", hf)) == "missing field intermediate_size"
+
+
+def test_an_unknown_field_suggests_the_closest(tmp_path):
+    fields = {**{key: value for key, value in SMALL.items() if key != "hidden_size"}, "hidden_sise": 256}
+    assert file_error(write(tmp_path / "m.yaml", fields)) == "unknown field hidden_sise; did you mean hidden_size?"
+    assert file_error(write(tmp_path / "n.yaml", {**SMALL, "zzz": 1})).startswith("unknown field zzz; valid: name, ")
+
+
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("num_layers", -1, "num_layers: must be a positive integer at most 16,777,216, got -1"),
+        ("hidden_size", "big", "hidden_size: must be a positive integer at most 16,777,216, got 'big'"),
+        ("norm", "batchnorm", "norm: unknown 'batchnorm'; valid: layernorm, rmsnorm"),
+        ("bias", "no", "bias: must be true or false, got 'no'"),
+        ("dropout", 1.5, "dropout: must be a number in [0, 1), got 1.5"),
+        ("name", "a/b", "name: 'a/b' names files; allowed: letters, digits, '.', '_', '-'"),
+        ("num_kv_heads", 3, "num_kv_heads: 3 does not divide num_heads=8; allowed: a divisor of 8, or null"),
+        ("num_heads", 6, "num_heads: 6 heads do not divide hidden_size=256; allowed: a divisor of 256"),
+    ],
+)
+def test_a_bad_value_in_a_yaml(tmp_path, field, value, problem):
+    fields = {**SMALL, field: value, **({"num_kv_heads": None} if field == "num_heads" else {})}
+    assert file_error(write(tmp_path / "m.yaml", fields)).startswith(problem)
+
+
+def test_a_bad_value_in_a_config_json_names_its_key(tmp_path):
+    def problem(**changes):
+        return file_error(write(tmp_path / "m" / "config.json", {**LLAMA3_8B_CONFIG, **changes}))
+
+    assert problem(num_key_value_heads=5).startswith("num_key_value_heads: 5 does not divide num_heads=32")
+    assert problem(num_hidden_layers=0).startswith("num_hidden_layers: must be a positive integer")
+    assert problem(num_attention_heads=24).startswith("num_attention_heads: 24 heads do not divide hidden_size=")
+    assert problem(tie_word_embeddings="yes") == "tie_word_embeddings: must be true or false, got 'yes'"
+    assert problem(hidden_act="gelu").startswith("hidden_act: 'gelu' is not a Llama-family MLP; allowed: silu")
+    assert problem(model_type="gpt2") == "model_type: unknown 'gpt2'; allowed: llama, mistral (or a ModelSpec YAML file)"
+    assert problem(attention_bias=True).startswith("attention_bias: True; allowed: false")
+
+
+def test_a_mixtral_config_json_is_not_supported_yet(tmp_path):
+    mixtral = {**MISTRAL_7B_CONFIG, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    assert file_error(write(tmp_path / "Mixtral-8x7B" / "config.json", mixtral)).startswith(
+        "num_local_experts: mixture of experts is not supported yet (issue 14)")
+
+
+def test_a_file_that_is_not_a_model_file(tmp_path):
+    assert file_error(tmp_path / "absent.yaml") == "no such file"
+    assert file_error(write(tmp_path / "m.txt", "name: x")).startswith("unknown file type '.txt'; allowed: ")
+    assert file_error(write(tmp_path / "m.yaml", "name: [x")).startswith("not valid YAML (")
+    assert file_error(write(tmp_path / "c.json", "{\"a\": ")).startswith("not valid JSON (")
+    assert file_error(write(tmp_path / "l.yaml", "- 1\n- 2\n")) == "must be a YAML mapping of model fields, got list"
+    (tmp_path / "folder.yaml").mkdir()
+    assert file_error(tmp_path / "folder.yaml") == "not a file"
+
+
+def test_model_config_goes_with_model_custom_only():
+    assert error("model=custom").startswith("model.config: missing; model=custom reads the model from a file")
+    for given in ("model.config=m.yaml", "+model.config=m.yaml"):
+        assert error("model=gpt2", given).startswith("model.config: only with model=custom; ")
+    assert error("model=nope").endswith(", megatrongpt3, custom (model.config=PATH)")
+
+
+def phaze(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    return subprocess.run([sys.executable, "-m", "phaze", *arguments], cwd=cwd, capture_output=True, text=True,
+                          env=environment)
+
+
+def test_the_command_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    write(tmp_path / "m.yaml", {**{key: value for key, value in SMALL.items() if key != "hidden_size"},
+                                "hidden_sise": 256})
+    result = phaze("extract_graph", "model=custom", "model.config=m.yaml", "cache_dir=cache", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("phaze: error: model.config: m.yaml: unknown field hidden_sise; did you mean "
+                             "hidden_size?\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["m.yaml"]
+
+
+def test_run_solver_on_a_custom_model_has_no_fixed_baseline(tmp_path):
+    write(tmp_path / "m.yaml", SMALL)
+    result = phaze("run_solver", "model=custom", "model.config=m.yaml", "max_tensor_parallel_width=2",
+                   "global_batch_size=64", "num_devices=16", "hbm_size=1", "candidate_sample=3", "n_jobs=1",
+                   cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
+    best = json.loads((run / "best.json").read_text())
+    assert best["model"] == "small" and best["throughput"] > 0
+    assert best["baselines"]["fixed_megatron"]["infeasible_reason"] == "the model defines no fixed_megatron"
