@@ -100,7 +100,7 @@ _MEGATRON_GPT = dict(
 # Llama-family decoders: RMSNorm, SwiGLU, rotary positions, no biases, untied input/output
 # embeddings, no dropout. Shapes from the models' published config.json. The rotary base (10000 for
 # Llama-2 and Mistral, 500000 for Llama-3) changes neither shapes nor FLOPs: the tables use 10000.
-_LLAMA = dict(
+LLAMA_FAMILY = dict(
     norm="rmsnorm",
     activation="swiglu",
     position_embedding="rotary",
@@ -108,9 +108,9 @@ _LLAMA = dict(
     tied_lm_head=False,
     dropout=0.0,
 )
-_LLAMA2 = dict(**_LLAMA, vocab_size=32000, max_position_embeddings=4096, default_sequence_length=4096)
+_LLAMA2 = dict(**LLAMA_FAMILY, vocab_size=32000, max_position_embeddings=4096, default_sequence_length=4096)
 # Llama-3 and 3.1: 128K vocabulary; trained (and benchmarked, e.g. NeMo / Megatron) at 8192 tokens.
-_LLAMA3 = dict(**_LLAMA, vocab_size=128256, max_position_embeddings=8192, default_sequence_length=8192)
+_LLAMA3 = dict(**LLAMA_FAMILY, vocab_size=128256, max_position_embeddings=8192, default_sequence_length=8192)
 
 _SPECS = (
     ModelSpec("bertbase", 12, 768, 12, 3072, **_BERT),
@@ -142,22 +142,7 @@ _SPECS = (
         embedding_projection=512,
         final_norm=False,
     ),
-    ModelSpec(
-        "llama2",  # Llama-2 7B
-        32,
-        4096,
-        32,
-        11008,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        default_sequence_length=4096,
-        norm="rmsnorm",
-        activation="swiglu",
-        position_embedding="rotary",
-        bias=False,
-        tied_lm_head=False,
-        dropout=0.0,
-    ),
+    ModelSpec("llama2", 32, 4096, 32, 11008, **_LLAMA2),  # Llama-2 7B
     ModelSpec("llama2-70b", 80, 8192, 64, 28672, **_LLAMA2, num_kv_heads=8),
     ModelSpec("llama3-8b", 32, 4096, 32, 14336, **_LLAMA3, num_kv_heads=8),
     ModelSpec("llama3-70b", 80, 8192, 64, 28672, **_LLAMA3, num_kv_heads=8),

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from graph_extract import ModelSpec
+from graph_extract.zoo import LLAMA_FAMILY
 
 YAML_SUFFIXES = (".yaml", ".yml")
 JSON_SUFFIXES = (".json",)
@@ -38,9 +39,6 @@ MAX_DEFAULT_SEQUENCE_LENGTH = 8192
 #: The characters of a model name: it names cache files and results.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
 
-# A Llama-family decoder as graph_extract builds it: RMSNorm, SwiGLU MLP, rotary positions, no
-# biases, no dropout (the zoo's llama2 / llama3 / mistral specs).
-_LLAMA_FAMILY = dict(norm="rmsnorm", activation="swiglu", position_embedding="rotary", bias=False, dropout=0.0)
 #: config.json keys -> ModelSpec fields, all required.
 _HF_SHAPE = {
     "num_hidden_layers": "num_layers",
@@ -131,7 +129,7 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key, False) is not False:
             raise ValueError(f"{key}: {config[key]!r}; allowed: false (Llama-family layers have no biases)")
-    fields: dict[str, object] = {"name": _hf_name(config, path), **_LLAMA_FAMILY}
+    fields: dict[str, object] = {"name": _hf_name(config, path), **LLAMA_FAMILY}  # the zoo's Llama layers
     for key, field in _HF_SHAPE.items():
         if key not in config:
             raise ValueError(f"missing field {key}")
