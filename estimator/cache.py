@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from estimator.accelerator import CoreConfig
 from estimator.tc_model import GemmCost, MemorySystem
-from graph_extract.serialize import file_identity, set_aside, temporary_file, warn_once
+from graph_extract.serialize import read_cache_file, temporary_file, warn_once
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
 TC_MODEL_VERSION = 1
@@ -56,13 +56,8 @@ class GemmCache:
     def load(self, n: int, c: int, k: int) -> GemmCost | None:
         """The stored cost, or None if absent; a damaged or mismatched file is set aside (once
         reported), an unreadable one reported: either is then a miss."""
-        path = self.path(n, c, k)
-        identity = file_identity(path)
-        if identity is None:
-            return None
-        try:
-            if not path.is_file():
-                raise ValueError("not a regular file")
+
+        def read(path: Path) -> GemmCost:
             table = pq.read_table(path)
             if (table.schema.metadata or {}).get(METADATA_KEY) != self._metadata(n, c, k):
                 raise ValueError("its key, shape or row count does not match")
@@ -71,13 +66,10 @@ class GemmCache:
                 raise ValueError("a column has the wrong length or a non-finite value")
             if not np.all(columns["cycles"] > 0):
                 raise ValueError("a latency is not positive")
-        except PermissionError as error:
-            warn_once(("unreadable", path), "estimate cache: cannot read %s (%s); computing it", path, error.strerror)
-            return None
-        except (OSError, ValueError, KeyError, pa.ArrowException) as error:
-            set_aside(path, str(error), identity)
-            return None
-        return GemmCost(n * c * k, **columns)
+            return GemmCost(n * c * k, **columns)
+
+        return read_cache_file(self.path(n, c, k), read, (KeyError, pa.ArrowException),
+                               "estimate cache: cannot read %s (%s); computing it")
 
     def store(self, n: int, c: int, k: int, cost: GemmCost) -> None:
         """Write atomically: a temporary file in the same folder, then a rename over the target; a

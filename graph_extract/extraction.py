@@ -19,12 +19,11 @@ from graph_extract.serialize import (
     FORMAT_VERSION,
     atomic_write,
     dumps,
-    file_identity,
     layer_graph_from_dict,
     layer_graph_to_dict,
     op_graph_from_dict,
     op_graph_to_dict,
-    set_aside,
+    read_cache_file,
     warn_once,
 )
 from graph_extract.trace import TRAINING_DTYPE_BYTES, to_op_graph, trace
@@ -238,12 +237,8 @@ def extract(
 def _load(path: Path, request: tuple[ModelSpec, int, int, int]) -> ExtractedModel | None:
     """The cached extraction of `request` (spec, micro-batch size, sequence length, width) at `path`,
     or None: absent, unreadable (reported once), damaged or of another request (set aside)."""
-    identity = file_identity(path)
-    if identity is None:
-        return None
-    try:
-        if not path.is_file():
-            raise ValueError("not a regular file")
+
+    def read(path: Path) -> ExtractedModel:
         record = json.loads(path.read_text())
         if not isinstance(record, dict):
             raise ValueError(f"a JSON {type(record).__name__}, not an object")
@@ -252,8 +247,6 @@ def _load(path: Path, request: tuple[ModelSpec, int, int, int]) -> ExtractedMode
         if found != request:
             raise ValueError("it holds the graphs of another model, micro-batch, sequence length or width")
         return extracted
-    except PermissionError as error:
-        warn_once(("unreadable", path), "graph cache: cannot read %s (%s); tracing again", path, error.strerror)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        set_aside(path, f"{type(error).__name__}: {error}", identity)
-    return None
+
+    return read_cache_file(path, read, (KeyError, TypeError, AttributeError),
+                           "graph cache: cannot read %s (%s); tracing again")

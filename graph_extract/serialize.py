@@ -8,9 +8,9 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from graph_extract.layergraph import Layer, LayerEdge, LayerGraph
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
@@ -20,6 +20,7 @@ FORMAT_VERSION = 3
 
 
 log = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 #: Keys of the warnings this process has given (see `warn_once`).
 _warned: set[Hashable] = set()
@@ -114,6 +115,25 @@ def set_aside(path: Path, problem: str, identity: tuple[int, int] | None = None)
     warn_once(("damaged", path), "cache: %s is damaged (%s); set aside as %s and rebuilt", path, problem,
               target.name)
     return target
+
+
+def read_cache_file(path: Path, read: Callable[[Path], Result], damage: tuple[type[Exception], ...],
+                    unreadable: str) -> Result | None:
+    """`read(path)` of a cache file, or None (a miss): absent; unreadable (one warning,
+    `unreadable % (path, reason)`); or damaged, set aside: not a regular file, or `read` raised
+    OSError, ValueError or one of `damage`."""
+    identity = file_identity(path)
+    if identity is None:
+        return None
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        return read(path)
+    except PermissionError as error:
+        warn_once(("unreadable", path), unreadable, path, error.strerror)
+    except (OSError, ValueError, *damage) as error:
+        set_aside(path, f"{type(error).__name__}: {error}", identity)
+    return None
 
 
 def _shapes(value: list) -> tuple[tuple[int, ...], ...]:
