@@ -109,10 +109,11 @@ def _rows(path: Path, table: str) -> int:
         return 0
 
 
-def run_solver(tmp_path: Path, run: str, cache: str, *overrides: str) -> list[str]:
-    """A small run_solver command whose search lasts seconds on 2 cores (40 candidates, all evaluated)."""
+def run_solver(tmp_path: Path, run: str, *overrides: str) -> list[str]:
+    """A small run_solver command whose search lasts seconds on 2 cores (40 candidates, all evaluated),
+    with its cache in tmp_path/cache."""
     return [sys.executable, "-m", "phaze", "run_solver", *TINY, "search=exhaustive", "candidate_sample=40",
-            "model.overrides.num_layers=4", f"cache_dir={tmp_path / cache}", f"hydra.run.dir={tmp_path / run}",
+            "model.overrides.num_layers=4", f"cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / run}",
             *overrides]
 
 
@@ -121,9 +122,8 @@ def interrupt_search(tmp_path: Path, arguments: list[str], number: int, times: i
     """Start the run, signal it once its search has evaluated a batch of candidates (8 per worker
     process), and check that it stopped in time."""
     process = start(arguments, tmp_path)
-    store = Path(arguments[[a.startswith("cache_dir=") for a in arguments].index(True)].split("=", 1)[1])
     deadline = time.monotonic() + 120
-    while _rows(store / "evaluations.sqlite", "placements") < 8 * jobs + 4:
+    while _rows(tmp_path / "cache" / "evaluations.sqlite", "placements") < 8 * jobs + 4:
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -136,7 +136,7 @@ def interrupt_search(tmp_path: Path, arguments: list[str], number: int, times: i
 def reference(tmp_path_factory) -> dict:
     """best.json of the same run, never interrupted, on its own cache."""
     root = tmp_path_factory.mktemp("reference")
-    done = subprocess.run(run_solver(root, "run", "cache", "n_jobs=1"), cwd=root, env=ENVIRONMENT,
+    done = subprocess.run(run_solver(root, "run", "n_jobs=1"), cwd=root, env=ENVIRONMENT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return json.loads((root / "run" / "best.json").read_text())
@@ -146,7 +146,7 @@ def reference(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("number, times, jobs", [(signal.SIGINT, 1, 1), (signal.SIGTERM, 1, 2), (signal.SIGINT, 5, 1)],
                          ids=["sigint", "sigterm-2-workers", "sigint-repeated"])
 def test_interrupted_run_writes_what_was_done_and_a_rerun_finishes(tmp_path, reference, number, times, jobs):
-    arguments = run_solver(tmp_path, "stopped", "cache", f"n_jobs={jobs}")
+    arguments = run_solver(tmp_path, "stopped", f"n_jobs={jobs}")
     stopped = interrupt_search(tmp_path, arguments, number, times, jobs)
     assert stopped.returncode == 130, stopped.stderr
     last = stopped.stderr.strip().splitlines()[-1]
@@ -159,7 +159,7 @@ def test_interrupted_run_writes_what_was_done_and_a_rerun_finishes(tmp_path, ref
     assert best["architectures_evaluated"] == table["candidate_index"].nunique() < 40
     assert "interrupted" in stopped.stdout  # the summary says so
 
-    rerun = subprocess.run(run_solver(tmp_path, "rerun", "cache", f"n_jobs={jobs}"), cwd=tmp_path, env=ENVIRONMENT,
+    rerun = subprocess.run(run_solver(tmp_path, "rerun", f"n_jobs={jobs}"), cwd=tmp_path, env=ENVIRONMENT,
                            capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     again = json.loads((tmp_path / "rerun" / "best.json").read_text())
@@ -170,7 +170,7 @@ def test_interrupted_run_writes_what_was_done_and_a_rerun_finishes(tmp_path, ref
 
 @pytest.mark.slow
 def test_heuristic_backend_interrupted_exits_130(tmp_path):
-    stopped = interrupt_search(tmp_path, run_solver(tmp_path, "stopped", "cache", "n_jobs=1", "schedule.backend=heuristic",
+    stopped = interrupt_search(tmp_path, run_solver(tmp_path, "stopped", "n_jobs=1", "schedule.backend=heuristic",
                                                     "candidate_sample=400"), signal.SIGINT)
     assert stopped.returncode == 130 and stopped.stderr.strip().splitlines()[-1].startswith("phaze: interrupted")
     assert json.loads((tmp_path / "stopped" / "best.json").read_text())["complete"] is False
