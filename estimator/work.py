@@ -35,7 +35,9 @@ UNARY_CYCLES = {
 BINARY_CYCLES = {"add": (1, 1, 1), "sub": (1, 1, 1), "mul": (1, 1, 1), "div": (10, 10, 11)}
 #: Ops without a gradient: one cycle per element forward.
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne", "logical_or", "logical_and", "logical_not")
-REDUCTIONS = ("sum", "amax", "mean")
+REDUCTIONS = ("sum", "amax", "mean", "topk")
+#: Index operators: free, as in the original (row copies and the routing plan's integer bookkeeping).
+INDEX_OPS = ("gather", "index_select", "route")
 MEAN_DIVIDE_CYCLES = 10
 SOFTMAX_EXP_CYCLES, SOFTMAX_ROW_CYCLES, SOFTMAX_BACKWARD_CYCLES = 10, 10, 2
 NORMS = ("layernorm", "rmsnorm")
@@ -95,7 +97,7 @@ def core_type(node: OpNode) -> str:
     """Which core runs the operator alone: TC, VC, collective, or Nop (free)."""
     if node.kind in ("gemm", "bmm"):
         return TC
-    if node.kind == "allreduce":
+    if node.kind in ("allreduce", "alltoall"):
         return COLLECTIVE
     if node.kind in FREE_KINDS:
         return NOP
@@ -206,6 +208,6 @@ def op_work(node: OpNode, direction: str) -> Work:
         _check_collective(node)
     if node.kind == "embedding" and node.op != "embedding":
         raise _unknown(node, ("embedding",))
-    if node.kind == "index" and node.op != "gather":
-        raise _unknown(node, ("gather",))
+    if node.kind == "index" and node.op not in INDEX_OPS:
+        raise _unknown(node, INDEX_OPS)
     return Work()

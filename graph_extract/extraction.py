@@ -53,6 +53,7 @@ class ExtractedModel:
     repeat_groups: tuple[tuple[int, ...], ...]
     parameter_count: int  # the whole model: all shards, each parameter once
     parameters_per_device: int  # what rank 0 holds when it holds every layer (a tied weight once)
+    active_parameter_count: int  # used per token: parameter_count without the experts a token skips
 
     @cached_property
     def attention_core(self) -> frozenset[int]:
@@ -110,14 +111,23 @@ def parameter_count(model: torch.nn.Module, width: int) -> int:
     )
 
 
+#: Index of num_kv_heads, the first field added to ModelSpec after graphs were first cached.
+_FIRST_LATE_FIELD = [field.name for field in dataclasses.fields(ModelSpec)].index("num_kv_heads")
+
+
 def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> Path:
     """One file per (model, micro-batch, sequence length, width, format); the spec hash covers overrides.
 
-    A multi-head spec (num_kv_heads None, the last field) hashes without that field: its key, and so
-    the graphs cached before grouped-query attention existed, stay valid.
+    Fields added after the first release (num_kv_heads onwards) hash only when some field from there
+    on differs from its default: the key of a spec without them, and so the graphs cached before
+    they existed, stay valid.
     """
     fields = dataclasses.astuple(spec)
-    spec_hash = hashlib.sha1(repr(fields[:-1] if spec.num_kv_heads is None else fields).encode()).hexdigest()[:8]
+    defaults = [field.default for field in dataclasses.fields(spec)]
+    length = len(fields)
+    while length > _FIRST_LATE_FIELD and fields[length - 1] == defaults[length - 1]:
+        length -= 1
+    spec_hash = hashlib.sha1(repr(fields[:length]).encode()).hexdigest()[:8]
     name = f"{spec.name}_mbs{micro_batch_size}_seq{sequence_length}_tp{width}_v{FORMAT_VERSION}_{spec_hash}.json"
     return Path(cache_dir) / "graphs" / name
 
@@ -131,6 +141,7 @@ def _to_record(extracted: ExtractedModel) -> dict:
         "tensor_parallel_width": extracted.tensor_parallel_width,
         "parameter_count": extracted.parameter_count,
         "parameters_per_device": extracted.parameters_per_device,
+        "active_parameter_count": extracted.active_parameter_count,
         "repeat_groups": [list(group) for group in extracted.repeat_groups],
         "layer_graph": layer_graph_to_dict(extracted.layer_graph),
         "op_graph": op_graph_to_dict(extracted.op_graph),
@@ -150,13 +161,14 @@ def _from_record(record: dict) -> ExtractedModel:
         repeat_groups=tuple(tuple(group) for group in record["repeat_groups"]),
         parameter_count=record["parameter_count"],
         parameters_per_device=record["parameters_per_device"],
+        active_parameter_count=record.get("active_parameter_count", record["parameter_count"]),
     )
 
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
     traced = spec.with_overrides(num_layers=min(spec.num_layers, TRACED_BLOCKS))
     with torch.device("meta"):
-        model = TransformerModel(traced, sequence_length, width)
+        model = TransformerModel(traced, sequence_length, width, micro_batch_size=micro_batch_size)
     module = trace(model, example_inputs(model, micro_batch_size, sequence_length))
     op_graph = to_op_graph(module, traced.num_layers, width)
     layer_graph = build_layer_graph(op_graph, TRAINING_DTYPE_BYTES)
@@ -168,7 +180,16 @@ def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: 
         count += extra * parameter_count(model.layers[-1], width)
         per_device += extra * sum(parameter.numel() for parameter in model.layers[-1].parameters())
     return ExtractedModel(spec, micro_batch_size, sequence_length, width, op_graph, layer_graph, groups, count,
-                          per_device)
+                          per_device, count - _skipped_expert_parameters(spec, layer_graph))
+
+
+def _skipped_expert_parameters(spec: ModelSpec, layer_graph: LayerGraph) -> int:
+    """Expert parameters of the whole model that a token does not use: (E − k)/E of them (each
+    rank holds 1/t of every expert)."""
+    if not spec.num_experts:
+        return 0
+    experts = sum(layer.expert_parameter_bytes for layer in layer_graph.layers) // TRAINING_DTYPE_BYTES
+    return experts * layer_graph.tensor_parallel_width * (spec.num_experts - spec.experts_per_token) // spec.num_experts
 
 
 def _more_blocks(op_graph: OpGraph, layer_graph: LayerGraph, groups: tuple[tuple[int, ...], ...],

@@ -22,7 +22,7 @@ from graph_extract.regions import attention_core, replicated_outputs
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
 _SAVE_INPUT = {"gelu", "silu", "log", "pow", "cos", "sin"}
 #: Operators whose backward needs one specific, non-differentiable input (a mask or an index).
-_SAVE_ARGUMENT = {"masked_fill": 1, "where": 0, "gather": 1, "embedding": 0}
+_SAVE_ARGUMENT = {"masked_fill": 1, "where": 0, "gather": 1, "embedding": 0, "index_select": 1}
 
 
 #: Layer kinds: the layer before the first block, a transformer block, the layers after the last.
@@ -37,7 +37,9 @@ class Layer:
     identical on every rank; `attention_core_activation_bytes` is what selective recomputation
     re-creates; `input_bytes` is what enters the layer from other layers (what full recomputation
     keeps). `*_collective_bytes` are the tensor-parallel all-reduces of the forward and backward
-    pass, one entry each (empty at width 1).
+    pass, one entry each (empty at width 1). A mixture-of-experts block also has its experts'
+    share of `parameter_bytes` (all experts here; expert parallelism divides them) and the bytes of
+    each token all-to-all of its forward pass (dispatch, combine; the backward pass mirrors them).
     """
 
     id: int
@@ -53,6 +55,8 @@ class Layer:
     forward_flops: int
     forward_collective_bytes: tuple[int, ...] = ()
     backward_collective_bytes: tuple[int, ...] = ()
+    expert_parameter_bytes: int = 0
+    all_to_all_bytes: tuple[int, ...] = ()
 
     @property
     def recomputable(self) -> bool:
@@ -126,6 +130,11 @@ def _collective_bytes(nodes: tuple[OpNode, ...], direction: str) -> tuple[int, .
                  if node.kind == "allreduce" and node.attr("group_size", 1) > 1 and node.attr("direction") == direction)
 
 
+def _expert_weights(nodes: tuple[OpNode, ...]) -> set[str]:
+    """Names of the experts' weights: those of the per-expert products."""
+    return {name for node in nodes if node.op == "grouped_linear" for name in node.weight_names}
+
+
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     """Contract the op graph into layers; parameters are counted once per layer that reads them."""
     replicated, core = replicated_outputs(graph), attention_core(graph)
@@ -158,6 +167,9 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 forward_flops=sum(node.flops for node in nodes),
                 forward_collective_bytes=_collective_bytes(nodes, "forward"),
                 backward_collective_bytes=_collective_bytes(nodes, "backward"),
+                expert_parameter_bytes=sum(size for name, size in weights.items()
+                                           if name in _expert_weights(nodes)) * dtype_bytes,
+                all_to_all_bytes=tuple(node.output_bytes for node in nodes if node.kind == "alltoall"),
             )
         )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())

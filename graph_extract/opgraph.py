@@ -22,7 +22,7 @@ Shape = tuple[int, ...]
 #: reduction: sum/max/mean over one dimension; softmax; norm: layernorm/rmsnorm;
 #: embedding: row lookup in a weight table; index: gather of single elements;
 #: shape: views, layout changes and copies without arithmetic (cost nothing, as in the original);
-#: allreduce: a tensor-parallel collective.
+#: allreduce: a tensor-parallel collective; alltoall: an expert-parallel token exchange.
 OP_KINDS = (
     "gemm",
     "bmm",
@@ -34,6 +34,7 @@ OP_KINDS = (
     "index",
     "shape",
     "allreduce",
+    "alltoall",
 )
 
 

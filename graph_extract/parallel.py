@@ -29,7 +29,37 @@ def copy_to_tensor_parallel_region(x: torch.Tensor, group_size: int) -> torch.Te
     return x
 
 
-COLLECTIVES = (all_reduce, copy_to_tensor_parallel_region)
+def all_to_all(x: torch.Tensor, group: str = "expert") -> torch.Tensor:
+    """All-to-all across the expert-parallel group (token dispatch or combine; the same in backward).
+
+    The group is a placement choice (expert_parallel_width e), not part of the model: on one shard,
+    and when e = 1, the tokens stay where they are, so the call returns its input.
+    """
+    return x
+
+
+def route(experts: torch.Tensor, num_experts: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dispatch plan of top-k routing with `capacity` token slots per expert.
+
+    `experts` [tokens, k] are the chosen experts. Returns (source [num_experts · capacity]: the token
+    in each slot, `tokens` for an empty one; slot [tokens · k]: each choice's slot, num_experts ·
+    capacity for a dropped one). An expert fills its slots in token order. Traced as one operator
+    (integer bookkeeping, no floating-point work).
+    """
+    tokens, k = experts.shape
+    chosen = experts.flatten()
+    one_hot = F.one_hot(chosen, num_experts)
+    position = (one_hot.cumsum(0) * one_hot).sum(-1) - 1
+    empty = num_experts * capacity
+    slot = torch.where(position < capacity, chosen * capacity + position, empty)
+    token = torch.arange(tokens * k, device=experts.device) // k
+    source = torch.full((empty + 1,), tokens, device=experts.device).scatter(0, slot, token)
+    return source[:empty], slot
+
+
+#: Calls the tracer keeps as single operators: the collectives and the routing plan.
+COLLECTIVES = (all_reduce, copy_to_tensor_parallel_region, all_to_all)
+LEAF_FUNCTIONS = (*COLLECTIVES, route)
 
 
 def sharded_parameter(*shape: int, partition_dim: int | None, replicas: int = 1) -> nn.Parameter:

@@ -188,7 +188,8 @@ def layer_graph_from_dict(record: dict[str, Any]) -> LayerGraph:
     return LayerGraph(
         layers=tuple(
             Layer(**{**layer, "forward_collective_bytes": tuple(layer["forward_collective_bytes"]),
-                     "backward_collective_bytes": tuple(layer["backward_collective_bytes"])})
+                     "backward_collective_bytes": tuple(layer["backward_collective_bytes"]),
+                     "all_to_all_bytes": tuple(layer.get("all_to_all_bytes", ()))})
             for layer in record["layers"]
         ),
         edges=tuple(LayerEdge(**edge) for edge in record["edges"]),

@@ -20,17 +20,18 @@ from torch.fx._symbolic_trace import _assert_is_none
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
-from graph_extract.parallel import COLLECTIVES, all_reduce, copy_to_tensor_parallel_region
+from graph_extract.parallel import LEAF_FUNCTIONS, all_reduce, all_to_all, copy_to_tensor_parallel_region, route
 
 #: Bytes per element of floating-point activations and weights in training (fp16, as the original).
 TRAINING_DTYPE_BYTES = 2
 
 
 class PhazeTracer(fx.Tracer):
-    """An fx tracer that keeps the collectives as leaf calls and records each node's module path."""
+    """An fx tracer that keeps the collectives and the routing plan as leaf calls and records each
+    node's module path."""
 
     def __init__(self) -> None:
-        super().__init__(autowrap_functions=COLLECTIVES)
+        super().__init__(autowrap_functions=LEAF_FUNCTIONS)
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):  # type: ignore[override]
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
@@ -104,12 +105,16 @@ _FUNCTIONS: dict[Callable, tuple[str, str]] = {
     F.rms_norm: ("norm", "rmsnorm"),
     F.embedding: ("embedding", "embedding"),
     torch.gather: ("index", "gather"),
+    torch.index_select: ("index", "index_select"),
+    route: ("index", "route"),
+    F.pad: ("shape", "pad"),
     torch.cat: ("shape", "cat"),
     torch.flatten: ("shape", "flatten"),
     torch.transpose: ("shape", "transpose"),
     operator.getitem: ("shape", "getitem"),
     all_reduce: ("allreduce", "allreduce"),
     copy_to_tensor_parallel_region: ("allreduce", "allreduce"),
+    all_to_all: ("alltoall", "alltoall"),
 }
 
 _METHODS: dict[str, tuple[str, str]] = {
@@ -120,11 +125,12 @@ _METHODS: dict[str, tuple[str, str]] = {
     "sum": ("reduction", "sum"),
     "mean": ("reduction", "mean"),
     "amax": ("reduction", "amax"),
+    "topk": ("reduction", "topk"),
     "gather": ("index", "gather"),
     "matmul": ("bmm", "matmul"),
     **{name: ("shape", name) for name in ("view", "reshape", "transpose", "permute", "contiguous",
                                            "unsqueeze", "squeeze", "expand", "flatten", "unflatten",
-                                           "float", "to", "type_as", "t", "expand_as")},
+                                           "float", "to", "type_as", "t", "expand_as", "view_as")},
 }
 
 
@@ -136,9 +142,15 @@ def _classify(module: fx.GraphModule, node: fx.Node) -> tuple[str, str]:
         table, key = _FUNCTIONS, node.target
     else:
         table, key = _METHODS, node.target
+    if key is torch.bmm and any(_is_parameter(module, argument) for argument in node.args):
+        return ("gemm", "grouped_linear")  # tokens of each expert times that expert's weights
     if key not in table:
         raise ValueError(f"operator: unsupported {node.op} {key!r} at {node.meta.get('module_path')!r}")
     return table[key]
+
+
+def _is_parameter(module: fx.GraphModule, argument: object) -> bool:
+    return isinstance(argument, fx.Node) and argument.op == "get_attr" and argument.target in dict(module.named_parameters())
 
 
 def _tensor_metas(value: object) -> list[TensorMetadata]:
@@ -167,6 +179,9 @@ def _layer_of(module_path: str, num_layers: int) -> int:
 
 def _gemm_dims(kind: str, inputs: list[tuple[int, ...]], weights: tuple[tuple[int, ...], ...],
                output: tuple[int, ...]) -> GemmDims:
+    if kind == "gemm" and len(weights[0]) == 3:  # per expert: activation [E, m, k] times weight [E, k, n]
+        experts, k, n = weights[0]
+        return GemmDims(batch=experts, m=output[-2], k=k, n=n)
     if kind == "gemm":  # activation [..., k] times weight [n, k]
         n, k = weights[0]
         return GemmDims(batch=1, m=math.prod(output[:-1]), k=k, n=n)

@@ -17,7 +17,10 @@ from graph_extract.parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
+    all_reduce,
+    all_to_all,
     copy_to_tensor_parallel_region,
+    route,
     sharded_parameter,
     vocab_parallel_cross_entropy,
 )
@@ -95,18 +98,18 @@ class SelfAttention(nn.Module):
 
     def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
         super().__init__()
-        h, self.head_dim = spec.hidden_size, spec.head_dim
+        h, self.head_dim, attention = spec.hidden_size, spec.head_dim, spec.attention_width
         self.width, self.local_heads = width, spec.num_heads // width
         kv_replicas = max(width // spec.kv_heads, 1)
         self.local_kv_heads = spec.kv_heads * kv_replicas // width
         kv_size = spec.kv_heads * self.head_dim
         # Fused: rows ordered (head, q|k|v, head_dim), so a contiguous slice of rows is whole heads.
-        self.qkv = ColumnParallelLinear(h, 3 * h, width, spec.bias) if spec.fused_qkv else None
+        self.qkv = ColumnParallelLinear(h, 3 * attention, width, spec.bias) if spec.fused_qkv else None
         if not spec.fused_qkv:
-            self.query = ColumnParallelLinear(h, h, width, spec.bias)
+            self.query = ColumnParallelLinear(h, attention, width, spec.bias)
             self.key = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
             self.value = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
-        self.dense = RowParallelLinear(h, h, width, spec.bias)
+        self.dense = RowParallelLinear(attention, h, width, spec.bias)
         self.dropout = _dropout(spec)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         if spec.causal:
@@ -159,6 +162,14 @@ class SelfAttention(nn.Module):
         return self.dense(context)
 
 
+def _activate(activation: str, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    if gate is not None:
+        return F.silu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(up, approximate="tanh")
+    return _ACTIVATIONS[activation](up)
+
+
 class MLP(nn.Module):
     """Feed-forward network: column-parallel up projection, activation, row-parallel down projection."""
 
@@ -172,24 +183,59 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tensor_parallel_region(x, self.width)
-        if self.gate is not None:
-            hidden = F.silu(self.gate(x)) * self.up(x)
-        elif self.activation == "gelu_tanh":
-            hidden = F.gelu(self.up(x), approximate="tanh")
-        else:
-            hidden = _ACTIVATIONS[self.activation](self.up(x))
-        return self.down(hidden)
+        up, gate = self.up(x), self.gate(x) if self.gate is not None else None
+        return self.down(_activate(self.activation, up, gate))
+
+
+class MixtureOfExperts(nn.Module):
+    """Top-k routed experts (Mixtral, Qwen3-MoE): a replicated router picks `experts_per_token` of
+    `num_experts` feed-forward experts per token, with the top-k probabilities renormalised as
+    weights; each expert takes at most `spec.expert_capacity(tokens)` tokens (in token order; the
+    others are dropped, GShard's rule). Dispatch and combine are all-to-alls over the expert-parallel
+    group. The experts are split over the tensor-parallel ranks like the dense MLP (gate/up by
+    columns, down by rows, one all-reduce after the combine); every rank of width t holds all
+    experts here: expert parallelism is a placement choice that divides them (`solver.training_step`).
+    """
+
+    def __init__(self, spec: ModelSpec, tokens: int, width: int) -> None:
+        super().__init__()
+        h, local_ffn, experts = spec.hidden_size, spec.ffn_hidden_size // width, spec.num_experts
+        self.spec, self.width, self.activation = spec, width, spec.activation
+        self.capacity = spec.expert_capacity(tokens)
+        self.router = nn.Linear(h, experts, bias=False)
+        self.up = sharded_parameter(experts, h, local_ffn, partition_dim=2)
+        self.gate = sharded_parameter(experts, h, local_ffn, partition_dim=2) if spec.activation == "swiglu" else None
+        self.down = sharded_parameter(experts, local_ffn, h, partition_dim=1)
+        for weight, fan_in in ((self.up, h), (self.gate, h), (self.down, spec.ffn_hidden_size)):
+            if weight is not None:
+                nn.init.uniform_(weight, -1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_parallel_region(x, self.width)
+        tokens = x.flatten(0, 1)
+        chosen, experts = F.softmax(self.router(tokens), dim=-1).topk(self.spec.experts_per_token, dim=-1)
+        weights = chosen / chosen.sum(dim=-1, keepdim=True)
+        source, slot = route(experts, self.spec.num_experts, self.capacity)
+        dispatched = all_to_all(torch.index_select(F.pad(tokens, (0, 0, 0, 1)), 0, source))
+        dispatched = dispatched.unflatten(0, (self.spec.num_experts, self.capacity))
+        gate = torch.bmm(dispatched, self.gate) if self.gate is not None else None
+        hidden = _activate(self.activation, torch.bmm(dispatched, self.up), gate)
+        returned = all_to_all(torch.bmm(hidden, self.down).flatten(0, 1))
+        gathered = torch.index_select(F.pad(returned, (0, 0, 0, 1)), 0, slot)
+        combined = (gathered.unflatten(0, (-1, self.spec.experts_per_token)) * weights.unsqueeze(-1)).sum(dim=1)
+        return all_reduce(combined.view_as(x), self.width)
 
 
 class Block(nn.Module):
     """One transformer block, pre- or post-norm."""
 
-    def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int, width: int, micro_batch_size: int = 1) -> None:
         super().__init__()
         self.pre_norm = spec.norm_position == "pre"
         self.attention_norm, self.mlp_norm = _norm(spec), _norm(spec)
         self.attention = SelfAttention(spec, sequence_length, width)
-        self.mlp = MLP(spec, width)
+        tokens = micro_batch_size * sequence_length
+        self.mlp = MixtureOfExperts(spec, tokens, width) if spec.num_experts else MLP(spec, width)
         self.attention_dropout, self.mlp_dropout = _dropout(spec), _dropout(spec)
 
     @staticmethod
@@ -268,7 +314,8 @@ class BertPretrainingHead(nn.Module):
 
 
 class TransformerModel(nn.Module):
-    """The rank-`rank` shard of a zoo model at tensor-parallel width `width`."""
+    """The rank-`rank` shard of a zoo model at tensor-parallel width `width` (for a mixture of
+    experts, the experts' capacity is that of `micro_batch_size` sequences)."""
 
     def __init__(
         self,
@@ -277,12 +324,14 @@ class TransformerModel(nn.Module):
         width: int = 1,
         rank: int = 0,
         padded_vocab: int | None = None,
+        micro_batch_size: int = 1,
     ) -> None:
         super().__init__()
         self.spec = spec
         padded_vocab = padded_vocab or spec.padded_vocab_size(width)
         self.embedding = Embedding(spec, sequence_length, width, rank, padded_vocab)
-        self.layers = nn.ModuleList(Block(spec, sequence_length, width) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(Block(spec, sequence_length, width, micro_batch_size)
+                                    for _ in range(spec.num_layers))
         if spec.head == "pooler":
             self.head: nn.Module = Pooler(spec)
         elif spec.head == "bert_pretraining":

@@ -28,6 +28,8 @@ TINY = dict(
     default_sequence_length=16,
 )
 
+MICRO_BATCH_SIZE = 2
+
 
 @dataclass(frozen=True)
 class VerificationResult:
@@ -93,11 +95,11 @@ def verify_tensor_parallel(
     sequence_length = spec.default_sequence_length
     padded_vocab = spec.padded_vocab_size(width)
     torch.manual_seed(seed)
-    full = TransformerModel(spec, sequence_length, 1, 0, padded_vocab).eval()
-    inputs = example_inputs(full, micro_batch_size=2, sequence_length=sequence_length, device="cpu", seed=seed)
+    full = TransformerModel(spec, sequence_length, 1, 0, padded_vocab, MICRO_BATCH_SIZE).eval()
+    inputs = example_inputs(full, micro_batch_size=MICRO_BATCH_SIZE, sequence_length=sequence_length, device="cpu", seed=seed)
     shards = []
     for rank in range(width):
-        shard = TransformerModel(spec, sequence_length, width, rank, padded_vocab).eval()
+        shard = TransformerModel(spec, sequence_length, width, rank, padded_vocab, MICRO_BATCH_SIZE).eval()
         load_shard(full, shard, width, rank)
         shards.append(trace(shard, inputs))
     with torch.no_grad():

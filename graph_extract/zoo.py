@@ -9,6 +9,7 @@ from their published config.json. Everything is written here; nothing is downloa
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 
@@ -44,8 +45,21 @@ class ModelSpec:
     # (None: one per query head, multi-head attention). Last, so that a multi-head spec's graph cache
     # key is what it was before the field existed (see graph_extract.extraction.cache_path).
     num_kv_heads: int | None = None
+    # Mixture of experts: every block's MLP is `num_experts` experts of ffn_hidden_size, each token
+    # routed to `experts_per_token` of them; an expert takes at most capacity_factor · its even share
+    # of the routed tokens (None: a dense MLP). Then the width of each attention head when it is not
+    # hidden_size / num_heads (Megatron's kv_channels; Qwen3: 128 with 64 heads of a 4096-wide model).
+    num_experts: int | None = None
+    experts_per_token: int = 2
+    capacity_factor: float = 1.0
+    kv_channels: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_experts()
+        if self.kv_channels is not None and (isinstance(self.kv_channels, bool) or not isinstance(self.kv_channels, int)
+                                             or self.kv_channels <= 0 or self.kv_channels % 2):
+            raise ValueError(f"kv_channels: must be a positive even integer (the width of a head) or null, "
+                             f"got {self.kv_channels!r}")
         if self.num_kv_heads is None:
             return
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
@@ -55,9 +69,32 @@ class ModelSpec:
             raise ValueError(f"num_kv_heads: {self.num_kv_heads} key/value heads for {self.num_heads} query heads "
                              "need separate Q, K, V projections; set fused_qkv false")
 
+    def _check_experts(self) -> None:
+        if self.num_experts is None:
+            return
+        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int) or self.num_experts < 2:
+            raise ValueError(f"num_experts: must be an integer >= 2 (or null for a dense MLP), got {self.num_experts!r}")
+        k = self.experts_per_token
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_experts:
+            raise ValueError(f"experts_per_token: {k!r} with num_experts={self.num_experts}; "
+                             f"allowed: an integer in [1, {self.num_experts}]")
+        factor = self.capacity_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= self.num_experts / k:
+            raise ValueError(f"capacity_factor: must be in (0, {self.num_experts / k:g}] (num_experts / "
+                             f"experts_per_token), got {factor!r}")
+
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.kv_channels or self.hidden_size // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """Width of all query heads together (hidden_size unless kv_channels says otherwise)."""
+        return self.num_heads * self.head_dim
+
+    def expert_capacity(self, tokens: int) -> int:
+        """Token slots of one expert for `tokens` routed tokens: ceil(capacity_factor · tokens · k / E)."""
+        return math.ceil(self.capacity_factor * tokens * self.experts_per_token / self.num_experts)
 
     @property
     def kv_heads(self) -> int:
@@ -153,6 +190,10 @@ _SPECS = (
     # full causal attention, which the graph models exactly (longer sequences keep the full mask).
     ModelSpec("mistral-7b", 32, 4096, 32, 14336, **{**_LLAMA2, "max_position_embeddings": 32768},
               num_kv_heads=8),
+    # Mixtral-8x7B v0.1: Mistral-7B's attention, eight SwiGLU experts per block, two per token; no
+    # sliding window; benchmarked (Megatron-LM's MoE recipes) at 4096 tokens.
+    ModelSpec("mixtral-8x7b", 32, 4096, 32, 14336, **{**_LLAMA2, "max_position_embeddings": 32768},
+              num_kv_heads=8, num_experts=8, experts_per_token=2),
     ModelSpec(
         "megatronbert",
         24,

@@ -32,7 +32,7 @@ JSON_SUFFIXES = (".json",)
 REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec)
                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 #: Hugging Face model types read from config.json: the dense Llama-family decoders.
-HF_MODEL_TYPES = ("llama", "mistral")
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral")
 #: Longest default sequence of a config.json model [tokens]: the 8192 Llama-3 is trained and
 #: benchmarked at, for models whose context is longer (`sequence_length=` picks another).
 MAX_DEFAULT_SEQUENCE_LENGTH = 8192
@@ -52,6 +52,9 @@ _HF_SHAPE = {
 HF_KEYS = {
     **{field: key for key, field in _HF_SHAPE.items()},
     "num_kv_heads": "num_key_value_heads",
+    "num_experts": "num_local_experts",
+    "experts_per_token": "num_experts_per_tok",
+    "kv_channels": "head_dim",
     "tied_lm_head": "tie_word_embeddings",
     "default_sequence_length": "max_position_embeddings",
 }
@@ -110,16 +113,15 @@ def spec_fields_from_yaml(data: dict) -> dict[str, object]:
 
 
 def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
-    """ModelSpec fields of a Hugging Face Llama / Mistral config.json.
+    """ModelSpec fields of a Hugging Face Llama / Mistral / Mixtral config.json.
 
     num_kv_heads is num_key_value_heads, or null (multi-head attention, as the zoo's llama2) when it
-    equals the query heads; the default sequence is the shortest of max_position_embeddings, the
-    sliding attention window (Mistral-7B v0.1's 4096) and 8192 tokens.
+    equals the query heads; kv_channels is head_dim when it is not hidden_size / heads; Mixtral's
+    num_local_experts and num_experts_per_tok are the experts (capacity factor 1: an even share
+    each); the default sequence is the shortest of max_position_embeddings, the sliding attention
+    window (Mistral-7B v0.1's 4096) and 8192 tokens.
     """
     model_type = config.get("model_type")
-    if model_type == "mixtral" or "num_local_experts" in config:
-        raise ValueError("num_local_experts: mixture of experts is not supported yet (issue 14); "
-                         f"allowed model_type: {', '.join(HF_MODEL_TYPES)}")
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(f"model_type: unknown {model_type!r}; allowed: {', '.join(HF_MODEL_TYPES)} "
                          "(or a ModelSpec YAML file)")
@@ -138,8 +140,12 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     fields["num_kv_heads"] = None if kv_heads == heads else kv_heads
     head_dim = config.get("head_dim")
     if head_dim is not None and head_dim * heads != config["hidden_size"]:
-        raise ValueError(f"head_dim: {head_dim!r} x num_attention_heads={heads} must equal hidden_size="
-                         f"{config['hidden_size']!r} (graph_extract builds heads of hidden_size / heads)")
+        fields["kv_channels"] = head_dim
+    if model_type == "mixtral":
+        for key, field in (("num_local_experts", "num_experts"), ("num_experts_per_tok", "experts_per_token")):
+            if key not in config:
+                raise ValueError(f"missing field {key}")
+            fields[field] = config[key]
     fields["tied_lm_head"] = config.get("tie_word_embeddings", False)
     fields["default_sequence_length"] = _default_sequence_length(config)
     return fields

@@ -62,6 +62,7 @@ def placement_record(evaluation: Evaluation, job: Job) -> dict:
         "tensor_parallel_width": result.tensor_parallel_width,
         "data_parallel_degree": result.data_parallel_degree,
         "virtual_stages": result.virtual_stages,
+        "expert_parallel_width": result.expert_parallel_width,
         "recompute": result.recompute,
         "sequence_parallel": job.training.sequence_parallel and job.step_model == "training_step",
         "stages": [

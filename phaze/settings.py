@@ -97,6 +97,7 @@ class Settings:
     known_chip: KnownChip | None = None  # a chip that exists: no architecture search
     pipeline_parallel_width: int | None = None  # predict only
     data_parallel_width: int | None = None  # predict only
+    expert_parallel_widths: tuple[int, ...] = (1,)  # searched (predict: the one priced)
 
     @staticmethod
     def hbm_bytes(gib: float) -> int:
@@ -121,6 +122,7 @@ class Settings:
             virtual_stages=self.virtual_stages,
             step_model=self.step_model,
             fixed_megatron=self.fixed_megatron,
+            expert_parallel_widths=self.expert_parallel_widths,
         )
 
 
@@ -296,6 +298,10 @@ def _spec_field(field: dataclasses.Field, value: object, name: str) -> None:
         _choice(name, value, SPEC_CHOICES[field.name])
     elif field.type == "bool":
         _boolean(name, value)
+    elif field.name == "capacity_factor":
+        if not _is_finite_number(value) or value <= 0:
+            raise ConfigError(f"{name}: must be a number > 0 (an expert's token slots over its even share), "
+                              f"got {value!r}")
     elif field.type == "float":
         if not _is_finite_number(value) or not 0 <= value < 1:
             raise ConfigError(f"{name}: must be a number in [0, 1), got {value!r}")
@@ -375,6 +381,25 @@ def _widths(cfg: DictConfig, spec: ModelSpec) -> tuple[int, ...]:
     return (width,)
 
 
+def _expert_widths(cfg: DictConfig, spec: ModelSpec) -> tuple[int, ...]:
+    """The expert-parallel widths searched: the given ones (each divides the experts), or every power
+    of two that divides them (predict: 1); 1 for a dense model."""
+    experts = spec.num_experts or 1
+    value = cfg.get("expert_parallel_width")
+    if value is None:
+        if cfg.mode == "predict":
+            return (1,)
+        return tuple(e for e in (2**i for i in range(experts.bit_length())) if experts % e == 0)
+    widths = tuple(dict.fromkeys(_values("expert_parallel_width", value)))
+    for width in widths:
+        if not _is_int(width) or width < 1 or experts % width:
+            what = f"the {experts} experts of {spec.name}" if spec.num_experts else f"{spec.name} (no experts)"
+            allowed = [e for e in range(1, experts + 1) if experts % e == 0]
+            raise ConfigError(f"expert_parallel_width: {width!r} does not divide {what}; "
+                              f"allowed: {', '.join(map(str, allowed))}")
+    return widths
+
+
 def _accelerator(cfg: DictConfig) -> tuple[AcceleratorConfig, float | None, KnownChip | None]:
     """The template (technology and area budget), the area budget, and the known chip if one is named."""
     fields = OmegaConf.to_container(cfg.accelerator)
@@ -428,15 +453,27 @@ def _predict_placement(cfg: DictConfig, spec: ModelSpec, settings: dict) -> tupl
     if len(virtual) != 1:
         raise ConfigError(f"virtual_stages: predict prices one placement; give one value, got {list(virtual)}")
     blocks = spec.num_layers
-    if blocks % stages:
-        allowed = [p for p in range(1, blocks + 1) if blocks % p == 0]
-        raise ConfigError(f"pipeline_parallel_width: {stages} stages do not divide the {blocks} blocks of {spec.name}; "
-                          f"allowed: {', '.join(map(str, allowed))}")
-    if blocks % (stages * virtual[0]) or (virtual[0] > 1 and stages < 2):
-        allowed = [v for v in range(1, blocks // stages + 1) if blocks % (stages * v) == 0 and (v == 1 or stages > 1)]
-        raise ConfigError(f"virtual_stages: {stages} stages x {virtual[0]} virtual stages do not divide the {blocks} "
-                          f"blocks of {spec.name}; allowed with pipeline_parallel_width={stages}: "
+
+    def splits(chunks: int) -> bool:  # evenly, or with the embedding and the loss counted as a block each
+        return blocks % chunks == 0 or (blocks + 2) % chunks == 0
+
+    if not splits(stages):
+        allowed = [p for p in range(1, blocks + 3) if splits(p)]
+        raise ConfigError(f"pipeline_parallel_width: {stages} stages divide neither the {blocks} blocks of {spec.name} "
+                          f"nor {blocks} + 2 (embedding and loss counted); allowed: {', '.join(map(str, allowed))}")
+    if not splits(stages * virtual[0]) or (virtual[0] > 1 and stages < 2):
+        allowed = [v for v in range(1, (blocks + 2) // stages + 1) if splits(stages * v) and (v == 1 or stages > 1)]
+        raise ConfigError(f"virtual_stages: {stages} stages x {virtual[0]} virtual stages divide neither the {blocks} "
+                          f"blocks of {spec.name} nor {blocks} + 2; allowed with pipeline_parallel_width={stages}: "
                           f"{', '.join(map(str, allowed))}")
+    if len(settings["expert_parallel_widths"]) != 1:
+        raise ConfigError(f"expert_parallel_width: predict prices one placement; give one value, got "
+                          f"{list(settings['expert_parallel_widths'])}")
+    (experts,) = settings["expert_parallel_widths"]
+    if degree % experts:
+        raise ConfigError(f"expert_parallel_width: {experts} does not divide data_parallel_width={degree} (the "
+                          f"experts are split over data-parallel replicas); allowed: a divisor of both {degree} and "
+                          f"the model's experts")
     micro_batch_size, batch = settings["micro_batch_sizes"][0], settings["global_batch_size"]
     if batch % (micro_batch_size * degree):
         raise ConfigError(f"micro_batch_size: global_batch_size={batch} is not a multiple of micro_batch_size x "
@@ -544,6 +581,7 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         n_jobs=(os.cpu_count() or 1) if n_jobs == -1 else n_jobs,
         fixed_megatron=_fixed_megatron(cfg, spec),
         known_chip=known,
+        expert_parallel_widths=_expert_widths(cfg, spec),
     )
     if mode == "predict":
         if known is None:

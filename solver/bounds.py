@@ -116,8 +116,11 @@ def optimistic_throughputs(job: Job, graphs_by_width, space: CandidateSpace,
         if job.step_model == "original":
             time = _original_bound(job, {width: graphs[width]}, work, memory)
         else:
-            step = training_steps(job, {width: graphs[width]}, space.template.hbm_bandwidth, memory, "none")[width]
-            time = step.time_lower_bound(work, degrees(step))
+            time = np.full(len(space), np.inf)
+            for experts in job.expert_parallel_widths:
+                step = training_steps(job, {width: graphs[width]}, space.template.hbm_bandwidth, memory, "none",
+                                      experts)[width]
+                time = np.minimum(time, step.time_lower_bound(work, degrees(step)))
         best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):
         return job.global_batch_size / best_time * (1 + ROUNDING_MARGIN)

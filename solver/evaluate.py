@@ -21,7 +21,7 @@ from solver.placement import (PlacedStage, PlacementEdge, PlacementGraph, Placem
                               PlacementSettings)
 from solver.placement import solve as place_original
 from solver.placement.evaluate import baseline_stages
-from solver.placement.search import best_placement, fixed_megatron
+from solver.placement.search import best_over_expert_widths, fixed_megatron
 from solver.schedule import ScheduleProblem, ScheduleResult
 from solver.training_step.model import Device, StepGraph, StepLayer, TrainingStep
 
@@ -136,6 +136,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 recomputable=layer.recomputable,
                 forward_collective_bytes=layer.forward_collective_bytes,
                 backward_collective_bytes=layer.backward_collective_bytes,
+                expert_parameters=layer.expert_parameter_bytes / TRAINING_DTYPE_BYTES,
+                all_to_all_bytes=layer.all_to_all_bytes,
             )
             for layer in layer_graph.layers
         )
@@ -147,10 +149,12 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
 
 
 def training_steps(job: Job, graphs: dict[int, StepGraph], hbm_bandwidth: float, memory: int,
-                   recompute: str) -> dict[int, TrainingStep]:
-    """The step model of every width for one chip's HBM (size and bandwidth) and recomputation mode."""
+                   recompute: str, expert_parallel_width: int = 1) -> dict[int, TrainingStep]:
+    """The step model of every width for one chip's HBM (size and bandwidth), recomputation mode and
+    expert-parallel width."""
     device = Device(memory, hbm_bandwidth)
-    return {width: TrainingStep(graph, job.system, job.training, device, job.micro_batches, recompute)
+    return {width: TrainingStep(graph, job.system, job.training, device, job.micro_batches, recompute,
+                                expert_parallel_width)
             for width, graph in graphs.items()}
 
 
@@ -247,8 +251,9 @@ def place(job: Job, graphs: dict[int, StepGraph], chip: Chip, memory: int, recom
     step's, only one faster than `upper_bound` [s] (none: an infeasible result)."""
     if job.step_model == "original":
         return place_original(original_graphs(job, graphs), original_settings(job, memory, recompute))
-    steps = training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute)
-    return best_placement(steps, job.virtual_stages, upper_bound=upper_bound)
+    steps = {experts: training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute, experts)
+             for experts in job.expert_parallel_widths}
+    return best_over_expert_widths(steps, job.virtual_stages, upper_bound)
 
 
 def fastest_time(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts, memory: int,
@@ -299,8 +304,9 @@ def empty_stage(job: Job, layers: int) -> str | None:
 
 def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
                    memory: int) -> tuple[PlacementResult | None, str | None]:
-    """The job's fixed Megatron (p, t, d) on this accelerator in its best recomputation mode:
-    (result, None), or (None, why it cannot run)."""
+    """The job's fixed Megatron (p, t, d) on this accelerator in its best recomputation mode, with the
+    widest of the job's expert-parallel widths that divides d: (result, None), or (None, why it
+    cannot run)."""
     fixed = job.fixed_megatron
     if fixed is None:
         return None, "the model defines no fixed_megatron"
@@ -317,7 +323,9 @@ def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
             result = None if time is None else PlacementResult((), fixed.data_parallel_degree,
                                                                 fixed.tensor_parallel_width, time, recompute=recompute)
         else:
-            steps = training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute)
+            experts = max(e for e in job.expert_parallel_widths if fixed.data_parallel_degree % e == 0) \
+                if any(fixed.data_parallel_degree % e == 0 for e in job.expert_parallel_widths) else 1
+            steps = training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute, experts)
             result, why = fixed_megatron(steps[fixed.tensor_parallel_width], fixed.pipeline_stages,
                                          fixed.data_parallel_degree)
         if result is not None and (best is None or result.time_per_batch < best.time_per_batch):

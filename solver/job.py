@@ -3,7 +3,7 @@
 A job is the model (its spec, sequence length and micro-batch size), the batch, the cluster
 (`system`), the memory of each device (the HBM sizes searched), how it trains (optimizer, sharding,
 sequence parallelism, overlap), and the placement options searched (tensor-parallel widths,
-recomputation modes, virtual stages). `step_model` is "training_step" (the faithful model of
+recomputation modes, virtual stages, expert-parallel widths). `step_model` is "training_step" (the faithful model of
 `solver.training_step`) or "original" (the original program's, `system=original`).
 """
 
@@ -35,6 +35,7 @@ class Job:
     virtual_stages: tuple[int, ...] | None = None  # None: 1 and every v the blocks allow
     step_model: str = "training_step"
     fixed_megatron: FixedStrategy | None = None
+    expert_parallel_widths: tuple[int, ...] = (1,)  # searched; each divides the model's experts
 
     def __post_init__(self) -> None:
         if self.step_model not in STEP_MODELS:
@@ -43,6 +44,12 @@ class Job:
         if unknown or not self.recompute:
             raise ValueError(f"recompute: unknown {unknown[0] if unknown else 'empty list'!r}; "
                              f"allowed: {', '.join(RECOMPUTE_MODES)}")
+        experts = self.spec.num_experts or 1
+        wrong = [e for e in self.expert_parallel_widths if isinstance(e, bool) or not isinstance(e, int) or e < 1
+                 or experts % e]
+        if wrong or not self.expert_parallel_widths:
+            raise ValueError(f"expert_parallel_width: {wrong[0] if wrong else 'empty list'!r} does not divide the "
+                             f"{experts} experts of {self.spec.name}; allowed: a divisor of {experts}")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(f"micro_batch_size: {self.micro_batch_size} does not divide "
                              f"global_batch_size={self.global_batch_size}")

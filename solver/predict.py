@@ -65,12 +65,15 @@ class Prediction:
 
 def megatron_placement(graphs: ExtractedModel, stages: int, degree: int, virtual_stages: int,
                        recompute: str, step: TrainingStep) -> Placement:
-    """Megatron's even layout (raises ValueError when the blocks do not split into p·v chunks)."""
-    chunks = megatron_chunks(step.graph, stages, virtual_stages)
+    """Megatron's even layout; when the blocks do not split into p·v chunks but do with the embedding
+    and the loss counted as a block each, that layout (Megatron's --account-for-embedding-in-pipeline-
+    split and --account-for-loss-in-pipeline-split); else ValueError."""
+    chunks = megatron_chunks(step.graph, stages, virtual_stages) or megatron_chunks(
+        step.graph, stages, virtual_stages, account_for_ends=True)
     if chunks is None:
         blocks = sum(layer.recomputable for layer in graphs.layer_graph.layers)
-        raise ValueError(f"pipeline_parallel_width: {stages} stages x {virtual_stages} virtual stages do not divide "
-                         f"the {blocks} blocks of {graphs.spec.name}")
+        raise ValueError(f"pipeline_parallel_width: {stages} stages x {virtual_stages} virtual stages divide neither "
+                         f"the {blocks} blocks of {graphs.spec.name} nor {blocks} + 2 (embedding and loss counted)")
     return Placement(chunks, degree, recompute, virtual_stages)
 
 
@@ -90,11 +93,13 @@ def flops_per_micro_batch(graphs: ExtractedModel, recompute: str) -> tuple[float
 
 def predict(job: Job, graphs: ExtractedModel, costs: LayerCosts, chip: KnownChip, stages: int, degree: int,
             virtual_stages: int = 1) -> Prediction:
-    """Price Megatron's layout of (t = the graphs' width, p, d, v) for the job's one recomputation mode."""
+    """Price Megatron's layout of (t = the graphs' width, p, d, v) for the job's one recomputation mode
+    and (a mixture of experts) its one expert-parallel width."""
     (recompute,) = job.recompute
+    (experts,) = job.expert_parallel_widths
     width = graphs.tensor_parallel_width
     step = training_steps(job, step_graphs({width: graphs}, {width: costs[width]}), chip.hbm_bandwidth,
-                          max(job.memory_capacities), recompute)[width]
+                          max(job.memory_capacities), recompute, experts)[width]
     placement = megatron_placement(graphs, stages, degree, virtual_stages, recompute, step)
     result = step.evaluate(placement)
     devices = width * stages * degree

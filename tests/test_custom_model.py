@@ -37,6 +37,16 @@ MISTRAL_7B_CONFIG = {
     "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": True, "vocab_size": 32000,
 }
+#: Mixtral-8x7B-v0.1's published config.json.
+MIXTRAL_8X7B_CONFIG = {
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000,
+}
 #: Llama-2-7b-hf's published config.json: as many key/value heads as query heads.
 LLAMA2_7B_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
@@ -217,14 +227,22 @@ def test_a_bad_value_in_a_config_json_names_its_key(tmp_path):
     assert problem(num_attention_heads=24).startswith("num_attention_heads: 24 heads do not divide hidden_size=")
     assert problem(tie_word_embeddings="yes") == "tie_word_embeddings: must be true or false, got 'yes'"
     assert problem(hidden_act="gelu").startswith("hidden_act: 'gelu' is not a Llama-family MLP; allowed: silu")
-    assert problem(model_type="gpt2") == "model_type: unknown 'gpt2'; allowed: llama, mistral (or a ModelSpec YAML file)"
+    assert problem(model_type="gpt2") == ("model_type: unknown 'gpt2'; allowed: llama, mistral, mixtral (or a "
+                                          "ModelSpec YAML file)")
     assert problem(attention_bias=True).startswith("attention_bias: True; allowed: false")
 
 
-def test_a_mixtral_config_json_is_not_supported_yet(tmp_path):
-    mixtral = {**MISTRAL_7B_CONFIG, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
-    assert file_error(write(tmp_path / "Mixtral-8x7B" / "config.json", mixtral)).startswith(
-        "num_local_experts: mixture of experts is not supported yet (issue 14)")
+def test_the_mixtral_config_json_is_mixtral_8x7b(tmp_path):
+    """The experts from num_local_experts / num_experts_per_tok; no sliding window, so the sequence is
+    the 8192 cap (the zoo's mixtral-8x7b keeps Megatron's 4096: the one field that differs)."""
+    spec = custom_spec(write(tmp_path / "Mixtral-8x7B-v0.1" / "config.json", MIXTRAL_8X7B_CONFIG))
+    assert spec.default_sequence_length == 8192
+    assert_same_model(spec.with_overrides(default_sequence_length=4096), "mixtral-8x7b")
+    missing = {key: value for key, value in MIXTRAL_8X7B_CONFIG.items() if key != "num_experts_per_tok"}
+    assert file_error(write(tmp_path / "m" / "config.json", missing)) == "missing field num_experts_per_tok"
+    too_many = {**MIXTRAL_8X7B_CONFIG, "num_experts_per_tok": 9}
+    assert file_error(write(tmp_path / "n" / "config.json", too_many)).startswith(
+        "num_experts_per_tok: 9 with num_experts=8; allowed: an integer in [1, 8]")
 
 
 def test_a_file_that_is_not_a_model_file(tmp_path):

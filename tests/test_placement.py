@@ -55,7 +55,7 @@ def test_breakdown_of_the_worked_example_sums_to_its_time():
     # ex1: d=2, m=8, 4 stages, bottleneck load 7 (fw 2 + bw 4 of layer 1, plus two 0.5 receives)
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
     result = solve(graphs, settings)
-    assert result.breakdown == {"compute": 8 * 6.0, "recompute": 0.0, "tensor_parallel": 0.0, "bubble": 3 * 7.0,
+    assert result.breakdown == {"compute": 8 * 6.0, "recompute": 0.0, "tensor_parallel": 0.0, "expert_parallel": 0.0, "bubble": 3 * 7.0,
                                 "pipeline_transfer": 8 * 1.0, "data_parallel_sync": 2.0, "optimizer": 0.0}
     assert sum(result.breakdown.values()) == result.time_per_batch == 79.0
 

@@ -175,7 +175,7 @@ def test_predict_writes_prediction_json(tmp_path):
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "run" / "prediction.json").read_text())
     assert record["feasible"] and record["reason"] is None
-    assert set(record["breakdown_s"]) == {"compute", "recompute", "tensor_parallel", "bubble", "pipeline_transfer",
+    assert set(record["breakdown_s"]) == {"compute", "recompute", "tensor_parallel", "expert_parallel", "bubble", "pipeline_transfer",
                                           "data_parallel_sync", "optimizer"}
     assert math.isclose(sum(record["breakdown_s"].values()), record["time_per_batch_s"], rel_tol=1e-12)
     assert set(record["memory_bytes"]) == {"weights", "gradients", "optimizer_state", "activations", "total"}
@@ -202,10 +202,11 @@ def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
     (["num_devices=16", "tensor_parallel_width=16", "pipeline_parallel_width=1", "data_parallel_width=1",
       "max_tensor_parallel_width=16"], "tensor_parallel_width: 16 does not divide the 8 heads"),
     (["num_devices=24", "tensor_parallel_width=1", "pipeline_parallel_width=3", "data_parallel_width=8"],
-     "pipeline_parallel_width: 3 stages do not divide the 2 blocks of megatrongpt3; allowed: 1, 2"),
+     "pipeline_parallel_width: 3 stages divide neither the 2 blocks of megatrongpt3 nor 2 + 2 (embedding and loss "
+     "counted); allowed: 1, 2, 4"),
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
-      "virtual_stages=2"], "virtual_stages: 2 stages x 2 virtual stages do not divide the 2 blocks of megatrongpt3; "
-                           "allowed with pipeline_parallel_width=2: 1"),
+      "virtual_stages=3"], "virtual_stages: 2 stages x 3 virtual stages divide neither the 2 blocks of megatrongpt3 "
+                           "nor 2 + 2; allowed with pipeline_parallel_width=2: 1, 2"),
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
       "recompute=[none,full]"], "recompute: predict prices one placement; give one value (none, selective, full)"),
     (["num_devices=8", "tensor_parallel_width=1", "pipeline_parallel_width=1", "data_parallel_width=8",

@@ -42,6 +42,7 @@ def prediction_record(settings: Settings, prediction: Prediction) -> dict:
             "tensor_parallel_width": settings.tensor_parallel_widths[0],
             "pipeline_parallel_width": settings.pipeline_parallel_width,
             "data_parallel_width": settings.data_parallel_width,
+            "expert_parallel_width": settings.expert_parallel_widths[0],
             "virtual_stages": placement.virtual_stages,
             "micro_batch_size": job.micro_batch_size,
             "global_batch_size": job.global_batch_size,
@@ -86,7 +87,9 @@ def report(record: dict) -> None:
     inputs = record["inputs"]
     title = (f"{inputs['model']} on {inputs['num_devices']} x {inputs['accelerator']['name']} ({inputs['system']['name']}): "
              f"t={inputs['tensor_parallel_width']} p={inputs['pipeline_parallel_width']} "
-             f"d={inputs['data_parallel_width']} v={inputs['virtual_stages']}, micro-batch {inputs['micro_batch_size']}, "
+             f"d={inputs['data_parallel_width']} v={inputs['virtual_stages']}"
+             + (f" e={inputs['expert_parallel_width']}" if inputs['expert_parallel_width'] > 1 else "")
+             + f", micro-batch {inputs['micro_batch_size']}, "
              f"batch {inputs['global_batch_size']}, recompute={inputs['recompute']}")
     table = Table(title=title, show_header=False)
     table.add_column("", style="bold")

@@ -322,8 +322,9 @@ def report(summary: dict, directory: Path) -> None:
             f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²)")
         line = (f"{head}: {setting['throughput']:.1f} samples/s on {chip}; "
                 f"p={placement['pipeline_stages']} t={placement['tensor_parallel_width']} "
-                f"d={placement['data_parallel_degree']} v={placement['virtual_stages']}, "
-                f"recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")
+                f"d={placement['data_parallel_degree']} v={placement['virtual_stages']}"
+                + (f" e={placement['expert_parallel_width']}" if placement.get("expert_parallel_width", 1) > 1 else "")
+                + f", recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")
         time = setting["time_per_batch_s"]
         line += "\n  time per batch " + f"{time:.4g} s = " + " + ".join(
             f"{name.replace('_', ' ')} {seconds:.3g}" for name, seconds in setting["breakdown_s"].items() if seconds)

@@ -58,9 +58,11 @@ class _Best:
 
 
 def degrees(step: TrainingStep) -> list[int]:
-    """Data-parallel degrees d that divide the micro-batches per batch and leave room for a stage."""
+    """Data-parallel degrees d that divide the micro-batches per batch, are multiples of the
+    expert-parallel width and leave room for a stage."""
     room = step.cluster.num_devices // step.width
-    return [d for d in range(1, min(room, step.micro_batches) + 1) if step.micro_batches % d == 0]
+    return [d for d in range(1, min(room, step.micro_batches) + 1)
+            if step.micro_batches % d == 0 and d % step.expert_parallel_width == 0]
 
 
 def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None = None,

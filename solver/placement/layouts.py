@@ -22,14 +22,23 @@ def block_span(graph: StepGraph) -> tuple[int, int] | None:
     return blocks[0], blocks[-1] + 1
 
 
-def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1) -> tuple[tuple[int, ...], ...] | None:
-    """The chunks of Megatron's layout, first to last, or None when the blocks do not split evenly."""
+def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1,
+                    account_for_ends: bool = False) -> tuple[tuple[int, ...], ...] | None:
+    """The chunks of Megatron's layout, first to last, or None when the blocks do not split evenly.
+
+    `account_for_ends` (Megatron's --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split): the layers before the blocks count as one block and those
+    after as another, so the first and the last chunk hold one block fewer.
+    """
     span = block_span(graph)
-    if span is None or (span[1] - span[0]) % (stages * virtual_stages):
+    ends = 2 if account_for_ends else 0
+    if span is None or (span[1] - span[0] + ends) % (stages * virtual_stages):
         return None
     first, end = span
-    size = (end - first) // (stages * virtual_stages)
-    chunks = [list(range(first + j * size, first + (j + 1) * size)) for j in range(stages * virtual_stages)]
+    size = (end - first + ends) // (stages * virtual_stages)
+    start = first - ends // 2  # the blocks' positions, the first chunk's unit for the embedding included
+    chunks = [list(range(max(start + j * size, first), min(start + (j + 1) * size, end)))
+              for j in range(stages * virtual_stages)]
     chunks[0] = list(range(first)) + chunks[0]
     chunks[-1] = chunks[-1] + list(range(end, graph.n))
     return tuple(tuple(chunk) for chunk in chunks)

@@ -41,6 +41,7 @@ class PlacementResult:
     virtual_stages: int = 1
     recompute: str = "none"
     breakdown: dict[str, float] = field(default_factory=dict)
+    expert_parallel_width: int = 1
 
     @property
     def feasible(self) -> bool:

@@ -49,6 +49,20 @@ def best_placement(steps: Mapping[int, TrainingStep], virtual_stages: tuple[int,
     return placement_result(steps[best[0]], best[1], best[2])
 
 
+def best_over_expert_widths(steps: Mapping[int, Mapping[int, TrainingStep]],
+                            virtual_stages: tuple[int, ...] | None = None,
+                            upper_bound: float = math.inf) -> PlacementResult:
+    """`best_placement` over expert-parallel widths: `steps[e]` are the step models of every width at
+    e; a wider e wins only if strictly faster."""
+    best = None
+    for experts in sorted(steps):
+        found = best_placement(steps[experts], virtual_stages, upper_bound=upper_bound)
+        if best is None or found.time_per_batch < best.time_per_batch:
+            best = found
+            upper_bound = min(upper_bound, found.time_per_batch)
+    return best
+
+
 def placement_result(step: TrainingStep, placement: Placement, result: StepResult) -> PlacementResult:
     """A scored placement as the search reports it (layer ids, not positions)."""
     ids = step.graph.ids
@@ -58,7 +72,7 @@ def placement_result(step: TrainingStep, placement: Placement, result: StepResul
     )
     return PlacementResult(stages, placement.data_parallel_degree, step.width, result.time_per_batch,
                            virtual_stages=placement.virtual_stages, recompute=placement.recompute,
-                           breakdown=result.breakdown)
+                           breakdown=result.breakdown, expert_parallel_width=step.expert_parallel_width)
 
 
 def fixed_megatron(step: TrainingStep, stages: int, degree: int) -> tuple[PlacementResult | None, str | None]:

@@ -161,6 +161,22 @@ class Cluster:
 
     all_gather = reduce_scatter
 
+    def all_to_all(self, size: int, stride: int) -> Collective:
+        """All-to-all of a group of `size` devices at `stride`, each device sending S bytes (S/size to
+        each member): the share S·(g_k − g_{k−1})/size that leaves its tier-(k−1) block but stays in
+        its tier-k block crosses tier k's links, one message per further block. Simplification: the
+        tiers' shares are sent one after the other (no overlap between the links of two tiers)."""
+        if size <= 1:
+            return NO_COMMUNICATION
+        per_byte = fixed = 0.0
+        below = 1
+        for tier, members in zip(self.tiers, self.members_per_block(size, stride)):
+            if members > below:
+                per_byte += (members - below) / size / tier.effective_bandwidth
+                fixed += (members / below - 1) * tier.latency
+            below = members
+        return Collective(per_byte, fixed)
+
     def send(self, tier: int) -> Collective:
         """A point-to-point transfer on tier `tier`."""
         link = self.tiers[tier]
@@ -171,6 +187,11 @@ class Cluster:
     def tensor_parallel(self, width: int) -> Collective:
         """All-reduce of the tensor-parallel group (t consecutive devices)."""
         return self.all_reduce(width, 1)
+
+    def expert_parallel(self, width: int, experts_width: int) -> Collective:
+        """Token all-to-all of an expert-parallel group: e data-parallel replicas at stride t
+        (Megatron's layout: consecutive data-parallel ranks)."""
+        return self.all_to_all(experts_width, width)
 
     def data_parallel_tier(self, width: int, degree: int) -> int:
         return self.tier_joining(degree, width)

@@ -20,6 +20,12 @@ time per batch with its breakdown and memory per device by kind (`shared/specs/t
   optimizer), all stages at once on the tier their group spans; the exposed time is the largest.
   With `overlap_grad_reduce` a stage's sync hides behind its last micro-batch's backward pass.
 * Optimizer step: each device reads and writes its optimizer state once at HBM bandwidth.
+* Mixture of experts with expert-parallel width e (Megatron's layout: the experts of a stage are
+  split over e of its d data-parallel replicas, e | d): a device holds 1/e of the experts; their
+  gradients (and their sharded optimizer state) are synced over the d/e replicas holding the same
+  experts (stride t·e); each MoE block's token dispatch and combine are all-to-alls over the e
+  replicas (stride t), 1/t of the routed tokens per device, twice forward and twice backward (and
+  again when fully recomputed), blocking like the tensor-parallel collectives.
 Simplifications: recomputation applies to every stage (as Megatron does); the embedding-gradient
 all-reduce between the first and last stage and the scatter/gather's all-gather are not charged;
 interleaved chunks are charged their average activations (`memory.in_flight`).
@@ -36,8 +42,8 @@ from solver.training_step.cluster import Cluster, Collective
 from solver.training_step.memory import RECOMPUTE_MODES, ModelState, held_activations, in_flight
 
 #: The terms of `StepResult.breakdown`, in the order they happen.
-BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "bubble", "pipeline_transfer", "data_parallel_sync",
-                  "optimizer")
+BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "expert_parallel", "bubble", "pipeline_transfer",
+                  "data_parallel_sync", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class StepLayer:
     recomputable: bool = False
     forward_collective_bytes: tuple[float, ...] = ()
     backward_collective_bytes: tuple[float, ...] = ()
+    expert_parameters: float = 0.0  # of `parameters`, the experts' (all of them, before expert parallelism)
+    all_to_all_bytes: tuple[float, ...] = ()  # the token all-to-alls of one forward pass
 
 
 @dataclass(frozen=True)
@@ -136,10 +144,12 @@ class StageTerms:
     compute: np.ndarray  # forward + backward [s]
     recompute: np.ndarray
     tensor_parallel: np.ndarray
+    expert_parallel: np.ndarray  # token all-to-alls [s]
     backward: np.ndarray  # backward compute + its collectives: what an overlapped sync can hide behind
     transfer_bytes: np.ndarray  # received per micro-batch (activations in, gradients back)
     transfer_messages: np.ndarray
     parameters: np.ndarray
+    expert_parameters: np.ndarray  # of `parameters`, the experts' (after expert parallelism)
     held_activations: np.ndarray  # bytes per micro-batch in flight
     working_activations: np.ndarray  # bytes while a layer is recomputed
 
@@ -209,7 +219,7 @@ class TrainingStep:
     """The step model of one width's layer graph, one recomputation mode, on a cluster.
 
     `micro_batches` is the number per batch (global batch / micro-batch size); a data-parallel
-    degree must divide it.
+    degree must divide it, and be a multiple of the expert-parallel width.
     """
 
     graph: StepGraph
@@ -218,6 +228,7 @@ class TrainingStep:
     device: Device
     micro_batches: int
     recompute: str
+    expert_parallel_width: int = 1
     _layers: dict = field(init=False, repr=False, compare=False)
     _collectives: dict = field(init=False, repr=False, compare=False)
 
@@ -232,6 +243,9 @@ class TrainingStep:
         backward_tp = np.array([sum(tensor.scalar(b) for b in layer.backward_collective_bytes) for layer in layers], float)
         forward = np.array([layer.forward for layer in layers], float)
         backward = np.array([layer.backward for layer in layers], float)
+        experts = self.expert_parallel_collective
+        all_to_all = np.array([sum(experts.scalar(b / width) for b in layer.all_to_all_bytes) for layer in layers], float)
+        expert_parameters = np.array([layer.expert_parameters for layer in layers], float) / self.expert_parallel_width
         rerun = {"none": np.zeros(len(layers)), "full": forward,
                  "selective": np.array([layer.attention_core_forward for layer in layers], float)}[self.recompute]
         held, working = held_activations(layers, self.recompute, width, self.training.sequence_parallel)
@@ -240,8 +254,11 @@ class TrainingStep:
             "compute": forward + backward,
             "recompute": np.where(recomputable, rerun, 0.0),
             "tensor_parallel": forward_tp + backward_tp + np.where(recomputable & full, forward_tp, 0.0),
-            "backward": backward + backward_tp,
-            "parameters": np.array([layer.parameters for layer in layers], float),
+            "expert_parallel": 2 * all_to_all + np.where(recomputable & full, all_to_all, 0.0),
+            "backward": backward + backward_tp + all_to_all,
+            "parameters": np.array([layer.parameters - layer.expert_parameters for layer in layers], float)
+            + expert_parameters,
+            "expert_parameters": expert_parameters,
             "held": held,
             "working": working,
         })
@@ -253,6 +270,10 @@ class TrainingStep:
     @cached_property
     def tensor_parallel_collective(self) -> Collective:
         return self.cluster.tensor_parallel(self.graph.width)
+
+    @cached_property
+    def expert_parallel_collective(self) -> Collective:
+        return self.cluster.expert_parallel(self.graph.width, self.expert_parallel_width)
 
     # Stages, vectorised: the DP costs every candidate stage with these.
 
@@ -269,10 +290,12 @@ class TrainingStep:
             compute=stage_sum(members, values["compute"]),
             recompute=stage_sum(members, values["recompute"]),
             tensor_parallel=stage_sum(members, values["tensor_parallel"]),
+            expert_parallel=stage_sum(members, values["expert_parallel"]),
             backward=stage_sum(members, values["backward"]),
             transfer_bytes=transfer_bytes,
             transfer_messages=messages,
             parameters=stage_sum(members, values["parameters"]),
+            expert_parameters=stage_sum(members, values["expert_parameters"]),
             held_activations=stage_sum(members, values["held"]),
             working_activations=stage_max(members, values["working"]),
         )
@@ -283,15 +306,42 @@ class TrainingStep:
 
     def load(self, terms: StageTerms, tier: int) -> np.ndarray:
         """Time per micro-batch of each stage with its transfers on `tier`."""
-        return ((terms.compute + terms.recompute) + terms.tensor_parallel) + self.transfer_time(terms, tier)
+        return self.busy(terms) + self.transfer_time(terms, tier)
+
+    @staticmethod
+    def busy(terms: StageTerms) -> np.ndarray:
+        """Per micro-batch: compute, recomputation and the blocking collectives of each stage."""
+        return ((terms.compute + terms.recompute) + terms.tensor_parallel) + terms.expert_parallel
 
     def activation_bytes(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
         return micro_batches_in_flight * terms.held_activations + terms.working_activations
 
     def memory_bytes(self, terms: StageTerms, micro_batches_in_flight, degree: int) -> np.ndarray:
         """Peak bytes per device of each stage holding this many micro-batches' activations."""
-        static = self.training.model_state.static_bytes(terms.parameters, degree)
-        return static + self.activation_bytes(terms, micro_batches_in_flight)
+        return self.static_bytes(terms.parameters, degree, terms.expert_parameters) + self.activation_bytes(
+            terms, micro_batches_in_flight)
+
+    def expert_degree(self, degree):
+        """Replicas of each expert: the data-parallel degree over the expert-parallel width."""
+        return np.maximum(np.asarray(degree) // self.expert_parallel_width, 1)
+
+    def optimizer_state_bytes(self, parameters, degree, expert_parameters=0.0):
+        """Optimizer state of `parameters` per device, of which `expert_parameters` are experts'
+        (sharded over their d/e replicas, the rest over d)."""
+        state = self.training.model_state
+        if self.expert_parallel_width == 1:
+            return parameters * state.optimizer_share(degree)
+        return ((parameters - expert_parameters) * state.optimizer_share(degree)
+                + expert_parameters * state.optimizer_share(self.expert_degree(degree)))
+
+    def static_bytes(self, parameters, degree, expert_parameters=0.0):
+        """Weights, gradients and optimizer state of `parameters` per device (`expert_parameters`
+        of them experts')."""
+        state = self.training.model_state
+        if self.expert_parallel_width == 1:
+            return state.static_bytes(parameters, degree)
+        return parameters * (state.weights + state.gradients) + self.optimizer_state_bytes(
+            parameters, degree, expert_parameters)
 
     def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
         """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
@@ -310,44 +360,55 @@ class TrainingStep:
         guess = np.where((above > guess) & (self.memory_bytes(terms, above, degree) <= capacity), above, guess)
         return np.where(fits_all, limit, np.maximum(guess, 0))
 
-    def data_parallel_sync(self, degree: int) -> tuple[Collective, Collective]:
-        """(gradient collective, weight collective) of a data-parallel group of `degree`."""
-        found = self._collectives.get(degree)
+    def data_parallel_sync(self, degree: int, stride: int | None = None) -> tuple[Collective, Collective]:
+        """(gradient collective, weight collective) of a data-parallel group of `degree` at `stride`
+        (default t)."""
+        stride = self.width if stride is None else stride
+        found = self._collectives.get((degree, stride))
         if found is None:
             if self.training.sharded_optimizer:
-                found = (self.cluster.reduce_scatter(degree, self.width), self.cluster.all_gather(degree, self.width))
+                found = (self.cluster.reduce_scatter(degree, stride), self.cluster.all_gather(degree, stride))
             else:
-                found = (self.cluster.all_reduce(degree, self.width), Collective(0.0, 0.0))
-            self._collectives[degree] = found
+                found = (self.cluster.all_reduce(degree, stride), Collective(0.0, 0.0))
+            self._collectives[(degree, stride)] = found
         return found
 
-    def sync_time(self, parameters, degree: int):
-        """Data-parallel sync of stages holding `parameters` per device (not overlapped)."""
+    def sync_time(self, parameters, degree: int, expert_parameters=0.0):
+        """Data-parallel sync of stages holding `parameters` per device (not overlapped), of which
+        `expert_parameters` sync over the d/e replicas of their experts (stride t·e)."""
         state = self.training.model_state
         gradients, weights = self.data_parallel_sync(degree)
-        return gradients.time(parameters * state.gradients) + weights.time(parameters * state.weights)
+        if self.expert_parallel_width == 1:  # the experts sync with the rest
+            return gradients.time(parameters * state.gradients) + weights.time(parameters * state.weights)
+        dense = parameters - expert_parameters
+        time = gradients.time(dense * state.gradients) + weights.time(dense * state.weights)
+        expert_gradients, expert_weights = self.data_parallel_sync(degree // self.expert_parallel_width,
+                                                                   self.width * self.expert_parallel_width)
+        return time + expert_gradients.time(expert_parameters * state.gradients) + expert_weights.time(
+            expert_parameters * state.weights)
 
-    def optimizer_time(self, parameters, degree: int):
+    def optimizer_time(self, parameters, degree: int, expert_parameters=0.0):
         """Reading and writing the device's optimizer state once at HBM bandwidth."""
-        share = self.training.model_state.optimizer_share(degree)
-        return 2.0 * (parameters * share) / self.device.hbm_bandwidth
+        return 2.0 * self.optimizer_state_bytes(parameters, degree, expert_parameters) / self.device.hbm_bandwidth
 
-    def tail_time(self, parameters, degree: int):
+    def tail_time(self, parameters, degree: int, expert_parameters=0.0):
         """Sync and optimizer step of stages holding `parameters` per device, the sync not hidden:
         what such a stage adds after the last backward (it grows with the parameters)."""
-        return self.sync_time(parameters, degree) + self.optimizer_time(parameters, degree)
+        return (self.sync_time(parameters, degree, expert_parameters)
+                + self.optimizer_time(parameters, degree, expert_parameters))
 
     def tail(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
         """(exposed sync, optimizer step) of each stage after the last backward."""
-        sync = self.sync_time(terms.parameters, degree)
+        sync = self.sync_time(terms.parameters, degree, terms.expert_parameters)
         if self.training.overlap_grad_reduce:
             sync = np.maximum(sync - terms.backward, 0.0)
-        return sync, self.optimizer_time(terms.parameters, degree)
+        return sync, self.optimizer_time(terms.parameters, degree, terms.expert_parameters)
 
     def tail_keys_are_parameters(self) -> bool:
         """Whether every stage's tail grows with its parameters alone (so a cap on parameters is a
-        cap on the tail); not so when the sync overlaps the backward pass."""
-        return not self.training.overlap_grad_reduce
+        cap on the tail); not so when the sync overlaps the backward pass, nor when experts sync
+        over other replicas than the rest (e > 1)."""
+        return not self.training.overlap_grad_reduce and self.expert_parallel_width == 1
 
     @staticmethod
     def pipeline_time(micro_batches, stages, virtual_stages, load):
@@ -367,9 +428,10 @@ class TrainingStep:
         hide behind the backward pass). Minimised over d and p ≤ min(layers, devices/(t·d)).
         """
         compute = np.asarray(compute, float)
-        per_layer = compute + self._layers["tensor_parallel"].reshape((-1,) + (1,) * (compute.ndim - 1))
+        collectives = self._layers["tensor_parallel"] + self._layers["expert_parallel"]
+        per_layer = compute + collectives.reshape((-1,) + (1,) * (compute.ndim - 1))
         total, heaviest = per_layer.sum(axis=0), per_layer.max(axis=0)
-        largest = float(self._layers["parameters"].max())
+        parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
         blocks = sum(layer.recomputable for layer in self.graph.layers)
         best = np.full(total.shape, np.inf)
         for degree in degrees:
@@ -380,7 +442,8 @@ class TrainingStep:
             factor = (self.micro_batches // degree + (stages - 1) / interleave).reshape((-1,) + (1,) * total.ndim)
             load = np.maximum(heaviest, total / stages.reshape(factor.shape))
             overlap = self.training.overlap_grad_reduce
-            tail = float(self.optimizer_time(largest, degree) if overlap else self.tail_time(largest, degree))
+            tail = float((self.optimizer_time(parameters, degree, experts) if overlap
+                          else self.tail_time(parameters, degree, experts)).max())
             best = np.minimum(best, (factor * load).min(axis=0) + tail)
         return best
 
@@ -403,7 +466,7 @@ class TrainingStep:
         micro_batches = self.micro_batches // degrees
         tiers = [self.cluster.pipeline_tier(self.width, int(d), stages) for d in degrees]
         transfer = per_device(np.array([self.transfer_time(chunk_terms, tier) for tier in tiers]), stages)
-        loads = ((terms.compute + terms.recompute) + terms.tensor_parallel) + transfer  # [degree, device]
+        loads = self.busy(terms) + transfer  # [degree, device]
         flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
         memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
         tails = [self.tail(terms, int(d)) for d in degrees]
@@ -411,7 +474,7 @@ class TrainingStep:
         time = self.pipeline_time(micro_batches, stages, virtual_stages, loads.max(axis=1))
         time = time + (sync + optimizer).max(axis=1)
         fits = (memory <= self.device.memory_capacity).all(axis=1)
-        fits &= (self.micro_batches % degrees == 0) & (stages * self.width * degrees <= self.cluster.num_devices)
+        fits &= (self.micro_batches % degrees == 0) & (degrees % self.expert_parallel_width == 0) & (stages * self.width * degrees <= self.cluster.num_devices)
         return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "memory": memory,
                 "in_flight": flight, "sync": sync, "optimizer": optimizer, "terms": terms}
 
@@ -432,6 +495,7 @@ class TrainingStep:
             "compute": micro_batches * float(terms.compute[slowest]),
             "recompute": micro_batches * float(terms.recompute[slowest]),
             "tensor_parallel": micro_batches * float(terms.tensor_parallel[slowest]),
+            "expert_parallel": micro_batches * float(terms.expert_parallel[slowest]),
             "bubble": (stages - 1) / v * float(loads[slowest]),
             "pipeline_transfer": micro_batches * float(transfer[slowest]),
             "data_parallel_sync": float(scored["sync"][0][last_out]),
@@ -442,8 +506,9 @@ class TrainingStep:
         memory = []
         for index in range(stages):
             parameters = float(terms.parameters[index])
+            optimizer_state = self.optimizer_state_bytes(parameters, degree, float(terms.expert_parameters[index]))
             memory.append({"weights": parameters * state.weights, "gradients": parameters * state.gradients,
-                           "optimizer_state": parameters * float(state.optimizer_share(degree)),
+                           "optimizer_state": float(optimizer_state),
                            "activations": float(activations[index]), "total": float(scored["memory"][0][index])})
         return StepResult(float(scored["time"][0]), breakdown, tuple(float(p) for p in terms.parameters),
                           tuple(memory), None if scored["fits"][0] else self.why_not(memory, degree, stages))
@@ -452,6 +517,9 @@ class TrainingStep:
         """Why a placement with this memory per device cannot run."""
         if self.micro_batches % degree:
             return f"data-parallel degree {degree} does not divide the {self.micro_batches} micro-batches per batch"
+        if degree % self.expert_parallel_width:
+            return (f"expert_parallel_width: {self.expert_parallel_width} does not divide the data-parallel "
+                    f"degree {degree}")
         if stages * self.width * degree > self.cluster.num_devices:
             return (f"devices: {stages} stages x {self.width} x {degree} replicas need "
                     f"{stages * self.width * degree}, the cluster has {self.cluster.num_devices}")

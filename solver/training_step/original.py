@@ -266,6 +266,7 @@ def evaluate(
         "compute": micro_batches * (bottleneck.compute - collectives),
         "recompute": micro_batches * rerun,
         "tensor_parallel": micro_batches * collectives,
+        "expert_parallel": 0.0,
         "bubble": (depth - 1) * max_load,
         "pipeline_transfer": micro_batches * (max_load - bottleneck.compute - rerun),
         "data_parallel_sync": float(sync),

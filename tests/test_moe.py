@@ -1,0 +1,248 @@
+"""Mixture of experts: Mixtral's parameters, the MoE block against a loop over tokens, its layer
+graph by hand, tensor-parallel shards, the all-to-all, the step model with expert parallelism by
+hand, the placement search with e against brute force, and bad input."""
+
+import dataclasses
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import graph_extract.verify as verify_module
+from graph_extract import ModelSpec, extract, get_spec, verify_tensor_parallel
+from graph_extract.transformer import MixtureOfExperts
+from phaze.cli import check_command_line
+from phaze.settings import ConfigError
+from solver.placement.capped import degrees, place_capped
+from solver.placement.layouts import megatron_chunks
+from solver.placement.search import best_over_expert_widths, state_space
+from solver.training_step import Cluster, Device, Placement, StepGraph, StepLayer, Training, TrainingStep
+
+from tests.test_placement_training import partitions, random_steps
+
+#: A small Mixtral-like block: 4 experts of FFN 96, 2 per token.
+TOY = get_spec("mixtral-8x7b").with_overrides(
+    num_layers=2, hidden_size=64, num_heads=8, num_kv_heads=2, ffn_hidden_size=96, vocab_size=500,
+    max_position_embeddings=32, default_sequence_length=16, num_experts=4, experts_per_token=2,
+)
+
+
+def mixtral_parameters(layers, h, heads, kv_heads, ffn, vocab, experts, used):
+    """(all, active): embedding and untied LM head V·h each; per block q, o h·h, k, v h·kv·d, router
+    h·E, E SwiGLU experts 3·h·f each (k of them active), two RMSNorms; final RMSNorm."""
+    d = h // heads
+    dense = 2 * h * h + 2 * h * kv_heads * d + h * experts + 2 * h
+    return (2 * vocab * h + layers * (dense + experts * 3 * h * ffn) + h,
+            2 * vocab * h + layers * (dense + used * 3 * h * ffn) + h)
+
+
+def test_mixtral_parameters_all_and_active():
+    total, active = mixtral_parameters(32, 4096, 32, 8, 14336, 32000, 8, 2)
+    assert (total, active) == (46_702_792_704, 12_879_925_248)  # 46.7B and 12.9B, as published
+    for width in (1, 8):
+        extracted = extract("mixtral-8x7b", 1, 64, width)
+        assert (extracted.parameter_count, extracted.active_parameter_count) == (total, active)
+    dense = extract("llama3-8b", 1, 64, 2)
+    assert dense.active_parameter_count == dense.parameter_count
+
+
+def reference_moe(block: MixtureOfExperts, x: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Token by token, in order: the k most probable experts, weights renormalised over them; an
+    expert that already took `capacity` tokens drops the rest."""
+    spec, tokens = block.spec, x.flatten(0, 1)
+    taken = [0] * spec.num_experts
+    out = torch.zeros_like(tokens)
+    for index, token in enumerate(tokens):
+        probabilities = torch.softmax(token @ block.router.weight.T, dim=-1)
+        values, experts = probabilities.topk(spec.experts_per_token)
+        for weight, expert in zip(values / values.sum(), experts.tolist()):
+            if taken[expert] < capacity:
+                taken[expert] += 1
+                hidden = F.silu(token @ block.gate[expert]) * (token @ block.up[expert])
+                out[index] += weight * (hidden @ block.down[expert])
+    return out.view_as(x)
+
+
+@pytest.mark.parametrize("capacity_factor", [1.0, 0.5, 2.0])
+def test_the_moe_block_is_top_k_routing_with_capacity(capacity_factor):
+    torch.manual_seed(0)
+    spec = TOY.with_overrides(capacity_factor=capacity_factor)
+    block = MixtureOfExperts(spec, tokens=2 * 16, width=1)
+    x = torch.randn(2, 16, spec.hidden_size)
+    capacity = math.ceil(capacity_factor * 32 * 2 / 4)
+    assert block.capacity == capacity
+    with torch.no_grad():
+        assert torch.allclose(block(x), reference_moe(block, x, capacity), atol=1e-5)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_moe_block_flops_parameters_and_all_to_all_per_rank(t):
+    b, s, h, heads, kv, f, experts, k = 2, 32, 64, 8, 2, 96, 4, 2
+    extracted = extract(TOY, b, s, t)
+    block = extracted.layer_graph.layer(1)
+    tokens, d = b * s, h // heads
+    capacity = math.ceil(tokens * k / experts)
+    kv_per_rank = max(kv // t, 1)  # t > kv: one key/value head per rank, replicated
+    attention = 2 * tokens * (2 * h * h / t + 2 * h * kv_per_rank * d) + 2 * 2 * tokens * s * h / t  # + QK, ·V
+    router, expert = 2 * tokens * h * experts, 3 * 2 * experts * capacity * h * f / t
+    assert block.forward_flops == attention + router + expert
+    assert block.expert_parameter_bytes == 3 * experts * h * (f // t) * 2
+    dense = 2 * h * h // t + 2 * h * kv_per_rank * d + h * experts + 2 * h  # attention, router, norms
+    assert block.parameter_bytes == block.expert_parameter_bytes + dense * 2
+    assert block.all_to_all_bytes == (experts * capacity * h * 2,) * 2  # dispatch and combine, fp16
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_moe_shards_compute_the_unsharded_model(t):
+    assert verify_tensor_parallel("mixtral-8x7b", t).passed
+    assert verify_tensor_parallel("mixtral-8x7b", t, capacity_factor=0.5).passed  # with dropped tokens
+
+
+def test_moe_verification_fails_when_a_rank_holds_another_experts_slice(monkeypatch):
+    original = verify_module.load_shard
+
+    def swapped_experts(full, shard, width, rank):
+        original(full, shard, width, rank)
+        with torch.no_grad():
+            for layer in shard.layers:
+                layer.mlp.up.copy_(layer.mlp.up.roll(1, dims=0))  # expert e gets expert e-1's slice
+
+    monkeypatch.setattr(verify_module, "load_shard", swapped_experts)
+    assert not verify_tensor_parallel("mixtral-8x7b", 2).passed
+
+
+def test_all_to_all_by_hand():
+    """8 devices at stride 1 on nodes of 4: 3/8 of the bytes to the node's other members over the
+    first tier, 4/8 to the other node over the second; 3 and 1 extra messages."""
+    cluster = Cluster.build("two", 16, 4, [dict(bandwidth=100.0, latency=1.0, efficiency=0.5),
+                                           dict(bandwidth=10.0, latency=2.0, efficiency=1.0)])
+    collective = cluster.all_to_all(8, 1)
+    assert collective.per_byte == pytest.approx(3 / 8 / 50 + 4 / 8 / 10)
+    assert collective.fixed == pytest.approx(3 * 1.0 + 1 * 2.0)
+    assert cluster.expert_parallel(2, 4) == cluster.all_to_all(4, 2)  # e replicas at stride t: 2 per node
+    assert cluster.all_to_all(1, 1).per_byte == 0.0
+
+
+def moe_graph(width: int = 1) -> StepGraph:
+    """Embedding (dense), two MoE blocks (half their parameters experts', two all-to-alls), head."""
+    def layer(i, block):
+        return StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=4e6,
+                         activation_bytes=1e6, recomputable=block, expert_parameters=2e6 if block else 0.0,
+                         all_to_all_bytes=(8e6, 8e6) if block else ())
+    return StepGraph(width, tuple(layer(i, 0 < i < 3) for i in range(4)), ((0, 1, 1e6), (1, 2, 1e6), (2, 3, 1e6)))
+
+
+def test_a_step_with_expert_parallelism_by_hand():
+    """One stage (p 1), d 4, e 2, on one tier of 1e9 B/s: every term by hand."""
+    cluster = Cluster.build("one", 8, 8, [dict(bandwidth=1e9, latency=0.0, efficiency=1.0)])
+    step = TrainingStep(moe_graph(), cluster, Training("adam", True, True, False), Device(1e12, 1e12), 8, "none", 2)
+    result = step.evaluate(Placement(((0, 1, 2, 3),), 4))
+    # all-to-all of 2 at stride 1: half of 8e6 bytes leaves, 4e-3 s; 2 forward + 2 backward per block
+    assert result.breakdown["expert_parallel"] == pytest.approx(2 * 2 * 2 * 4e-3 * 2)  # 2 micro-batches
+    # parameters per device: 4 x 4e6 - 2 x 2e6 / 2 = 14e6, of which 2e6 are experts' (synced over d/e = 2)
+    assert result.parameters == (14e6,)
+    dense, experts = 12e6, 2e6
+    # reduce-scatter of the fp32 gradients and all-gather of the fp16 weights: over the 4 replicas at
+    # stride 1, (4 - 1)/4 of the bytes; the experts' over their 2 replicas at stride t·e = 2, 1/2
+    assert result.breakdown["data_parallel_sync"] == pytest.approx(
+        dense * 4 * 0.75 / 1e9 + dense * 2 * 0.75 / 1e9 + experts * 4 * 0.5 / 1e9 + experts * 2 * 0.5 / 1e9)
+    # optimizer state: dense sharded over 4, experts over 2
+    assert result.memory[0]["optimizer_state"] == pytest.approx(dense * 12 / 4 + experts * 12 / 2)
+    assert result.breakdown["optimizer"] == pytest.approx(2 * (dense * 3 + experts * 6) / 1e12)
+    # d must be a multiple of e
+    assert "expert_parallel_width: 2 does not divide the data-parallel degree 1" in \
+        step.evaluate(Placement(((0, 1, 2, 3),), 1)).infeasible_reason
+
+
+def with_experts(step: TrainingStep, rng: random.Random, experts_width: int) -> TrainingStep:
+    """The step with its blocks made MoE blocks: part of their parameters experts', two all-to-alls."""
+    layers = tuple(dataclasses.replace(layer, expert_parameters=layer.parameters * rng.choice([0.5, 0.75]),
+                                       all_to_all_bytes=(float(rng.randint(1, 4)) * 1e6,) * 2)
+                   if layer.recomputable else layer for layer in step.graph.layers)
+    graph = dataclasses.replace(step.graph, layers=layers)
+    return TrainingStep(graph, step.cluster, step.training, step.device, step.micro_batches, step.recompute,
+                        experts_width)
+
+
+def brute_force(step: TrainingStep) -> float:
+    """Every convex split of the chain and every degree that divides the micro-batches (the model's
+    own feasibility decides which degrees e allows)."""
+    best = math.inf
+    options = [d for d in range(1, step.micro_batches + 1) if step.micro_batches % d == 0]
+    for stages in partitions(step):
+        members = np.zeros((step.graph.n, len(stages)), dtype=bool)
+        for index, stage in enumerate(stages):
+            members[list(stage), index] = True
+        scored = step.score(step.stage_terms(members), 1, options)
+        if scored["fits"].any():
+            best = min(best, float(scored["time"][scored["fits"]].min()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_placement_search_with_expert_parallelism_equals_brute_force(seed):
+    rng = random.Random(seed)
+    for mode, steps in random_steps(500 + seed, rng.randint(3, 7)).items():
+        by_experts = {e: {t: with_experts(step, random.Random(seed * 13 + t), e) for t, step in steps.items()}
+                      for e in (1, 2, 4)}
+        for e, at_e in by_experts.items():
+            for t, step in at_e.items():
+                found = place_capped(step, state_space(step))
+                expected = brute_force(step)
+                assert (found[1].time_per_batch if found else math.inf) == pytest.approx(expected, rel=1e-12), (e, t)
+        result = best_over_expert_widths(by_experts, virtual_stages=(1,))
+        expected = min(brute_force(step) for at_e in by_experts.values() for step in at_e.values())
+        assert result.time_per_batch == pytest.approx(expected, rel=1e-12), mode
+        if result.feasible:
+            assert result.data_parallel_degree % result.expert_parallel_width == 0
+
+
+def test_search_lower_bound_holds_for_every_expert_width():
+    rng = random.Random(7)
+    steps = random_steps(77, 6)["none"]
+    for e in (1, 2, 4):
+        for step in steps.values():
+            moe = with_experts(step, rng, e)
+            compute = np.array([layer.forward + layer.backward for layer in moe.graph.layers])
+            found = place_capped(moe, state_space(moe))
+            if found:
+                assert moe.time_lower_bound(compute, degrees(moe)) <= found[1].time_per_batch * (1 + 1e-12)
+
+
+def check_error(mode: str, *arguments: str) -> str:
+    with pytest.raises(ConfigError) as raised:
+        check_command_line(mode, list(arguments))
+    assert "\n" not in str(raised.value)
+    return str(raised.value)
+
+
+def test_bad_moe_input_is_one_line_naming_the_field():
+    with pytest.raises(ValueError, match=r"^experts_per_token: 3 with num_experts=2; allowed: an integer in \[1, 2\]"):
+        ModelSpec("m", 1, 64, 8, 64, 10, 8, 8, num_experts=2, experts_per_token=3)
+    assert check_error("run_solver", "model=mixtral-8x7b", "+model.overrides.experts_per_token=9") == (
+        "model.overrides.experts_per_token: 9 with num_experts=8; allowed: an integer in [1, 8]")
+    assert check_error("run_solver", "model=mixtral-8x7b", "expert_parallel_width=3") == (
+        "expert_parallel_width: 3 does not divide the 8 experts of mixtral-8x7b; allowed: 1, 2, 4, 8")
+    assert check_error("run_solver", "model=llama3-8b", "expert_parallel_width=2") == (
+        "expert_parallel_width: 2 does not divide llama3-8b (no experts); allowed: 1")
+    assert check_error(
+        "predict", "model=mixtral-8x7b", "accelerator.preset=h100_sxm", "system=dgx_h100", "num_devices=16",
+        "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4", "expert_parallel_width=8",
+        "recompute=selective").startswith("expert_parallel_width: 8 does not divide data_parallel_width=4")
+    assert check_error("run_solver", "model=mixtral-8x7b", "+model.overrides.capacity_factor=0").startswith(
+        "model.overrides.capacity_factor: must be a number > 0")
+
+
+def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
+    """Megatron's --account-for-embedding/loss-in-pipeline-split (Qwen3-235B's 94 blocks on 8 x 4
+    chunks): 4 blocks + 2 on 3 stages are [embedding, b1] [b2, b3] [b4, head]; on 6 chunks the
+    first holds the embedding alone."""
+    graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, recomputable=0 < i < 5) for i in range(6)),
+                      tuple((i, i + 1, 1.0) for i in range(5)))
+    assert megatron_chunks(graph, 3) is None
+    assert megatron_chunks(graph, 3, account_for_ends=True) == ((0, 1), (2, 3), (4, 5))
+    assert megatron_chunks(graph, 3, 2, account_for_ends=True) == ((0,), (1,), (2,), (3,), (4,), (5,))
+    assert megatron_chunks(graph, 2, account_for_ends=False) == ((0, 1, 2), (3, 4, 5))
