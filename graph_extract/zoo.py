@@ -44,6 +44,9 @@ class ModelSpec:
     # (None: one per query head, multi-head attention). Last, so that a multi-head spec's graph cache
     # key is what it was before the field existed (see graph_extract.extraction.cache_path).
     num_kv_heads: int | None = None
+    # A user's torch.nn.Module factory ("module:function" or "file.py:function", graph_extract.factory)
+    # that builds the model instead of graph_extract.transformer; None for the zoo's own definition.
+    factory: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
