@@ -151,6 +151,7 @@ def factory_error(reference: str) -> str:
         ("without_a_module_list", "Model has no nn.ModuleList of transformer blocks (children all of one class)"),
         ("with_an_unsupported_operator", "operator: unsupported call_function torch.cumsum at the top-level forward; "
                                          "supported: "),
+        ("without_a_head", "layers: nothing traced after the last block (the head); the forward must embed"),
         ("fin", f"{BAD} has no function 'fin'; did you mean fine?"),
     ],
 )

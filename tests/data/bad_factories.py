@@ -16,7 +16,7 @@ class Block(nn.Module):
 class Model(nn.Module):
     """Token embedding, blocks in a ModuleList (or in plain attributes), a sum as the head."""
 
-    def __init__(self, blocks_in_a_list: bool = True, cumulative_sum: bool = False) -> None:
+    def __init__(self, blocks_in_a_list: bool = True, cumulative_sum: bool = False, head: bool = True) -> None:
         super().__init__()
         self.config = {"num_attention_heads": 2, "max_position_embeddings": 32}
         self.embed = nn.Embedding(100, 16)
@@ -24,12 +24,14 @@ class Model(nn.Module):
             self.blocks = nn.ModuleList(Block() for _ in range(3))
         else:
             self.first, self.second = Block(), Block()
-        self.cumulative_sum = cumulative_sum
+        self.cumulative_sum, self.head = cumulative_sum, head
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         for block in self.blocks if hasattr(self, "blocks") else (self.first, self.second):
             x = block(x)
+        if not self.head:
+            return x
         return torch.cumsum(x, dim=1) if self.cumulative_sum else x.sum(dim=-1)
 
 
@@ -51,3 +53,7 @@ def without_a_module_list() -> Model:
 
 def with_an_unsupported_operator() -> Model:
     return Model(cumulative_sum=True)
+
+
+def without_a_head() -> Model:
+    return Model(head=False)
