@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from graph_extract import factory
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.regions import attention_core
@@ -68,8 +69,10 @@ def _kv_heads_allow(spec: ModelSpec, width: int) -> bool:
 
 def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[int, ...]:
     """Powers of two up to `maximum` that divide the head count (and so the hidden and FFN sizes) and
-    that the key/value heads allow."""
+    that the key/value heads allow; 1 only for a factory that builds no shards."""
     spec = get_spec(model)
+    if spec.factory is not None and not factory.takes_width(spec.factory):
+        return (1,)
     widths, width = [], 1
     while width <= maximum:
         if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0 and _kv_heads_allow(spec, width):
@@ -90,6 +93,9 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
     if isinstance(width, bool) or not isinstance(width, int) or width <= 0 or width & (width - 1):
         raise ValueError(f"tensor_parallel_width: must be a power of two, got {width!r}")
     valid = valid_tensor_parallel_widths(spec, width)
+    if width not in valid and spec.factory is not None and not factory.takes_width(spec.factory):
+        raise ValueError(f"tensor_parallel_width: {width}, but {spec.factory} takes no tensor_parallel_width (it "
+                         "builds no shards); valid: 1")
     if spec.num_heads % width == 0 and not _kv_heads_allow(spec, width):
         raise ValueError(
             f"tensor_parallel_width: {width} and the {spec.kv_heads} key/value heads of {spec.name} do not divide "
@@ -120,14 +126,18 @@ def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence
 
     Fields added after the first release (num_kv_heads onwards) hash only when some field from there
     on differs from its default: the key of a spec without them, and so the graphs cached before
-    they existed, stay valid.
+    they existed, stay valid. A factory's key covers its source file's bytes: a changed file is
+    traced again.
     """
     fields = dataclasses.astuple(spec)
     defaults = [field.default for field in dataclasses.fields(spec)]
     length = len(fields)
     while length > _FIRST_LATE_FIELD and fields[length - 1] == defaults[length - 1]:
         length -= 1
-    spec_hash = hashlib.sha1(repr(fields[:length]).encode()).hexdigest()[:8]
+    fields = fields[:length]
+    if spec.factory is not None:
+        fields += (factory.source_digest(spec.factory),)
+    spec_hash = hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
     name = f"{spec.name}_mbs{micro_batch_size}_seq{sequence_length}_tp{width}_v{FORMAT_VERSION}_{spec_hash}.json"
     return Path(cache_dir) / "graphs" / name
 
@@ -167,18 +177,24 @@ def _from_record(record: dict) -> ExtractedModel:
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
     traced = spec.with_overrides(num_layers=min(spec.num_layers, TRACED_BLOCKS))
-    with torch.device("meta"):
-        model = TransformerModel(traced, sequence_length, width, micro_batch_size=micro_batch_size)
-    module = trace(model, example_inputs(model, micro_batch_size, sequence_length))
-    op_graph = to_op_graph(module, traced.num_layers, width)
-    layer_graph = build_layer_graph(op_graph, TRAINING_DTYPE_BYTES)
+    if spec.factory is None:
+        with torch.device("meta"):
+            model = TransformerModel(traced, sequence_length, width, micro_batch_size=micro_batch_size)
+        blocks, inputs = "layers", example_inputs(model, micro_batch_size, sequence_length)
+    else:
+        model, blocks = factory.build(spec.factory, sequence_length, width, traced.num_layers)
+        inputs = factory.model_inputs(model, micro_batch_size, sequence_length)
+    module = trace(model, inputs)
+    op_graph = to_op_graph(module, traced.num_layers, width, blocks)
+    layer_graph = _named_layers(build_layer_graph(op_graph, TRAINING_DTYPE_BYTES), traced.num_layers)
     groups = find_repeat_groups(op_graph)
     count, per_device = parameter_count(model, width), sum(weight_sizes(op_graph.nodes).values())
     extra = spec.num_layers - traced.num_layers
     if extra:
         op_graph, layer_graph, groups = _more_blocks(op_graph, layer_graph, groups, spec.num_layers)
-        count += extra * parameter_count(model.layers[-1], width)
-        per_device += extra * sum(parameter.numel() for parameter in model.layers[-1].parameters())
+        last = model.get_submodule(blocks)[-1]
+        count += extra * parameter_count(last, width)
+        per_device += extra * sum(parameter.numel() for parameter in last.parameters())
     return ExtractedModel(spec, micro_batch_size, sequence_length, width, op_graph, layer_graph, groups, count,
                           per_device, count - _skipped_expert_parameters(spec, layer_graph))
 
@@ -190,6 +206,21 @@ def _skipped_expert_parameters(spec: ModelSpec, layer_graph: LayerGraph) -> int:
         return 0
     experts = sum(layer.expert_parameter_bytes for layer in layer_graph.layers) // TRAINING_DTYPE_BYTES
     return experts * layer_graph.tensor_parallel_width * (spec.num_experts - spec.experts_per_token) // spec.num_experts
+
+
+def _named_layers(layer_graph: LayerGraph, blocks: int) -> LayerGraph:
+    """The layers named by their place, whatever the model calls its modules: embedding (0),
+    layers.<i> (block i + 1), head (blocks + 1); ValueError unless all of them were traced."""
+    ids = tuple(layer.id for layer in layer_graph.layers)
+    if ids != tuple(range(blocks + 2)):
+        missing = sorted(set(range(blocks + 2)) - set(ids))
+        what = {0: "before the first block (the embedding)", blocks + 1: "after the last block (the head)"}
+        raise ValueError(f"layers: nothing traced {what.get(missing[0], f'in block {missing[0] - 1}')}; the forward "
+                         "must embed the tokens, run every block once in order, then compute the head")
+    names = ["embedding", *(f"layers.{k}" for k in range(blocks)), "head"]
+    return dataclasses.replace(layer_graph, layers=tuple(
+        dataclasses.replace(layer, name=name, kind="embedding" if name == "embedding" else "head" if name == "head"
+                            else "block") for layer, name in zip(layer_graph.layers, names)))
 
 
 def _more_blocks(op_graph: OpGraph, layer_graph: LayerGraph, groups: tuple[tuple[int, ...], ...],

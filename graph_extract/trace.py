@@ -145,12 +145,21 @@ def _classify(module: fx.GraphModule, node: fx.Node) -> tuple[str, str]:
     if key is torch.bmm and any(_is_parameter(module, argument) for argument in node.args):
         return ("gemm", "grouped_linear")  # tokens of each expert times that expert's weights
     if key not in table:
-        raise ValueError(f"operator: unsupported {node.op} {key!r} at {node.meta.get('module_path')!r}")
+        name = key.__name__ if isinstance(key, type) else key if isinstance(key, str) else _function_name(key)
+        where = node.meta.get("module_path") or "the top-level forward"
+        raise ValueError(f"operator: unsupported {node.op} {name} at {where}; supported: the modules, functions and "
+                         "methods of graph_extract/trace.py's tables")
     return table[key]
 
 
 def _is_parameter(module: fx.GraphModule, argument: object) -> bool:
     return isinstance(argument, fx.Node) and argument.op == "get_attr" and argument.target in dict(module.named_parameters())
+
+
+def _function_name(function: Callable) -> str:
+    """torch.cumsum, operator.getitem, F.gelu: a function's module and name (no address)."""
+    module = getattr(function, "__module__", None) or type(getattr(function, "__self__", None)).__module__
+    return f"{module}.{getattr(function, '__name__', repr(function))}"
 
 
 def _tensor_metas(value: object) -> list[TensorMetadata]:
@@ -165,16 +174,12 @@ def _element_bytes(dtype: torch.dtype) -> int:
     return TRAINING_DTYPE_BYTES if dtype.is_floating_point else dtype.itemsize
 
 
-def _layer_of(module_path: str, num_layers: int) -> int:
-    """Layer id from the module path: embedding 0, block i -> i + 1, head num_layers + 1."""
-    top = module_path.split(".")
-    if top[0] == "embedding":
-        return 0
-    if top[0] == "layers" and len(top) > 1:
-        return int(top[1]) + 1
-    if top[0] == "head":
-        return num_layers + 1
-    raise ValueError(f"module_path: operator outside embedding/layers/head: {module_path!r}")
+def _layer_of(module_path: str, blocks: str, num_layers: int, after_blocks: bool) -> int:
+    """Layer id of an operator: inside block i of the `blocks` ModuleList i + 1; outside the blocks
+    the embedding (0) until a block has run, the head (num_layers + 1) after."""
+    if module_path.startswith(f"{blocks}."):
+        return int(module_path[len(blocks) + 1:].split(".")[0]) + 1
+    return num_layers + 1 if after_blocks else 0
 
 
 def _gemm_dims(kind: str, inputs: list[tuple[int, ...]], weights: tuple[tuple[int, ...], ...],
@@ -206,16 +211,22 @@ def _attrs(module: fx.GraphModule, node: fx.Node, op: str) -> tuple[tuple[str, o
     return tuple(sorted(attrs.items()))
 
 
-def to_op_graph(module: fx.GraphModule, num_layers: int, tensor_parallel_width: int) -> OpGraph:
-    """The OpGraph of a traced, shape-annotated model."""
+def to_op_graph(module: fx.GraphModule, num_layers: int, tensor_parallel_width: int, blocks: str = "layers") -> OpGraph:
+    """The OpGraph of a traced, shape-annotated model whose transformer blocks are the children of
+    the ModuleList at path `blocks`; the layers follow one another in program order."""
     parameters = dict(module.named_parameters())
     ids: dict[fx.Node, int] = {}
     nodes: list[OpNode] = []
     edges: list[tuple[int, int]] = []
+    layer = 0
     for node in module.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
             continue
         kind, op = _classify(module, node)
+        previous, layer = layer, _layer_of(node.meta["module_path"], blocks, num_layers, layer > 0)
+        if layer < previous:
+            raise ValueError(f"module_path: operator {node.name} at {node.meta['module_path']!r} runs between the blocks "
+                             f"of {blocks}; layers must follow one another (embedding, blocks, head)")
         weight_names: list[str] = []
         input_shapes: list[tuple[int, ...]] = []
         sources: list[int | None] = []
@@ -240,7 +251,7 @@ def to_op_graph(module: fx.GraphModule, num_layers: int, tensor_parallel_width: 
                 id=len(nodes),
                 kind=kind,
                 op=op,
-                layer=_layer_of(node.meta["module_path"], num_layers),
+                layer=layer,
                 name=node.name,
                 module_path=node.meta["module_path"],
                 input_shapes=tuple(input_shapes),

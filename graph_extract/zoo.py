@@ -53,6 +53,9 @@ class ModelSpec:
     experts_per_token: int = 2
     capacity_factor: float = 1.0
     kv_channels: int | None = None
+    # A user's torch.nn.Module factory ("module:function" or "file.py:function", graph_extract.factory)
+    # that builds the model instead of graph_extract.transformer; None for the zoo's own definition.
+    factory: str | None = None
 
     def __post_init__(self) -> None:
         self._check_experts()

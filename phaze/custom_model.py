@@ -1,6 +1,8 @@
 """A user's own model from a file (`model=custom model.config=PATH`), no code changes needed.
 
-Two formats, told apart by the suffix:
+Three forms: a Python `torch.nn.Module` factory `package.module:function` or `path/to/file.py:function`
+(graph_extract.factory: the module is traced and its ModelSpec facts inferred), and two file
+formats, told apart by the suffix:
 
 - `.yaml` / `.yml`: the fields of graph_extract.zoo.ModelSpec by name. `name` and the fields ModelSpec
   has no default for are required; the others are optional, with ModelSpec's defaults.
@@ -17,13 +19,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from graph_extract import ModelSpec
+from graph_extract import ModelSpec, extract
+from graph_extract.factory import factory_spec, source_digest
 from graph_extract.zoo import LLAMA_FAMILY
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -77,7 +81,8 @@ def read_model_file(path: Path) -> ModelFile:
     suffix = path.suffix.lower()
     if suffix not in YAML_SUFFIXES + JSON_SUFFIXES:
         raise ValueError(f"unknown file type {path.suffix or '(none)'!r}; allowed: a ModelSpec YAML "
-                         f"({', '.join(YAML_SUFFIXES)}) or a Hugging Face config.json (.json)")
+                         f"({', '.join(YAML_SUFFIXES)}), a Hugging Face config.json (.json) or a Python factory "
+                         "(path/to/file.py:function or package.module:function)")
     if not path.is_file():
         raise ValueError("no such file" if not path.exists() else "not a file")
     text = path.read_text(encoding="utf-8", errors="replace")
@@ -170,3 +175,24 @@ def _default_sequence_length(config: dict) -> object:
     if isinstance(window, int) and not isinstance(window, bool) and window > 0:
         bounds.append(window)
     return min(bounds)
+
+
+#: Factory specs already checked in this process, by (reference, source digest, working directory).
+_FACTORY_SPECS: dict[tuple[str, str, str], ModelSpec] = {}
+
+
+def read_factory(reference: str) -> ModelSpec:
+    """The ModelSpec of a `module:function` factory, checked by tracing its model once (micro-batch 1,
+    width 1, its default sequence); a one-line ValueError for anything wrong with it."""
+    key = (reference, source_digest(reference), os.getcwd())
+    if key not in _FACTORY_SPECS:
+        spec = factory_spec(reference)
+        try:
+            extract(spec, 1, spec.default_sequence_length, 1)
+        except Exception as error:  # phaze's checks (ValueError), torch.fx's and the user's forward's
+            text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if not isinstance(error, ValueError):
+                text = f"tracing the model with torch.fx failed ({type(error).__name__}{': ' if text else ''}{text})"
+            raise ValueError(text) from None
+        _FACTORY_SPECS[key] = spec
+    return _FACTORY_SPECS[key]

@@ -18,7 +18,8 @@ from estimator.accelerator import DEFAULT_BUDGET
 from estimator.known import KNOWN_CHIPS, KnownChip
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
-from phaze.custom_model import NAME_PATTERN, read_model_file
+from graph_extract.factory import is_factory_reference
+from phaze.custom_model import NAME_PATTERN, read_factory, read_model_file
 from phaze.results import GIB
 from solver.codesign import STRATEGIES, ScheduleSettings
 from solver.job import STEP_MODELS, Job
@@ -63,6 +64,8 @@ CUSTOM_MODEL = "custom"
 #: The error of `model.config` set with a zoo model.
 MODEL_CONFIG_ONLY_CUSTOM = (f"model.config: only with model={CUSTOM_MODEL}; a zoo model's hyper-parameters are "
                             "graph_extract/zoo.py's (change them with +model.overrides.<field>=...)")
+#: The ModelSpec fields a factory model (`model.config=MODULE:FUNCTION`) may override: the others are its module's.
+FACTORY_OVERRIDES = ("name", "num_layers", "default_sequence_length")
 #: The fields of `model.fixed_megatron`, the fixed Megatron-style baseline (p, t, d).
 FIXED_MEGATRON_FIELDS = ("pipeline_stages", "tensor_parallel_width", "data_parallel_degree")
 
@@ -294,6 +297,8 @@ def _training(cfg: DictConfig, spec: ModelSpec, step_model: str) -> tuple[Traini
 
 def _spec_field(field: dataclasses.Field, value: object, name: str) -> None:
     """Check one ModelSpec value (`name` in the errors) against its field's type and range."""
+    if field.name == "factory" and value is not None:
+        raise ConfigError(f"{name}: set by model=custom model.config=MODULE:FUNCTION only")
     if field.name in SPEC_CHOICES:
         _choice(name, value, SPEC_CHOICES[field.name])
     elif field.type == "bool":
@@ -311,7 +316,7 @@ def _spec_field(field: dataclasses.Field, value: object, name: str) -> None:
     elif field.name in SPEC_MAY_BE_ZERO:
         if not _is_int(value) or not 0 <= value <= MAX_MODEL_SIZE:
             raise ConfigError(f"{name}: must be an integer from 0 to {_amount(MAX_MODEL_SIZE)}, got {value!r}")
-    elif not (field.type == "int | None" and value is None):
+    elif not (field.type in ("int | None", "str | None") and value is None):
         _positive_int(name, value, MAX_MODEL_SIZE)
 
 
@@ -343,12 +348,16 @@ def _custom_spec(cfg: DictConfig) -> ModelSpec:
     """The spec of `model=custom`: the file `model.config` names (phaze.custom_model)."""
     if OmegaConf.is_missing(cfg.model, "config") or cfg.model.get("config") is None:
         raise ConfigError("model.config: missing; model=custom reads the model from a file: model.config=PATH "
-                          "(a ModelSpec .yaml or a Hugging Face config.json)")
+                          "(a ModelSpec .yaml or a Hugging Face config.json), or model.config=MODULE:FUNCTION (a Python "
+                          "nn.Module factory)")
     if not isinstance(cfg.model.config, str) or not cfg.model.config:
-        raise ConfigError(f"model.config: must be the path of a .yaml or config.json file, got {cfg.model.config!r}")
+        raise ConfigError(f"model.config: must be the path of a .yaml or config.json file or a MODULE:FUNCTION, got "
+                          f"{cfg.model.config!r}")
     path = Path(cfg.model.config)
     where = f"model.config: {path}: "
     try:
+        if is_factory_reference(cfg.model.config):
+            return read_factory(cfg.model.config)
         model_file = read_model_file(path)
     except (ValueError, OSError) as problem:
         raise ConfigError(f"{where}{problem}") from None
@@ -368,6 +377,9 @@ def _spec(cfg: DictConfig) -> ModelSpec:
     if not isinstance(overrides, dict):
         raise ConfigError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
     base = _custom_spec(cfg) if cfg.model.name == CUSTOM_MODEL else get_spec(cfg.model.name)
+    if base.factory is not None and (fixed := sorted(set(overrides) - set(FACTORY_OVERRIDES))):
+        raise ConfigError(f"model.overrides.{fixed[0]}: a factory's model has its module's shape; allowed: "
+                          f"{', '.join(FACTORY_OVERRIDES)}")
     return _checked_spec(base, overrides, "model.overrides.")
 
 
