@@ -6,10 +6,11 @@ GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze
 
 Precision: a chip prices 16-bit training by default. A chip with FP8 tensor cores (its
 `fp8_peak_flops` and `fp8_matrix_efficiency` figures) prices FP8 training with `with_precision("fp8")`:
-its GEMMs run at the FP8 dense peak times the FP8 large-GEMM efficiency, and everything else
-(elementwise operators, norms, the attention softmax, memory traffic, communication) stays as in
-16-bit. That is Transformer Engine's FP8 recipe as far as time goes: the linear layers' matrix
-products in FP8, their inputs and outputs, the other operators and the collectives in BF16.
+every GEMM runs at the FP8 dense peak times the FP8 large-GEMM efficiency, and everything else
+(elementwise operators, norms, the attention softmax, bytes moved, communication) stays as in
+16-bit. A simplification of Transformer Engine's FP8 recipe, which runs the linear layers' GEMMs in
+FP8 but keeps the attention's batched products in BF16: those are bound by the bytes of their score
+matrices in phaze's unfused attention, so their rate hardly matters.
 """
 
 from __future__ import annotations

@@ -100,9 +100,11 @@ class Case:
     measured: float
     time_from_tokens: bool = False
     assumed: tuple[str, ...] = ()
+    recipe: str = ""  # the LLAMA_RECIPES entry `assumed` comes from
 
 
 def is_llama(model: dict) -> bool:
+    """Whether the run's model is a Llama (the calibration set names them LLAMA...)."""
     return "LLAMA" in (model["name"] or "").upper()
 
 
@@ -115,12 +117,12 @@ def llama2_shape(model: dict) -> dict:
                         if model[name] is None}}
 
 
-def llama_recipe(run: dict) -> Recipe | None:
-    """The published recipe of a Llama run's framework release, if phaze knows it."""
+def llama_recipe(run: dict) -> str | None:
+    """The LLAMA_RECIPES entry of a Llama run's framework release, if phaze knows it."""
     if not is_llama(run["model"]):
         return None
     framework = run["training"]["framework"] or ""
-    return next((recipe for name, recipe in LLAMA_RECIPES.items() if framework.startswith(name)), None)
+    return next((name for name in LLAMA_RECIPES if framework.startswith(name)), None)
 
 
 def model_spec(model: dict, sequence: int) -> ModelSpec:
@@ -169,7 +171,8 @@ def case(run: dict) -> Case | str:
     if (run["parallelism"]["context_parallel"] or 1) > 1:
         return "context parallelism is not modelled"
     model, parallel, batch = llama2_shape(model), run["parallelism"], run["batch"]
-    recipe = llama_recipe(run)
+    recipe_name = llama_recipe(run)
+    recipe = LLAMA_RECIPES.get(recipe_name)
     assumed = ["model shape"] if model is not run["model"] else []
     recompute = training["activation_recompute"]
     sequence_parallel = parallel["sequence_parallel"]
@@ -217,7 +220,7 @@ def case(run: dict) -> Case | str:
         micro_batch_size=batch["micro_batch_size_seqs"], global_batch_size=batch["global_batch_size_seqs"],
         recompute=recompute, sequence_parallel=bool(sequence_parallel), sharded_optimizer=sharded_optimizer,
         overlap_grad_reduce=overlap_grad_reduce, measured=seconds, time_from_tokens=from_tokens,
-        assumed=tuple(assumed),
+        assumed=tuple(assumed), recipe=recipe_name or "",
     )
 
 
@@ -281,6 +284,8 @@ def main(arguments: list[str]) -> int:
     console.print(f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_RECIPE} "
                   "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
                   "per device by phaze's memory model")
+    for name in sorted({item.recipe for item, _ in predicted if item.assumed and item.recipe}):
+        console.print(f"{FROM_RECIPE} {name}: {LLAMA_RECIPES[name].source}")
     every = [error for group in errors.values() for error in group]
     for name, group in [("all", every)] + (list(errors.items()) if len(errors) > 1 else []):
         if group:

@@ -44,7 +44,7 @@ def test_a_nemo_llama2_run_becomes_a_llama_model_of_its_shape():
     assert (item.recompute, item.sequence_parallel, item.sharded_optimizer, item.overlap_grad_reduce) == (
         "none", True, True, True)
     assert item.assumed == ("model shape", "recompute", "sequence parallel", "distributed optimizer",
-                            "gradient-sync overlap")
+                            "gradient-sync overlap") and item.recipe == "NeMo 24.07"
 
 
 def test_llama2_7b_is_multi_head_and_takes_no_sequence_parallelism_at_t_1():
@@ -65,6 +65,7 @@ def test_a_megatron_bridge_llama3_run_derives_d_and_keeps_its_vocabulary():
     assert item.measured == pytest.approx(128 * 8192 / (1602 * 64), rel=1e-12)
     # "DDP (FSDP=0)" is stated; the distributed optimizer and the rest come from the recipe
     assert item.assumed == ("recompute", "sequence parallel", "distributed optimizer", "gradient-sync overlap")
+    assert item.recipe == "Megatron-Bridge / NeMo 25.11"
 
 
 @pytest.mark.parametrize("run_id, reason", [
@@ -140,5 +141,6 @@ def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     assert run.returncode == 0, run.stderr
     row = next(line for line in run.stdout.splitlines() if "nemo2407_LLAMA2-7B_8gpu‡" in line)
     assert "h100_sxm" in row and "fp8" in row and f"{128 * 4096 / (16847 * 8):.4g}†" in row
+    assert "‡ NeMo 24.07: NeMo-Framework-Launcher" in run.stdout
     assert "a100_80gb 16-bit: 1 runs" in run.stdout and "h100_sxm fp8: 1 runs" in run.stdout
     assert "context parallelism is not modelled: 1 (nemo2407_LLAMA3-8B_8gpu)" in run.stdout
