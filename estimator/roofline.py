@@ -6,7 +6,9 @@ elementwise operators), each group one kernel. Forward, a group takes
     max(Σ over its GEMMs of FLOPs / (peak · matrix_efficiency · waves),  bytes / (HBM bandwidth · memory_efficiency))
 
 * FLOPs: 2 per multiply-accumulate; `waves` is the wave quantisation of the GEMM's 128 × 128 output
-  tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)).
+  tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)). In FP8 training
+  (`KnownChip.with_precision("fp8")`) peak · matrix_efficiency is the FP8 dense peak times the FP8
+  GEMM efficiency; bytes stay 16-bit.
 * bytes: what the group reads from HBM (inputs made outside it, weights) and writes (outputs used
   outside it).
 Backward, a GEMM gives its data- and weight-gradient GEMMs (as many FLOPs each as forward) and a
@@ -69,7 +71,7 @@ def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float]) -> float:
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float]) -> float:
     """The roofline time of one fused group in one direction (module docstring)."""
     gemms = op_work(graph.nodes[op.members[0]], direction).gemms
-    compute = sum(2 * gemm.macs / (chip.peak_flops * chip.matrix_efficiency * waves(gemm, chip.streaming_multiprocessors))
+    compute = sum(2 * gemm.macs / (chip.matrix_flops * waves(gemm, chip.streaming_multiprocessors))
                   for gemm in gemms)
     moved = group_bytes(graph, op, split) * (2 if direction == BACKWARD else 1)
     return max(compute, moved / (chip.hbm_bandwidth * chip.memory_efficiency))

@@ -2,10 +2,20 @@
 
 FILE is a calibration set (arch_configs/calibration/runs.json). A run is predicted when it is a
 dense model on A100 or H100 GPUs whose configuration is given: the model's shape, t, p, d, the
-micro-batch and batch sizes, the recomputation, 16-bit precision, a measured time per iteration,
-and a parallelism phaze models (not ZeRO-3 or FSDP). Every other run is listed with why it is left
-out. The model is a Megatron GPT of the run's shape; the cluster is DGX A100 or DGX H100 nodes; the
-gradient sync overlaps the backward pass where the run says so (PyTorch DDP, --overlap-grad-reduce).
+micro-batch and batch sizes, the recomputation, the precision (16-bit, or FP8 on a chip with FP8
+figures), a time per iteration, and a parallelism phaze models (not ZeRO-3 or FSDP, not context
+parallelism). Every other run is listed with why it is left out. A GPT run is a Megatron GPT of its
+shape, a Llama run a Llama-family model (`graph_extract.zoo.LLAMA_FAMILY`: grouped-query attention,
+SwiGLU, RMSNorm, untied embeddings, the vocabulary padded to 128·t as Megatron does); the cluster is
+DGX A100 or DGX H100 nodes; the gradient sync overlaps the backward pass where the run says so
+(PyTorch DDP, --overlap-grad-reduce) or its recipe does.
+
+Where a run states no time per iteration, it is the global batch's tokens / the measured tokens per
+second (marked). FP8 runs price their GEMMs at the chip's FP8 rate and all else as in 16-bit
+(`estimator.known`). What a Llama run of NeMo 24.07 or Megatron-Bridge 25.11 does not state (the
+Llama 2 shapes, recomputation, sequence parallelism, distributed optimizer, gradient-sync overlap) is
+taken from that release's published recipe (`LLAMA_RECIPES`, `LLAMA2_SHAPES`; marked); d, when not
+stated, is devices / (t·p·cp).
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from estimator.known import KnownChip, known_chip
-from graph_extract import extract, get_spec
+from graph_extract import ModelSpec, extract, get_spec
+from graph_extract.zoo import LLAMA_FAMILY
 from phaze.settings import system_cluster
 from solver.job import Job
 from solver.predict import Prediction, chip_costs, predict
@@ -30,14 +41,50 @@ GIB = 2**30
 HARDWARE = {"A100": ("a100_80gb", "dgx_a100"), "H100": ("h100_sxm", "dgx_h100")}
 
 
+#: Marks in the table: the time per iteration derived from tokens/s, settings taken from the recipe.
+FROM_TOKENS, FROM_RECIPE = "†", "‡"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a framework's published Llama performance recipe sets where a run does not say."""
+
+    recompute: str
+    sequence_parallel: bool
+    sharded_optimizer: bool
+    overlap_grad_reduce: bool
+    source: str
+
+
+#: The Llama recipes of the releases the calibration set's Llama runs were measured with (by framework).
+LLAMA_RECIPES = {
+    "NeMo 24.07": Recipe(
+        "none", True, True, True,
+        "NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama2_{7b,13b,70b}.yaml (what "
+        "examples/training/llama/h100/llama2_*_fp8.sh run): activations_checkpoint_granularity null, "
+        "sequence_parallel true (70B, t = 4), optim distributed_fused_adam with overlap_grad_sync"),
+    "Megatron-Bridge / NeMo 25.11": Recipe(
+        "none", True, True, True,
+        "Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py (llama3_70b_pretrain_config): "
+        "recompute_granularity None, sequence_parallel True, use_distributed_optimizer, overlap_grad_reduce; "
+        "scripts/performance configs LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS: t4 p8 v5"),
+}
+#: Llama 2 shapes (layers, hidden, heads, key/value heads, FFN, vocabulary) as NeMo's llama2 recipes
+#: define them (= Touvron et al. 2023, the published config.json), for runs that name the model only.
+LLAMA2_SHAPES = {"LLAMA2-7B": (32, 4096, 32, 32, 11008, 32000), "LLAMA2-13B": (40, 5120, 40, 40, 13824, 32000),
+                 "LLAMA2-70B": (80, 8192, 64, 8, 28672, 32000)}
+
+
 @dataclass(frozen=True)
 class Case:
-    """A calibration run phaze predicts: its inputs and its measured seconds per iteration."""
+    """A calibration run phaze predicts: its inputs and its measured seconds per iteration (derived from
+    tokens/s when `time_from_tokens`); `assumed` names what came from the framework's recipe."""
 
     run_id: str
     chip: str
     system: str
-    overrides: dict
+    spec: ModelSpec
+    precision: str
     sequence_length: int
     devices: int
     width: int
@@ -51,70 +98,143 @@ class Case:
     sharded_optimizer: bool
     overlap_grad_reduce: bool
     measured: float
+    time_from_tokens: bool = False
+    assumed: tuple[str, ...] = ()
+    recipe: str = ""  # the LLAMA_RECIPES entry `assumed` comes from
+
+
+def is_llama(model: dict) -> bool:
+    """Whether the run's model is a Llama (the calibration set names them LLAMA...)."""
+    return "LLAMA" in (model["name"] or "").upper()
+
+
+def llama2_shape(model: dict) -> dict:
+    """The model with NeMo's Llama 2 shape filled in where the run names the model only."""
+    if not is_llama(model) or model["hidden_size"] is not None or model["name"] not in LLAMA2_SHAPES:
+        return model
+    names = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size")
+    return {**model, **{name: value for name, value in zip(names, LLAMA2_SHAPES[model["name"]])
+                        if model[name] is None}}
+
+
+def llama_recipe(run: dict) -> str | None:
+    """The LLAMA_RECIPES entry of a Llama run's framework release, if phaze knows it."""
+    if not is_llama(run["model"]):
+        return None
+    framework = run["training"]["framework"] or ""
+    return next((name for name in LLAMA_RECIPES if framework.startswith(name)), None)
+
+
+def model_spec(model: dict, sequence: int) -> ModelSpec:
+    """A Llama-family model or a Megatron GPT of the run's shape."""
+    if is_llama(model):
+        kv_heads = model["num_kv_heads"]
+        return ModelSpec(model["name"].lower(), model["num_layers"], model["hidden_size"],
+                         model["num_attention_heads"], model["ffn_hidden_size"], model["vocab_size"], sequence, sequence,
+                         **LLAMA_FAMILY, vocab_pad_multiple=128,
+                         num_kv_heads=None if kv_heads in (None, model["num_attention_heads"]) else kv_heads)
+    return get_spec("megatrongpt3").with_overrides(
+        num_layers=model["num_layers"], hidden_size=model["hidden_size"], num_heads=model["num_attention_heads"],
+        ffn_hidden_size=model["ffn_hidden_size"] or 4 * model["hidden_size"], vocab_size=model["vocab_size"],
+        max_position_embeddings=sequence)
+
+
+def measured_seconds(run: dict) -> tuple[float | None, bool]:
+    """(seconds per iteration, whether derived from tokens/s): the stated or derived time, else the
+    global batch's tokens (sequences × sequence length) / the measured tokens per second."""
+    measured = run["measured"]
+    seconds = measured["seconds_per_iteration"] or measured["seconds_per_iteration_derived"]
+    if seconds is not None:
+        return float(seconds), False
+    tokens_per_s = measured["tokens_per_sec_total"] or (
+        measured["tokens_per_sec_per_device"] and measured["tokens_per_sec_per_device"] * run["hardware"]["num_devices"])
+    if not tokens_per_s:
+        return None, False
+    return run["batch"]["global_batch_size_seqs"] * run["model"]["seq_length_tokens"] / tokens_per_s, True
 
 
 def case(run: dict) -> Case | str:
     """The run as phaze predicts it, or why it is left out."""
-    model, parallel, batch = run["model"], run["parallelism"], run["batch"]
-    training, measured, hardware = run["training"], run["measured"], run["hardware"]
+    model, hardware, training = run["model"], run["hardware"], run["training"]
     kind = next((name for name in HARDWARE if name in hardware["device_type"]), None)
     if kind is None:
         return f"hardware {hardware['device_type']}: not an A100 or H100"
     if model["moe_num_experts"] or "MoE" in (model["architecture"] or ""):
         return "mixture of experts (a later issue)"
-    precision = training["precision"] or ""
-    if "FP8" in precision.upper():
-        return "FP8 precision (phaze prices 16-bit training)"
+    chip, system = HARDWARE[kind]
+    precision = "fp8" if "FP8" in (training["precision"] or "").upper() else "16-bit"
+    if precision == "fp8" and not known_chip(chip).fp8_peak_flops:
+        return f"FP8 precision: {chip} has no FP8 tensor cores"
     sharding = training["optimizer_sharding"] or ""
     if "ZeRO-3" in sharding or sharding.startswith("FSDP") or "FSDP on" in sharding:
         return "fully sharded weights (ZeRO-3 / FSDP) are not modelled"
+    if (run["parallelism"]["context_parallel"] or 1) > 1:
+        return "context parallelism is not modelled"
+    model, parallel, batch = llama2_shape(model), run["parallelism"], run["batch"]
+    recipe_name = llama_recipe(run)
+    recipe = LLAMA_RECIPES.get(recipe_name)
+    assumed = ["model shape"] if model is not run["model"] else []
+    recompute = training["activation_recompute"]
+    sequence_parallel = parallel["sequence_parallel"]
+    sharded_optimizer = "distributed" in sharding.lower()
+    overlap_grad_reduce = any(flag in (training["other_settings"] or "")
+                              for flag in ("DDP impl=torch", "--overlap-grad-reduce"))
+    if recipe is not None:  # what the run does not state, from its framework's recipe
+        if recompute is None:
+            recompute = recipe.recompute
+            assumed.append("recompute")
+        if sequence_parallel is None and (parallel["tensor_parallel"] or 1) > 1:  # no meaning at t = 1
+            sequence_parallel = recipe.sequence_parallel
+            assumed.append("sequence parallel")
+        if not sharded_optimizer and recipe.sharded_optimizer:
+            sharded_optimizer = True
+            assumed.append("distributed optimizer")
+        if not overlap_grad_reduce and training["other_settings"] is None and recipe.overlap_grad_reduce:
+            overlap_grad_reduce = True
+            assumed.append("gradient-sync overlap")
+    t, p = parallel["tensor_parallel"], parallel["pipeline_parallel"]
+    context = parallel["context_parallel"] or 1
+    degree = parallel["data_parallel"]
+    if degree is None and t and p and hardware["num_devices"] % (t * p * context) == 0:
+        degree = hardware["num_devices"] // (t * p * context)
     needed = {"model.num_layers": model["num_layers"], "model.hidden_size": model["hidden_size"],
               "model.num_attention_heads": model["num_attention_heads"], "model.seq_length_tokens": model["seq_length_tokens"],
-              "model.vocab_size": model["vocab_size"], "parallelism.tensor_parallel": parallel["tensor_parallel"],
-              "parallelism.pipeline_parallel": parallel["pipeline_parallel"],
-              "parallelism.data_parallel": parallel["data_parallel"],
+              "model.vocab_size": model["vocab_size"], "parallelism.tensor_parallel": t,
+              "parallelism.pipeline_parallel": p, "parallelism.data_parallel": degree,
               "batch.micro_batch_size_seqs": batch["micro_batch_size_seqs"],
               "batch.global_batch_size_seqs": batch["global_batch_size_seqs"],
-              "training.activation_recompute": training["activation_recompute"], "training.precision": training["precision"]}
+              "training.activation_recompute": recompute, "training.precision": training["precision"]}
+    if is_llama(model):
+        needed["model.ffn_hidden_size"] = model["ffn_hidden_size"]
     missing = [name for name, value in needed.items() if value is None]
     if missing:
         return f"not stated: {', '.join(missing)}"
-    seconds = measured["seconds_per_iteration"] or measured["seconds_per_iteration_derived"]
+    seconds, from_tokens = measured_seconds(run)
     if seconds is None:
-        return "no time per iteration measured or derived"
-    if (parallel["context_parallel"] or 1) > 1:
-        return "context parallelism is not modelled"
+        return "no time per iteration or tokens/s measured"
     sequence = model["seq_length_tokens"]
-    chip, system = HARDWARE[kind]
     return Case(
-        run_id=run["run_id"], chip=chip, system=system,
-        overrides={"num_layers": model["num_layers"], "hidden_size": model["hidden_size"],
-                   "num_heads": model["num_attention_heads"],
-                   "ffn_hidden_size": model["ffn_hidden_size"] or 4 * model["hidden_size"],
-                   "vocab_size": model["vocab_size"], "max_position_embeddings": sequence},
-        sequence_length=sequence, devices=hardware["num_devices"], width=parallel["tensor_parallel"],
-        stages=parallel["pipeline_parallel"], degree=parallel["data_parallel"],
+        run_id=run["run_id"], chip=chip, system=system, spec=model_spec(model, sequence), precision=precision,
+        sequence_length=sequence, devices=hardware["num_devices"], width=t, stages=p, degree=degree,
         virtual_stages=parallel["virtual_pipeline_chunks_per_device"] or 1,
         micro_batch_size=batch["micro_batch_size_seqs"], global_batch_size=batch["global_batch_size_seqs"],
-        recompute=training["activation_recompute"], sequence_parallel=bool(parallel["sequence_parallel"]),
-        sharded_optimizer="distributed" in sharding.lower(),
-        overlap_grad_reduce=any(flag in (training["other_settings"] or "")
-                                for flag in ("DDP impl=torch", "--overlap-grad-reduce")),
-        measured=float(seconds),
+        recompute=recompute, sequence_parallel=bool(sequence_parallel), sharded_optimizer=sharded_optimizer,
+        overlap_grad_reduce=overlap_grad_reduce, measured=seconds, time_from_tokens=from_tokens,
+        assumed=tuple(assumed), recipe=recipe_name or "",
     )
 
 
 def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, cluster: Cluster | None = None
                ) -> Prediction:
-    """The run predicted by phaze: a Megatron GPT of its shape on its cluster (by default the chip
-    and cluster presets; others to calibrate them)."""
-    spec = get_spec("megatrongpt3").with_overrides(**item.overrides)
+    """The run predicted by phaze: its model on its cluster in its precision (by default the chip and
+    cluster presets; others to calibrate them)."""
+    spec = item.spec
     cluster = cluster or system_cluster(item.system, item.devices)
     job = Job(spec, item.sequence_length, item.micro_batch_size, item.global_batch_size, (item.width,), cluster,
               (80 * GIB,), Training("adam", item.sharded_optimizer, item.sequence_parallel, item.overlap_grad_reduce),
               (item.recompute,))
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
-    chip = chip or known_chip(item.chip)
+    chip = (chip or known_chip(item.chip)).with_precision(item.precision)
     costs = chip_costs(job, {item.width: graphs}, chip, cache_dir)
     return predict(job, graphs, costs, chip, item.stages, item.degree, item.virtual_stages)
 
@@ -146,22 +266,31 @@ def main(arguments: list[str]) -> int:
         print(f"phaze: error: FILE: {problem}", file=sys.stderr)
         return 2
     table = Table(title=f"phaze validate {arguments[0]}")
-    for header in ("run", "chip", "devices", "t p d v", "mbs", "batch", "recompute", "measured s", "predicted s",
-                   "error"):
-        table.add_column(header, justify="left" if header in ("run", "chip", "recompute") else "right")
-    errors = []
+    for header in ("run", "chip", "precision", "devices", "t p d v", "mbs", "batch", "recompute", "measured s",
+                   "predicted s", "error", "fits"):
+        table.add_column(header, justify="left" if header in ("run", "chip", "precision", "recompute") else "right",
+                         no_wrap=header == "run")
+    errors: dict[str, list[float]] = {}
     for item, result in predicted:
         error = result.step.time_per_batch / item.measured - 1
-        errors.append(abs(error))
-        table.add_row(item.run_id, item.chip, str(item.devices),
-                      f"{item.width} {item.stages} {item.degree} {item.virtual_stages}", str(item.micro_batch_size),
-                      str(item.global_batch_size), item.recompute, f"{item.measured:.4g}",
-                      f"{result.step.time_per_batch:.4g}", f"{error:+.1%}")
-    console = Console(width=max(Console().width, 120))
+        errors.setdefault(f"{item.chip} {item.precision}", []).append(abs(error))
+        table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
+                      str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}",
+                      str(item.micro_batch_size), str(item.global_batch_size), item.recompute,
+                      f"{item.measured:.4g}{FROM_TOKENS if item.time_from_tokens else ''}",
+                      f"{result.step.time_per_batch:.4g}", f"{error:+.1%}", "yes" if result.step.feasible else "no")
+    console = Console(width=max(Console().width, 160))
     console.print(table)
-    if errors:
-        console.print(f"{len(errors)} runs: mean absolute error {sum(errors) / len(errors):.1%}, "
-                      f"max {max(errors):.1%}")
+    console.print(f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_RECIPE} "
+                  "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
+                  "per device by phaze's memory model")
+    for name in sorted({item.recipe for item, _ in predicted if item.assumed and item.recipe}):
+        console.print(f"{FROM_RECIPE} {name}: {LLAMA_RECIPES[name].source}")
+    every = [error for group in errors.values() for error in group]
+    for name, group in [("all", every)] + (list(errors.items()) if len(errors) > 1 else []):
+        if group:
+            console.print(f"{name}: {len(group)} runs, mean absolute error {sum(group) / len(group):.1%}, "
+                          f"max {max(group):.1%}")
     reasons: dict[str, list[str]] = {}
     for run, why in left_out:
         reasons.setdefault(why, []).append(run)

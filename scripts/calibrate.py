@@ -5,7 +5,8 @@
 Four numbers, no factor per run: the chip's matrix efficiency (fraction of peak FLOP/s on its
 GEMMs) and memory efficiency (fraction of HBM bandwidth), and the efficiency of each link tier of
 its cluster preset (NVLink, InfiniBand). They minimise the mean absolute relative error of the time
-per iteration over the runs `phaze validate` predicts on that chip, by coordinate search on a grid
+per iteration over the 16-bit runs `phaze validate` predicts on that chip (FP8 runs price their GEMMs
+with the chip's FP8 efficiency, which these fractions do not set), by coordinate search on a grid
 refined three times. It prints the fitted values (to copy into arch_configs/known_chips.yaml and
 phaze/conf/system/) and the errors before and after.
 """
@@ -50,7 +51,9 @@ def main() -> None:
     parser.add_argument("--links", action="store_true", help="fit the link tiers' efficiencies too")
     args = parser.parse_args()
     cases = [item for run in json.loads(Path(args.runs).read_text())
-             if not isinstance(item := case(run), str) and item.chip == args.chip]
+             if not isinstance(item := case(run), str) and item.chip == args.chip and item.precision == "16-bit"]
+    if not cases:
+        sys.exit(f"calibrate: error: --chip: no 16-bit run on {args.chip} that phaze validate predicts in {args.runs}")
     cache_dir = Path(args.cache_dir)
     chip = known_chip(args.chip)
     tiers = system_cluster(cases[0].system, cases[0].devices).tiers

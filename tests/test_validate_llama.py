@@ -1,0 +1,146 @@
+"""`phaze validate` on the calibration set's Llama runs: FP8 on H100, the time from tokens/s, the
+Llama-family model of the run's shape and the settings taken from the framework's recipe."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from estimator.fusion import fuse_layers
+from estimator.known import known_chip
+from estimator.roofline import op_seconds
+from graph_extract import extract, get_spec
+from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
+from phaze.validate import case, validate
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
+RUNS = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
+H100 = known_chip("h100_sxm")
+#: SC'21 Table 1 as phaze predicted it before FP8 existed (seconds per iteration): 16-bit is unchanged.
+DENSE = {"sc21_t1_1.7B": 3.462422288011212, "sc21_t1_3.6B": 3.7069513186679495, "sc21_t1_7.5B": 3.84258369449207,
+         "sc21_t1_18.4B": 10.064092843101863, "sc21_t1_39.1B": 15.957233244296734,
+         "sc21_t1_76.1B": 16.066444512533984, "sc21_t1_145.6B": 25.524058698424525,
+         "sc21_t1_310.1B": 37.05332384269443, "sc21_t1_529.6B": 52.14461524763508,
+         "sc21_t1_1008.0B": 102.65795321655438}
+
+
+def test_a_nemo_llama2_run_becomes_a_llama_model_of_its_shape():
+    item = case(RUNS["nemo2407_LLAMA2-70B_64gpu"])
+    # the zoo's Llama-2-70B (grouped-query, 8 key/value heads), vocabulary padded as Megatron pads it
+    assert item.spec == get_spec("llama2-70b").with_overrides(name="llama2-70b", vocab_size=32000,
+                                                              vocab_pad_multiple=128)
+    assert (item.spec.norm, item.spec.activation, item.spec.position_embedding) == ("rmsnorm", "swiglu", "rotary")
+    assert not item.spec.bias and not item.spec.tied_lm_head and item.spec.kv_heads == 8
+    assert (item.chip, item.system, item.precision, item.devices) == ("h100_sxm", "dgx_h100", "fp8", 64)
+    assert (item.width, item.stages, item.degree, item.virtual_stages) == (4, 4, 4, 20)
+    assert (item.micro_batch_size, item.global_batch_size, item.sequence_length) == (1, 128, 4096)
+    # NeMo 24.07 states 1,707 tokens/s per GPU: 128 x 4096 tokens / (1707 x 64) tokens per second
+    assert item.time_from_tokens and item.measured == pytest.approx(128 * 4096 / (1707 * 64), rel=1e-12)
+    # the launcher's llama2_70b.yaml: no recomputation, sequence parallel, distributed Adam overlapping the sync
+    assert (item.recompute, item.sequence_parallel, item.sharded_optimizer, item.overlap_grad_reduce) == (
+        "none", True, True, True)
+    assert item.assumed == ("model shape", "recompute", "sequence parallel", "distributed optimizer",
+                            "gradient-sync overlap") and item.recipe == "NeMo 24.07"
+
+
+def test_llama2_7b_is_multi_head_and_takes_no_sequence_parallelism_at_t_1():
+    item = case(RUNS["nemo2407_LLAMA2-7B_8gpu"])
+    assert item.spec == get_spec("llama2").with_overrides(name="llama2-7b", vocab_pad_multiple=128)
+    assert item.spec.num_kv_heads is None and (item.width, item.stages, item.degree) == (1, 1, 8)
+    assert not item.sequence_parallel and "sequence parallel" not in item.assumed
+    assert item.measured == pytest.approx(128 * 4096 / (16847 * 8), rel=1e-12)
+
+
+def test_a_megatron_bridge_llama3_run_derives_d_and_keeps_its_vocabulary():
+    item = case(RUNS["mbridge2511_LLAMA3_70B_h100_64gpu"])
+    assert item.spec == ModelSpec("llama3_70b", 80, 8192, 64, 28672, 128000, 8192, 8192, **LLAMA_FAMILY,
+                                  vocab_pad_multiple=128, num_kv_heads=8)
+    assert item.spec.padded_vocab_size(4) == 128000  # 128000 = 250 x 128 x 4: no padding at t = 4
+    # data parallel is not stated: 64 devices / (t = 4 x p = 8 x cp = 1)
+    assert (item.width, item.stages, item.degree, item.virtual_stages) == (4, 8, 2, 5)
+    assert item.measured == pytest.approx(128 * 8192 / (1602 * 64), rel=1e-12)
+    # "DDP (FSDP=0)" is stated; the distributed optimizer and the rest come from the recipe
+    assert item.assumed == ("recompute", "sequence parallel", "distributed optimizer", "gradient-sync overlap")
+    assert item.recipe == "Megatron-Bridge / NeMo 25.11"
+
+
+@pytest.mark.parametrize("run_id, reason", [
+    ("nemo2407_LLAMA3-8B_8gpu", "context parallelism is not modelled"),
+    ("nemo2407_LLAMA3-70B_64gpu", "context parallelism is not modelled"),
+    ("mbridge2511_LLAMA3.1_405B_h100_1024gpu", "context parallelism is not modelled"),
+    ("mbridge2511_LLAMA3_8B_h100_8gpu", "fully sharded weights (ZeRO-3 / FSDP) are not modelled"),
+])
+def test_llama_runs_phaze_cannot_model_say_why(run_id, reason):
+    assert case(RUNS[run_id]) == reason
+
+
+def test_fp8_on_a_chip_without_fp8_is_left_out():
+    run = json.loads(json.dumps(RUNS["nemo2407_LLAMA2-7B_8gpu"]))
+    run["hardware"]["device_type"] = "A100 (DGX-A100)"
+    assert case(run) == "FP8 precision: a100_80gb has no FP8 tensor cores"
+    with pytest.raises(ValueError, match="precision: a100_80gb has no FP8 figures"):
+        known_chip("a100_80gb").with_precision("fp8")
+    with pytest.raises(ValueError, match="precision: unknown 'fp4'; allowed: 16-bit, fp8"):
+        H100.with_precision("fp4")
+
+
+def tiny_llama_gemm():
+    spec = ModelSpec("tinyllama", 2, 256, 8, 768, 1024, 128, 128, **LLAMA_FAMILY, num_kv_heads=2)
+    graphs = extract(spec, 2, 128, 1)
+    (fused,) = fuse_layers(graphs.op_graph, (1,))
+    up = next(op for op in fused.ops if graphs.op_graph.nodes[op.members[0]].op == "linear"
+              and graphs.op_graph.nodes[op.members[0]].gemm.n == 768)
+    return graphs, up
+
+
+def test_an_fp8_gemm_runs_at_the_fp8_peak_by_hand():
+    graphs, up = tiny_llama_gemm()
+    gemm = graphs.op_graph.nodes[up.members[0]].gemm  # [2·128 x 256] @ [256 x 768], the SwiGLU gate
+    assert (gemm.m, gemm.k, gemm.n) == (256, 256, 768)
+    flops = 2 * 256 * 256 * 768
+    split = [1.0] * len(graphs.op_graph.nodes)
+    # 2 x 6 = 12 output tiles of 128 x 128 on 132 SMs: one wave, 12/132 of the GPU busy
+    fp8 = flops / (1979e12 * 0.71 * 12 / 132)
+    assert op_seconds(graphs.op_graph, up, "forward", H100.with_precision("fp8"), split) == pytest.approx(fp8, rel=1e-12)
+    bf16 = flops / (989e12 * 0.80 * 12 / 132)
+    assert op_seconds(graphs.op_graph, up, "forward", H100, split) == pytest.approx(bf16, rel=1e-12)
+    # backward: data gradient [256 x 768]·[768 x 256] (2 x 2 tiles), weight gradient (2 x 6 tiles)
+    backward = flops / (1979e12 * 0.71 * 4 / 132) + flops / (1979e12 * 0.71 * 12 / 132)
+    assert op_seconds(graphs.op_graph, up, "backward", H100.with_precision("fp8"), split) == pytest.approx(
+        backward, rel=1e-12)
+
+
+def test_fp8_leaves_memory_bound_operators_as_in_16_bit():
+    graphs, _ = tiny_llama_gemm()
+    (fused,) = fuse_layers(graphs.op_graph, (1,))
+    norm = fused.ops[0]  # the block's first RMSNorm: reads and writes [2, 128, 256] in 16 bits, and its weight
+    assert graphs.op_graph.nodes[norm.members[0]].op == "rmsnorm"
+    moved = 2 * (2 * 128 * 256 * 2) + 256 * 2
+    split = [1.0] * len(graphs.op_graph.nodes)
+    for chip in (H100, H100.with_precision("fp8")):
+        assert op_seconds(graphs.op_graph, norm, "forward", chip, split) == pytest.approx(
+            moved / (3.35e12 * 0.85), rel=1e-12)
+
+
+def test_the_dense_16_bit_predictions_are_unchanged():
+    predicted, _ = validate([RUNS[run_id] for run_id in DENSE], REPOSITORY / "outputs" / "cache")
+    assert {item.run_id: result.step.time_per_batch for item, result in predicted} == DENSE
+    assert all(item.precision == "16-bit" and not item.time_from_tokens and not item.assumed for item, _ in predicted)
+
+
+def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
+    (tmp_path / "runs.json").write_text(json.dumps([RUNS["sc21_t1_1.7B"], RUNS["nemo2407_LLAMA2-7B_8gpu"],
+                                                    RUNS["nemo2407_LLAMA3-8B_8gpu"]]))
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "COLUMNS": "200"}
+    run = subprocess.run([sys.executable, "-m", "phaze", "validate", "runs.json"], cwd=tmp_path, capture_output=True,
+                         text=True, env=environment)
+    assert run.returncode == 0, run.stderr
+    row = next(line for line in run.stdout.splitlines() if "nemo2407_LLAMA2-7B_8gpu‡" in line)
+    assert "h100_sxm" in row and "fp8" in row and f"{128 * 4096 / (16847 * 8):.4g}†" in row
+    assert "‡ NeMo 24.07: NeMo-Framework-Launcher" in run.stdout
+    assert "a100_80gb 16-bit: 1 runs" in run.stdout and "h100_sxm fp8: 1 runs" in run.stdout
+    assert "context parallelism is not modelled: 1 (nemo2407_LLAMA3-8B_8gpu)" in run.stdout
