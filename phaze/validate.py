@@ -1,11 +1,12 @@
 """`phaze validate FILE`: phaze's predictions against published measured training runs.
 
 FILE is a calibration set (arch_configs/calibration/runs.json). A run is predicted when it is a
-dense model on A100 or H100 GPUs whose configuration is given: the model's shape, t, p, d, the
+model on A100 or H100 GPUs whose configuration is given: the model's shape, t, p, d, the
 micro-batch and batch sizes, the recomputation, the precision (16-bit, or FP8 on a chip with FP8
 figures), a time per iteration, and a parallelism phaze models (not ZeRO-3 or FSDP, not context
-parallelism). Every other run is listed with why it is left out. A GPT run is a Megatron GPT of its
-shape, a Llama run a Llama-family model (`graph_extract.zoo.LLAMA_FAMILY`: grouped-query attention,
+parallelism; for a mixture of experts, Megatron's EP x ETP ranks as e = EP·ETP / t replicas with
+the experts split t ways). Every other run is listed with why it is left out. A GPT run is a Megatron
+GPT of its shape, a Llama or MoE run (Qwen3) a Llama-family model (`graph_extract.zoo.LLAMA_FAMILY`: grouped-query attention,
 SwiGLU, RMSNorm, untied embeddings, the vocabulary padded to 128·t as Megatron does); the cluster is
 DGX A100 or DGX H100 nodes; the gradient sync overlaps the backward pass where the run says so
 (PyTorch DDP, --overlap-grad-reduce) or its recipe does.
@@ -14,7 +15,7 @@ Where a run states no time per iteration, it is the global batch's tokens / the 
 second (marked). FP8 runs price their GEMMs at the chip's FP8 rate and all else as in 16-bit
 (`estimator.known`). What a Llama run of NeMo 24.07 or Megatron-Bridge 25.11 does not state (the
 Llama 2 shapes, recomputation, sequence parallelism, distributed optimizer, gradient-sync overlap) is
-taken from that release's published recipe (`LLAMA_RECIPES`, `LLAMA2_SHAPES`; marked); d, when not
+taken from that release's published recipe (`RECIPES`, `LLAMA2_SHAPES`; marked); d, when not
 stated, is devices / (t·p·cp).
 """
 
@@ -56,8 +57,9 @@ class Recipe:
     source: str
 
 
-#: The Llama recipes of the releases the calibration set's Llama runs were measured with (by framework).
-LLAMA_RECIPES = {
+#: The recipes of the releases the calibration set's Llama and MoE runs were measured with (by framework
+#: or source).
+RECIPES = {
     "NeMo 24.07": Recipe(
         "none", True, True, True,
         "NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama2_{7b,13b,70b}.yaml (what "
@@ -68,7 +70,16 @@ LLAMA_RECIPES = {
         "Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py (llama3_70b_pretrain_config): "
         "recompute_granularity None, sequence_parallel True, use_distributed_optimizer, overlap_grad_reduce; "
         "scripts/performance configs LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS: t4 p8 v5"),
+    "Megatron-MoE-ModelZoo": Recipe(
+        "none", True, True, True,
+        "yanring/Megatron-MoE-ModelZoo model_configs/benchmarking/Qwen3-235B-A22B.yaml @ 1ed4179f72e4: "
+        "--use-distributed-optimizer, --overlap-grad-reduce, --sequence-parallel, "
+        "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, tokenizer "
+        "Qwen/Qwen3-235B-A22B with --make-vocab-size-divisible-by 1187 (vocabulary 151,936 = 1187 x 128); "
+        "no recomputation flag (the benchmark rows add theirs)"),
 }
+#: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
+MOE_VOCABULARY = {"Qwen3-235B": 151936}
 #: Llama 2 shapes (layers, hidden, heads, key/value heads, FFN, vocabulary) as NeMo's llama2 recipes
 #: define them (= Touvron et al. 2023, the published config.json), for runs that name the model only.
 LLAMA2_SHAPES = {"LLAMA2-7B": (32, 4096, 32, 32, 11008, 32000), "LLAMA2-13B": (40, 5120, 40, 40, 13824, 32000),
@@ -100,12 +111,17 @@ class Case:
     measured: float
     time_from_tokens: bool = False
     assumed: tuple[str, ...] = ()
-    recipe: str = ""  # the LLAMA_RECIPES entry `assumed` comes from
+    recipe: str = ""  # the RECIPES entry `assumed` comes from
+    expert_parallel_width: int = 1
 
 
 def is_llama(model: dict) -> bool:
     """Whether the run's model is a Llama (the calibration set names them LLAMA...)."""
     return "LLAMA" in (model["name"] or "").upper()
+
+
+def is_moe(model: dict) -> bool:
+    return bool(model["moe_num_experts"]) or "MoE" in (model["architecture"] or "")
 
 
 def llama2_shape(model: dict) -> dict:
@@ -117,16 +133,25 @@ def llama2_shape(model: dict) -> dict:
                         if model[name] is None}}
 
 
-def llama_recipe(run: dict) -> str | None:
-    """The LLAMA_RECIPES entry of a Llama run's framework release, if phaze knows it."""
+def run_recipe(run: dict) -> str | None:
+    """The RECIPES entry of a Llama run's framework release or of an MoE run's source, if phaze knows it."""
+    if is_moe(run["model"]):
+        return next((name for name in RECIPES if run["source_group"].startswith(name)), None)
     if not is_llama(run["model"]):
         return None
     framework = run["training"]["framework"] or ""
-    return next((name for name in LLAMA_RECIPES if framework.startswith(name)), None)
+    return next((name for name in RECIPES if framework.startswith(name)), None)
 
 
 def model_spec(model: dict, sequence: int) -> ModelSpec:
-    """A Llama-family model or a Megatron GPT of the run's shape."""
+    """A Llama-family model (a mixture of experts too) or a Megatron GPT of the run's shape."""
+    if is_moe(model):
+        heads, head_dim = model["num_attention_heads"], model["head_dim"]
+        return ModelSpec(model["name"].lower(), model["num_layers"], model["hidden_size"], heads,
+                         model["moe_ffn_hidden_size"], model["vocab_size"], sequence, sequence, **LLAMA_FAMILY,
+                         num_kv_heads=model["num_kv_heads"], num_experts=model["moe_num_experts"],
+                         experts_per_token=model["moe_top_k"],
+                         kv_channels=head_dim if head_dim and head_dim * heads != model["hidden_size"] else None)
     if is_llama(model):
         kv_heads = model["num_kv_heads"]
         return ModelSpec(model["name"].lower(), model["num_layers"], model["hidden_size"],
@@ -159,8 +184,6 @@ def case(run: dict) -> Case | str:
     kind = next((name for name in HARDWARE if name in hardware["device_type"]), None)
     if kind is None:
         return f"hardware {hardware['device_type']}: not an A100 or H100"
-    if model["moe_num_experts"] or "MoE" in (model["architecture"] or ""):
-        return "mixture of experts (a later issue)"
     chip, system = HARDWARE[kind]
     precision = "fp8" if "FP8" in (training["precision"] or "").upper() else "16-bit"
     if precision == "fp8" and not known_chip(chip).fp8_peak_flops:
@@ -171,9 +194,15 @@ def case(run: dict) -> Case | str:
     if (run["parallelism"]["context_parallel"] or 1) > 1:
         return "context parallelism is not modelled"
     model, parallel, batch = llama2_shape(model), run["parallelism"], run["batch"]
-    recipe_name = llama_recipe(run)
-    recipe = LLAMA_RECIPES.get(recipe_name)
+    recipe_name = run_recipe(run)
+    recipe = RECIPES.get(recipe_name)
     assumed = ["model shape"] if model is not run["model"] else []
+    if is_moe(model) and model["vocab_size"] is None:
+        vocabulary = next((size for prefix, size in MOE_VOCABULARY.items() if (model["name"] or "").startswith(prefix)),
+                          None)
+        if vocabulary is not None:
+            model = {**model, "vocab_size": vocabulary}
+            assumed.append("vocabulary")
     recompute = training["activation_recompute"]
     sequence_parallel = parallel["sequence_parallel"]
     sharded_optimizer = "distributed" in sharding.lower()
@@ -189,7 +218,7 @@ def case(run: dict) -> Case | str:
         if not sharded_optimizer and recipe.sharded_optimizer:
             sharded_optimizer = True
             assumed.append("distributed optimizer")
-        if not overlap_grad_reduce and training["other_settings"] is None and recipe.overlap_grad_reduce:
+        if not overlap_grad_reduce and "grad" not in (training["other_settings"] or "") and recipe.overlap_grad_reduce:
             overlap_grad_reduce = True
             assumed.append("gradient-sync overlap")
     t, p = parallel["tensor_parallel"], parallel["pipeline_parallel"]
@@ -206,12 +235,22 @@ def case(run: dict) -> Case | str:
               "training.activation_recompute": recompute, "training.precision": training["precision"]}
     if is_llama(model):
         needed["model.ffn_hidden_size"] = model["ffn_hidden_size"]
+    if is_moe(model):
+        needed.update({"model.moe_num_experts": model["moe_num_experts"], "model.moe_top_k": model["moe_top_k"],
+                       "model.moe_ffn_hidden_size": model["moe_ffn_hidden_size"],
+                       "parallelism.expert_parallel": parallel["expert_parallel"]})
     missing = [name for name, value in needed.items() if value is None]
     if missing:
         return f"not stated: {', '.join(missing)}"
     seconds, from_tokens = measured_seconds(run)
     if seconds is None:
         return "no time per iteration or tokens/s measured"
+    experts = 1
+    if is_moe(model):  # Megatron's EP x ETP ranks of an expert layer = phaze's e replicas x t (experts split as t)
+        ranks = parallel["expert_parallel"] * (parallel["expert_tensor_parallel"] or t)
+        experts = ranks // t
+        if ranks % t or degree % experts or model["moe_num_experts"] % experts:
+            return "expert layout (EP x ETP not a multiple of t dividing d and the experts) is not modelled"
     sequence = model["seq_length_tokens"]
     return Case(
         run_id=run["run_id"], chip=chip, system=system, spec=model_spec(model, sequence), precision=precision,
@@ -220,7 +259,7 @@ def case(run: dict) -> Case | str:
         micro_batch_size=batch["micro_batch_size_seqs"], global_batch_size=batch["global_batch_size_seqs"],
         recompute=recompute, sequence_parallel=bool(sequence_parallel), sharded_optimizer=sharded_optimizer,
         overlap_grad_reduce=overlap_grad_reduce, measured=seconds, time_from_tokens=from_tokens,
-        assumed=tuple(assumed), recipe=recipe_name or "",
+        assumed=tuple(assumed), recipe=recipe_name or "", expert_parallel_width=experts,
     )
 
 
@@ -232,7 +271,7 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     cluster = cluster or system_cluster(item.system, item.devices)
     job = Job(spec, item.sequence_length, item.micro_batch_size, item.global_batch_size, (item.width,), cluster,
               (80 * GIB,), Training("adam", item.sharded_optimizer, item.sequence_parallel, item.overlap_grad_reduce),
-              (item.recompute,))
+              (item.recompute,), expert_parallel_widths=(item.expert_parallel_width,))
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
     chip = (chip or known_chip(item.chip)).with_precision(item.precision)
     costs = chip_costs(job, {item.width: graphs}, chip, cache_dir)
@@ -275,7 +314,8 @@ def main(arguments: list[str]) -> int:
         error = result.step.time_per_batch / item.measured - 1
         errors.setdefault(f"{item.chip} {item.precision}", []).append(abs(error))
         table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
-                      str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}",
+                      str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
+                      + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else ""),
                       str(item.micro_batch_size), str(item.global_batch_size), item.recompute,
                       f"{item.measured:.4g}{FROM_TOKENS if item.time_from_tokens else ''}",
                       f"{result.step.time_per_batch:.4g}", f"{error:+.1%}", "yes" if result.step.feasible else "no")
@@ -285,7 +325,7 @@ def main(arguments: list[str]) -> int:
                   "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
                   "per device by phaze's memory model")
     for name in sorted({item.recipe for item, _ in predicted if item.assumed and item.recipe}):
-        console.print(f"{FROM_RECIPE} {name}: {LLAMA_RECIPES[name].source}")
+        console.print(f"{FROM_RECIPE} {name}: {RECIPES[name].source}")
     every = [error for group in errors.values() for error in group]
     for name, group in [("all", every)] + (list(errors.items()) if len(errors) > 1 else []):
         if group:

@@ -16,12 +16,14 @@ from graph_extract import ModelSpec, extract, get_spec, verify_tensor_parallel
 from graph_extract.transformer import MixtureOfExperts
 from phaze.cli import check_command_line
 from phaze.settings import ConfigError
+from phaze.validate import case, prediction
 from solver.placement.capped import degrees, place_capped
 from solver.placement.layouts import megatron_chunks
 from solver.placement.search import best_over_expert_widths, state_space
 from solver.training_step import Cluster, Device, Placement, StepGraph, StepLayer, Training, TrainingStep
 
 from tests.test_placement_training import partitions, random_steps
+from tests.test_validate_llama import RUNS
 
 #: A small Mixtral-like block: 4 experts of FFN 96, 2 per token.
 TOY = get_spec("mixtral-8x7b").with_overrides(
@@ -246,3 +248,25 @@ def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
     assert megatron_chunks(graph, 3, account_for_ends=True) == ((0, 1), (2, 3), (4, 5))
     assert megatron_chunks(graph, 3, 2, account_for_ends=True) == ((0,), (1,), (2,), (3,), (4,), (5,))
     assert megatron_chunks(graph, 2, account_for_ends=False) == ((0, 1, 2), (3, 4, 5))
+
+
+def test_the_qwen3_moe_runs_of_the_calibration_set():
+    """Qwen3-235B-A22B (Megatron-MoE-ModelZoo): 128 experts of FFN 1536, top 8, 4 key/value heads of 128
+    (64 x 128 = 8192 wide attention on a 4096-wide model), the tokenizer's 151,936 words; Megatron's EP
+    x ETP = 32 x 1 ranks at t 2 are e = 16 replicas here; 94 blocks on p 32 x v 3 chunks count the
+    embedding and the loss as a block each (the first chunk holds the embedding alone)."""
+    first = case(RUNS["moezoo_qwen3_235b_h100_row1"])
+    spec = first.spec
+    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_dim) == (94, 4096, 64, 4, 128)
+    assert (spec.num_experts, spec.experts_per_token, spec.ffn_hidden_size, spec.vocab_size) == (128, 8, 1536, 151936)
+    assert (first.width, first.stages, first.degree, first.virtual_stages, first.expert_parallel_width) == (2, 8, 16, 4, 16)
+    assert first.overlap_grad_reduce and first.sharded_optimizer and first.recompute == "selective"
+    assert "vocabulary" in first.assumed and first.measured == 19.7
+    fourth = case(RUNS["moezoo_qwen3_235b_h100_row4"])
+    assert (fourth.width, fourth.stages, fourth.degree, fourth.virtual_stages, fourth.expert_parallel_width) == (
+        2, 32, 4, 3, 4)
+    assert case(RUNS["moezoo_qwen3_next_80b_a3b_h100"]).startswith("not stated: model.num_layers")
+    predicted = prediction(fourth, None)
+    assert predicted.placement.chunks[0] == (0,) and predicted.placement.chunks[-1] == (95,)
+    assert len(predicted.placement.chunks) == 96 and math.isfinite(predicted.step.time_per_batch)
+    assert predicted.step.breakdown["expert_parallel"] > 0

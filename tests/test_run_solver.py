@@ -144,6 +144,6 @@ def test_a_finished_run_reruns_from_the_caches_alone(run_in, monkeypatch):
         raise AssertionError("computed again instead of read from the cache")
 
     monkeypatch.setattr(solver.schedule.cache, "solve", computed)
-    monkeypatch.setattr(solver.evaluate, "best_placement", computed)
+    monkeypatch.setattr(solver.evaluate, "best_over_expert_widths", computed)
     again, _ = run_in("again", "hbm_size=[1,2]", "micro_batch_size=[1,2]", "candidate_sample=24")
     assert again["complete"] and again["per_setting"] == first["per_setting"]
