@@ -6,8 +6,9 @@ micro-batch and batch sizes, the recomputation, the precision (16-bit, or FP8 on
 figures), a time per iteration, and a parallelism phaze models (not ZeRO-3 or FSDP, not context
 parallelism; for a mixture of experts, Megatron's EP x ETP ranks as e = EP·ETP / t replicas with
 the experts split t ways). Every other run is listed with why it is left out. A GPT run is a Megatron
-GPT of its shape, a Llama or MoE run (Qwen3) a Llama-family model (`graph_extract.zoo.LLAMA_FAMILY`: grouped-query attention,
-SwiGLU, RMSNorm, untied embeddings, the vocabulary padded to 128·t as Megatron does); the cluster is
+GPT of its shape, a Llama or MoE run (Qwen3) a Llama-family model (`graph_extract.zoo.LLAMA_FAMILY`:
+grouped-query attention, SwiGLU, RMSNorm, untied embeddings; a Llama's vocabulary padded to 128·t
+as Megatron does); the cluster is
 DGX A100 or DGX H100 nodes; the gradient sync overlaps the backward pass where the run says so
 (PyTorch DDP, --overlap-grad-reduce) or its recipe does.
 
