@@ -7,6 +7,7 @@ import difflib
 import importlib.util
 import math
 import os
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from graph_extract.extraction import check_request
 from graph_extract.factory import is_factory_reference
 from phaze.custom_model import NAME_PATTERN, read_factory, read_model_file
 from phaze.results import GIB
-from solver.codesign import STRATEGIES, ScheduleSettings
+from solver.codesign import EXECUTORS, STRATEGIES, ScheduleSettings
 from solver.job import STEP_MODELS, Job
 from solver.placement import FixedStrategy
 from solver.placement.layouts import allowed_virtual_stages
@@ -43,6 +44,8 @@ MAX_BATCH = 16_777_216
 MAX_MODEL_SIZE = 16_777_216
 #: Largest worker-process count of `n_jobs`.
 MAX_JOBS = 1024
+#: Seconds to wait for a Ray cluster's GCS port to take a connection.
+RAY_CONNECT_TIMEOUT_S = 5.0
 #: Largest time limit of one layer schedule [s]: a day.
 MAX_TIME_LIMIT_S = 86_400.0
 #: Ranges of the template's technology fields (unit, largest value): 100 GHz, 1 PB/s.
@@ -101,6 +104,8 @@ class Settings:
     pipeline_parallel_width: int | None = None  # predict only
     data_parallel_width: int | None = None  # predict only
     expert_parallel_widths: tuple[int, ...] = (1,)  # searched (predict: the one priced)
+    executor: str = "local"  # where run_solver evaluates candidates: local processes or Ray actors
+    ray_address: str | None = None  # executor=ray: a cluster to join (auto, host:port); None: a private Ray
 
     @staticmethod
     def hbm_bytes(gib: float) -> int:
@@ -538,6 +543,39 @@ def _cache_dir(value: object) -> Path:
     return path
 
 
+def _ray_address(executor: str, value: object) -> str | None:
+    """`ray_address` checked: only with executor=ray, which needs ray importable; None (a private
+    Ray), or auto / host:port of a cluster that answers (its GCS port takes a connection)."""
+    if executor != "ray":
+        if value is not None:
+            raise ConfigError(f"ray_address: only with executor=ray, got {value!r} with executor={executor}")
+        return None
+    try:
+        import ray._private.services as services
+    except ImportError as error:
+        raise ConfigError(f"executor: ray cannot be imported ({error}); install it with pip install "
+                          "'phaze[ray]', or give executor=local") from None
+    if value is None:
+        return None
+    start = "start one with `ray start --head` or give executor=local"
+    text = str(value)
+    if text == "auto":
+        try:
+            found = services.canonicalize_bootstrap_address("auto")
+        except (ConnectionError, ValueError) as error:
+            raise ConfigError(f"ray_address: auto finds no running Ray cluster ({error}); {start}") from None
+    else:
+        found = text
+    host, _, port = str(found).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"ray_address: must be auto or host:port (a Ray cluster's GCS address), got {value!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise ConfigError(f"ray_address: cannot reach {found} ({error.strerror or error}); {start}") from None
+    return text
+
+
 def settings_from_config(cfg: DictConfig) -> Settings:
     """Check every user-facing key of the composed config."""
     mode = _choice("mode", cfg.mode, MODES)
@@ -570,6 +608,10 @@ def settings_from_config(cfg: DictConfig) -> Settings:
     n_jobs = cfg.n_jobs
     if not _is_int(n_jobs) or n_jobs == 0 or n_jobs < -1 or n_jobs > MAX_JOBS:
         raise ConfigError(f"n_jobs: must be a positive integer at most {_amount(MAX_JOBS)} or -1 (all cores), got {n_jobs!r}")
+    executor = _choice("executor", cfg.executor, EXECUTORS)
+    ray_address = _ray_address(executor, cfg.ray_address)
+    if n_jobs == -1 and ray_address is None:  # a joined Ray cluster's CPUs are counted when the run joins it
+        n_jobs = os.cpu_count() or 1
     fields = dict(
         mode=mode,
         spec=spec,
@@ -590,10 +632,12 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         virtual_stages=virtual_stages,
         schedule=_schedule(cfg),
         candidate_sample=None if sample is None else _positive_int("candidate_sample", sample),
-        n_jobs=(os.cpu_count() or 1) if n_jobs == -1 else n_jobs,
+        n_jobs=n_jobs,
         fixed_megatron=_fixed_megatron(cfg, spec),
         known_chip=known,
         expert_parallel_widths=_expert_widths(cfg, spec),
+        executor=executor,
+        ray_address=ray_address,
     )
     if mode == "predict":
         if known is None:

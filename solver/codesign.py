@@ -43,9 +43,13 @@ from solver.job import Job
 from solver.kvstore import KeyValueStore
 from solver.schedule import MODEL_VERSION as SCHEDULE_VERSION
 from solver.schedule import ScheduleCache
+from solver.schedule.cache import SCHEDULES_TABLE
+from solver.ray_pool import RayPool
 from solver.workers import WorkerPool
 
 STRATEGIES = ("bounded", "exhaustive", "phaze")
+#: Where a run's candidates are evaluated: local worker processes, or Ray actors.
+EXECUTORS = ("local", "ray")
 #: Candidates handed to each worker at a time (amortises the inter-process round trip).
 BATCH_PER_WORKER = 8
 #: Bump when what a cached layer cost means changes.
@@ -55,6 +59,8 @@ COSTS_VERSION = 2
 PLACEMENT_VERSION = 1
 #: Relative slack of the refinement's cut: a candidate that could tie with the best is not cut.
 TIE_MARGIN = 1e-9
+#: The tables of evaluations.sqlite by Resources field.
+EVALUATION_TABLES = {"costs": "layer_costs", "placements": "placements", "placement_bounds": "placement_bounds"}
 #: Placements remembered per process (identical layer costs share one placement search).
 PLACEMENT_MEMO_SIZE = 4096
 
@@ -120,7 +126,8 @@ class SearchContext:
 @dataclass
 class Resources:
     """The graphs, candidate space, estimate table and caches of a context, built once by the process
-    that holds them (the driver, or a worker: `Resources.build` is the workers' constructor)."""
+    that holds them (the driver, or a worker: `Resources.build` is the workers' constructor; a Ray
+    actor's are `Resources.without_files`, built by the driver)."""
 
     context: SearchContext
     graphs: dict[int, ExtractedModel]
@@ -131,20 +138,26 @@ class Resources:
     placements: KeyValueStore  # an accelerator's evaluations, per HBM size
     placement_bounds: KeyValueStore  # refined throughput bounds, by the bounds' content
     memo: dict = field(default_factory=dict)  # placements of identical layer costs, in this process
+    recorded: dict[str, RecordingStore] = field(default_factory=dict)  # a worker without files: its caches by name
     _bounds: dict[int, GroupBounds] | None = None
 
     @classmethod
     def build(cls, context: SearchContext) -> Resources:
-        job = context.job
-        graphs = {width: extract(job.spec, job.micro_batch_size, job.sequence_length, width,
-                                 cache_dir=context.cache_dir)
-                  for width in job.tensor_parallel_widths}
         space = candidate_space(context.template, context.area_budget)
         table = EstimateTable(context.template, space.tc_cores, context.cache_dir / "estimates")
         schedules = ScheduleCache(context.cache_dir / "schedules.sqlite")
-        evaluations = context.cache_dir / "evaluations.sqlite"
-        return cls(context, graphs, space, table, schedules, KeyValueStore(evaluations, "layer_costs"),
-                   KeyValueStore(evaluations, "placements"), KeyValueStore(evaluations, "placement_bounds"))
+        return cls(context, _graphs(context), space, table, schedules, *_evaluation_stores(context).values())
+
+    @classmethod
+    def without_files(cls, context: SearchContext) -> Resources:
+        """For a worker that has no cache folder (a Ray worker): the graphs of this process's cache,
+        estimates computed where needed, and caches that only record what the worker computes
+        (`cache_writes` takes it; the driver stores it)."""
+        space = candidate_space(context.template, context.area_budget)
+        recorded = {name: RecordingStore() for name in ("schedules", *EVALUATION_TABLES)}
+        return cls(context, _graphs(context), space, EstimateTable(context.template, space.tc_cores),
+                   ScheduleCache(store=recorded["schedules"]), recorded["costs"], recorded["placements"],
+                   recorded["placement_bounds"], recorded=recorded)
 
     @property
     def job(self) -> Job:
@@ -171,6 +184,64 @@ class Resources:
     def bound_key(self, index: int, memory: int) -> str:
         """The key of candidate `index`'s refined bound: its lower-bound costs, the placement's context."""
         return hashlib.sha256(self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()).hexdigest()
+
+
+def _graphs(context: SearchContext) -> dict[int, ExtractedModel]:
+    """The job's layer graphs per tensor-parallel width, from the cache or traced (and cached)."""
+    job = context.job
+    return {width: extract(job.spec, job.micro_batch_size, job.sequence_length, width, cache_dir=context.cache_dir)
+            for width in job.tensor_parallel_widths}
+
+
+def _evaluation_stores(context: SearchContext) -> dict[str, KeyValueStore]:
+    """The caches of evaluations.sqlite by Resources field."""
+    path = context.cache_dir / "evaluations.sqlite"
+    return {name: KeyValueStore(path, table) for name, table in EVALUATION_TABLES.items()}
+
+
+class RecordingStore:
+    """A cache of a worker without files: every lookup misses (the driver looked up what it holds
+    before handing out the work) and every value stored waits, as JSON, for `take`."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[str, str]] = []
+
+    def get(self, key: str, decode: Callable[[Any], Any] = lambda value: value) -> None:
+        return None
+
+    def put(self, key: str, value: Any) -> None:
+        self._waiting.append((key, json.dumps(value)))
+
+    def take(self) -> list[tuple[str, str]]:
+        """The (key, JSON value) pairs stored since the last call."""
+        taken, self._waiting = self._waiting, []
+        return taken
+
+
+def cache_writes(resources: Resources) -> list[tuple[str, str, str]]:
+    """What a worker built by `Resources.without_files` stored since the last call: (cache, key, JSON)."""
+    return [(name, key, value) for name, store in resources.recorded.items() for key, value in store.take()]
+
+
+def share_with_workers(context: SearchContext) -> tuple[Resources, Callable[[list[tuple[str, str, str]]], None]]:
+    """For workers without the cache folder: their Resources (`Resources.without_files`) and, in
+    this process, the function that stores what they computed (`cache_writes`) in this cache."""
+    stores = {"schedules": KeyValueStore(context.cache_dir / "schedules.sqlite", SCHEDULES_TABLE),
+              **_evaluation_stores(context)}
+
+    def store(writes: list[tuple[str, str, str]]) -> None:
+        for name, key, value in writes:
+            stores[name].put(key, json.loads(value))
+
+    return Resources.without_files(context), store
+
+
+def worker_pool(executor: str, n_jobs: int, ray_address: str | None = None) -> WorkerPool | RayPool | None:
+    """The workers of a run's candidate evaluations: local processes (none for one job), or Ray actors
+    (a private local Ray when `ray_address` is None; `n_jobs` -1: the cluster's CPUs)."""
+    if executor == "ray":
+        return RayPool(share_with_workers, cache_writes, n_jobs, ray_address)
+    return WorkerPool(Resources.build, n_jobs) if n_jobs > 1 else None
 
 
 def _stored_costs(graphs: dict[int, ExtractedModel], stored: Any) -> LayerCosts:
@@ -292,14 +363,15 @@ class Search:
     Every candidate evaluated for one HBM size is evaluated for all of them (the schedules are
     shared; only the placement differs), and `on_outcome` sees each outcome once, as it arrives.
     What the caches hold (evaluations, refined bounds) is read here; only the rest goes to the
-    `pool`'s worker processes (each with its own Resources), or is computed here without one.
+    `pool`'s worker processes (each with its own Resources) or Ray actors (`Resources.without_files`:
+    the driver stores what they computed), or is computed here without one.
     Candidates whose lower-bound costs are equal share one refined bound.
     """
 
     def __init__(
         self,
         resources: Resources,
-        pool: WorkerPool | None = None,
+        pool: WorkerPool | RayPool | None = None,
         on_outcome: Callable[[CandidateOutcome], None] = lambda outcome: None,
         candidates: Sequence[int] | None = None,
     ) -> None:

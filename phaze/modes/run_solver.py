@@ -21,12 +21,12 @@ from phaze.modes.extract_graph import extract_all
 from phaze.progress import Progress, setup_logging, show
 from phaze.settings import Settings
 from phaze.sweep import Infeasible
-from solver.codesign import CandidateOutcome, Resources, Search, SearchContext, accelerator_costs, evaluate_accelerator
+from solver.codesign import (CandidateOutcome, Resources, Search, SearchContext, accelerator_costs,
+                             evaluate_accelerator, worker_pool)
 from solver.evaluate import LayerCosts, evaluate_placements, fixed_baseline, schedule_problem
 from solver.job import Job
 from solver.predict import chip_costs
 from solver.search import SearchResult
-from solver.workers import WorkerPool
 from solver.schedule import plot_gantt
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def search_all(settings: Settings, record: Run) -> None:
                 cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
     space = candidate_space(settings.accelerator, settings.area_budget)
     candidates = sample(len(space), settings.candidate_sample)
-    pool = WorkerPool(Resources.build, settings.n_jobs) if settings.n_jobs > 1 else None
+    pool = worker_pool(settings.executor, settings.n_jobs, settings.ray_address)
     searched = len(candidates) * len(settings.micro_batch_sizes)
     name, total = f"candidates ({settings.search} search)", searched
     if settings.search != "exhaustive":  # it stops early: all candidates are only an upper bound

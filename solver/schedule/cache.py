@@ -15,6 +15,9 @@ from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import ScheduleResult
 from solver.schedule.solve import solve
 
+#: The table of the schedules in their SQLite file.
+SCHEDULES_TABLE = "schedules"
+
 
 def stored_result(ops: int, stored: Any) -> ScheduleResult:
     """A stored result, checked to schedule `ops` operators with numeric times (ValueError if not,
@@ -37,13 +40,14 @@ class ScheduleCache:
     make the file safe for several processes of a multirun.
     """
 
-    def __init__(self, path: str | Path | None = None, digits: int = 6):
+    def __init__(self, path: str | Path | None = None, digits: int = 6, store: Any = None):
         if not (isinstance(digits, int) and 1 <= digits <= 17):
             raise ValueError(f"digits: must be an integer in 1..17, got {digits!r}")
         self.digits = digits
         self.solved = 0  # solver runs made by this cache object (misses)
         self._memory: dict[str, ScheduleResult] = {}
-        self._store = None if path is None else KeyValueStore(path, "schedules")
+        # `store`: instead of a file, any object with KeyValueStore's get and put
+        self._store = store if path is None else KeyValueStore(path, SCHEDULES_TABLE)
 
     def key(self, problem: ScheduleProblem, backend: str, time_limit: float, **options) -> str:
         """The content key of a (rounded) problem solved with these settings."""
