@@ -177,6 +177,10 @@ def _run(cfg: DictConfig) -> None:
         if not multirun:
             if isinstance(error, Infeasible):
                 _fail(f"hbm_size: {error}")
+            from solver.ray_pool import ClusterUnavailable  # loaded already when Ray was asked for
+
+            if isinstance(error, ClusterUnavailable):
+                _fail(str(error))
             raise
         SWEEP.record(settings.mode, settings.spec.name, Path(HydraConfig.get().runtime.output_dir), error)
 

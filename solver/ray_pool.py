@@ -16,6 +16,7 @@ folder), shut down by `close`; "auto" or host:port joins a cluster, which `close
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -31,6 +32,24 @@ log = logging.getLogger(__name__)
 RETRIES = 3
 #: Memory [bytes] of a private Ray's object store (it holds the shared states only).
 OBJECT_STORE_BYTES = 256 * 2**20
+
+
+class ClusterUnavailable(ConnectionError):
+    """Ray could not be started or joined; the message is one line saying what to do."""
+
+    def __init__(self, address: str | None, error: BaseException) -> None:
+        causes = [error]
+        while causes[-1].__cause__ is not None:
+            causes.append(causes[-1].__cause__)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if address is None:
+            super().__init__(f"executor: a private Ray could not start ({reason}); give executor=local")
+        elif any("AuthToken" in str(cause) or type(cause).__name__ == "AuthenticationError" for cause in causes):
+            super().__init__(f"ray_address: {address} wants its authentication token; run with RAY_AUTH_MODE=token "
+                             "and RAY_AUTH_TOKEN_PATH=<the cluster's token file> (or RAY_AUTH_TOKEN=<token>)")
+        else:
+            super().__init__(f"ray_address: cannot join {address} ({reason}); start one with `ray start --head` "
+                             "or give executor=local")
 
 
 class _Collect(logging.Handler):
@@ -83,6 +102,7 @@ class RayPool:
 
         self.share, self.drain, self.address = share, drain, address
         self._temporary = None if address is not None else tempfile.mkdtemp(prefix="phaze-ray-")
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # not a warning a second while it retries
         handler = signal.getsignal(signal.SIGTERM)  # ray.init sets its own; the run's stays
         try:
             if address is None:
@@ -90,6 +110,8 @@ class RayPool:
                          object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.ERROR)
             else:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+        except (ConnectionError, RuntimeError) as error:
+            raise ClusterUnavailable(address, error) from None
         finally:
             signal.signal(signal.SIGTERM, handler)
         cpus = int(ray.cluster_resources().get("CPU", 0))
