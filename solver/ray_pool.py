@@ -16,7 +16,6 @@ folder), shut down by `close`; "auto" or host:port joins a cluster, which `close
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -102,7 +101,6 @@ class RayPool:
 
         self.share, self.drain, self.address = share, drain, address
         self._temporary = None if address is not None else tempfile.mkdtemp(prefix="phaze-ray-")
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # not a warning a second while it retries
         handler = signal.getsignal(signal.SIGTERM)  # ray.init sets its own; the run's stays
         try:
             if address is None:
