@@ -610,7 +610,7 @@ def settings_from_config(cfg: DictConfig) -> Settings:
         raise ConfigError(f"n_jobs: must be a positive integer at most {_amount(MAX_JOBS)} or -1 (all cores), got {n_jobs!r}")
     executor = _choice("executor", cfg.executor, EXECUTORS)
     ray_address = _ray_address(executor, cfg.ray_address)
-    if n_jobs == -1 and ray_address is None:  # a joined Ray cluster's CPUs are counted when the run joins it
+    if n_jobs == -1 and executor == "local":  # with Ray: the cluster's CPUs, counted when the run joins it
         n_jobs = os.cpu_count() or 1
     fields = dict(
         mode=mode,

@@ -11,11 +11,13 @@ A chunk whose actor dies (a killed process, a lost node) is given to a new actor
 by chunk index, and a dead actor's results and writes never arrive, so nothing is lost or counted
 twice. `address` None starts a private Ray for the run (`processes` CPUs, its own temporary
 folder), shut down by `close`; "auto" or host:port joins a cluster, which `close` leaves running.
+In a process connected to Ray already (a job of hydra's Ray launcher), the actors join its cluster.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -34,21 +36,23 @@ OBJECT_STORE_BYTES = 256 * 2**20
 
 
 class ClusterUnavailable(ConnectionError):
-    """Ray could not be started or joined; the message is one line saying what to do."""
+    """Ray could not be started or joined, or has no CPU for the workers; one line saying what to do."""
 
-    def __init__(self, address: str | None, error: BaseException) -> None:
-        causes = [error]
-        while causes[-1].__cause__ is not None:
-            causes.append(causes[-1].__cause__)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if address is None:
-            super().__init__(f"executor: a private Ray could not start ({reason}); give executor=local")
-        elif any("AuthToken" in str(cause) or type(cause).__name__ == "AuthenticationError" for cause in causes):
-            super().__init__(f"ray_address: {address} wants its authentication token; run with RAY_AUTH_MODE=token "
-                             "and RAY_AUTH_TOKEN_PATH=<the cluster's token file> (or RAY_AUTH_TOKEN=<token>)")
-        else:
-            super().__init__(f"ray_address: cannot join {address} ({reason}); start one with `ray start --head` "
-                             "or give executor=local")
+
+def _unavailable(address: str | None, error: BaseException) -> ClusterUnavailable:
+    """The one-line error of a failed ray.init."""
+    causes = [error]
+    while causes[-1].__cause__ is not None:
+        causes.append(causes[-1].__cause__)
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if address is None:
+        return ClusterUnavailable(f"executor: a private Ray could not start ({reason}); give executor=local")
+    if any("AuthToken" in str(cause) or type(cause).__name__ == "AuthenticationError" for cause in causes):
+        return ClusterUnavailable(f"ray_address: {address} wants its authentication token; run with "
+                                  "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH=<the cluster's token file> "
+                                  "(or RAY_AUTH_TOKEN=<token>)")
+    return ClusterUnavailable(f"ray_address: cannot join {address} ({reason}); start one with `ray start --head` "
+                              "or give executor=local")
 
 
 class _Collect(logging.Handler):
@@ -100,24 +104,32 @@ class RayPool:
         import ray
 
         self.share, self.drain, self.address = share, drain, address
-        self._temporary = None if address is not None else tempfile.mkdtemp(prefix="phaze-ray-")
+        self._connected = not ray.is_initialized()  # in a Ray task (a Ray launcher's job): its cluster
+        self._temporary = tempfile.mkdtemp(prefix="phaze-ray-") if self._connected and address is None else None
         handler = signal.getsignal(signal.SIGTERM)  # ray.init sets its own; the run's stays
         try:
-            if address is None:
-                ray.init(num_cpus=processes, _temp_dir=self._temporary, include_dashboard=False, log_to_driver=False,
+            if self._temporary is not None:
+                ray.init(num_cpus=os.cpu_count() if processes == -1 else processes, _temp_dir=self._temporary, include_dashboard=False, log_to_driver=False,
                          object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.ERROR)
-            else:
+            elif self._connected:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         except (ConnectionError, RuntimeError) as error:
-            raise ClusterUnavailable(address, error) from None
+            self._remove_temporary()
+            raise _unavailable(address, error) from None
         finally:
             signal.signal(signal.SIGTERM, handler)
-        cpus = int(ray.cluster_resources().get("CPU", 0))
+        # in a Ray task, the CPUs left by the cluster's other tasks (the jobs of the sweep)
+        cpus = int((ray.cluster_resources() if self._connected else ray.available_resources()).get("CPU", 0))
+        if cpus < 1:
+            self._actors = []
+            self.close()
+            raise ClusterUnavailable("executor: the Ray cluster has no free CPU for this run's workers; give "
+                                     "executor=local, or run fewer jobs at a time")
         if processes == -1:
-            processes = max(cpus, 1)
+            processes = cpus
         elif processes > cpus:
-            log.warning("n_jobs: %d, but the Ray cluster has %d CPUs: %d Ray workers", processes, cpus, max(cpus, 1))
-            processes = max(cpus, 1)
+            log.warning("n_jobs: %d, but the Ray cluster has %d CPUs for them: %d Ray workers", processes, cpus, cpus)
+            processes = cpus
         self.processes = processes
         self._server = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Server)
         self._level = logging.getLogger().getEffectiveLevel()
@@ -126,7 +138,8 @@ class RayPool:
         self._context: Any = None
         self._shared: list = []  # [the ObjectRef of the latest context's state]
         self._store: Callable[[list], None] = lambda writes: None
-        log.info("Ray: %d workers on %s", processes, "a private local cluster" if address is None else address)
+        where = address or ("a private local cluster" if self._temporary is not None else "this task's cluster")
+        log.info("Ray: %d workers on %s", processes, where)
 
     def _new_actor(self) -> Any:
         self._started += 1
@@ -193,8 +206,12 @@ class RayPool:
                 record.msg = f"{record.processName}: {record.msg}"
                 logging.getLogger(record.name).handle(record)
 
+    def _remove_temporary(self) -> None:
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+
     def close(self) -> None:
-        """Ends the actors, and a private Ray with its temporary folder."""
+        """Ends the actors and the connection this pool made (a private Ray with its temporary folder)."""
         import ray
 
         if not ray.is_initialized():
@@ -202,6 +219,6 @@ class RayPool:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
-        ray.shutdown()
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
+        if self._connected:
+            ray.shutdown()
+        self._remove_temporary()
