@@ -7,6 +7,7 @@ launcher whose extra is missing is one line and exit 2."""
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,6 +122,25 @@ def test_joblib_launcher(basic_sweep, tmp_path):
                                         "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"),
                           cwd=tmp_path, capture_output=True, text=True, env=ENVIRONMENT)
     check_like_basic(basic_sweep, tmp_path / "sweep", done)
+
+
+def test_report_lists_jobs_that_left_no_results(basic_sweep, tmp_path):
+    """A job whose process died before writing best.json (as a lost Ray node or a SLURM job past
+    its time leaves it: hydra's .hydra and a phaze.log) is a failed row of `phaze report`; the
+    others are merged as they are."""
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(basic_sweep[0], sweep_dir)
+    for name in ("best.json", "results.parquet", "results.csv"):
+        (sweep_dir / "1" / name).unlink()
+    rows = report.collect(sweep_dir).summary.set_index("run")
+    assert list(rows.index) == ["0", "1"] and list(rows["status"]) == ["complete", "failed"]
+    assert rows.loc["1", "reason"] == "no best.json: the job did not finish (see its phaze.log)"
+    assert rows.loc["0", "reason"] == best(sweep_dir, 0)["per_setting"][0]["reason"]
+    (sweep_dir / "1" / sweep.FAILURE).write_text("MemoryError\n")
+    assert report.collect(sweep_dir).summary.set_index("run").loc["1", "reason"] == "MemoryError"
+    done = subprocess.run([sys.executable, "-m", "phaze", "report", str(sweep_dir)], capture_output=True, text=True,
+                          env=ENVIRONMENT)
+    assert done.returncode == 0 and "MemoryError" in done.stdout
 
 
 def test_launcher_without_its_extra(tmp_path):
