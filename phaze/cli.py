@@ -7,6 +7,8 @@ wrong input prints one line, exits with code 2 and writes nothing.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -47,6 +49,20 @@ USAGE = (
     "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
     "       phaze validate FILE   (predict published measured runs and compare)"
 )
+
+
+#: The hydra launchers a sweep (`-m hydra/launcher=NAME`) can run on: the phaze extra that installs
+#: each and the modules it needs (the plugin and what it runs jobs with).
+LAUNCHERS = {
+    "basic": (None, ()),
+    "joblib": ("joblib", ("hydra_plugins.hydra_joblib_launcher._core",)),
+    "ray": ("ray", ("hydra_plugins.hydra_ray_launcher._core",)),
+    "submitit_local": ("slurm", ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "submitit")),
+    "submitit_slurm": ("slurm", ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "submitit")),
+}
+#: config.yaml's relative paths, made absolute for the launchers that run jobs elsewhere.
+_DEFAULTS = OmegaConf.to_container(OmegaConf.load(Path(__file__).parent / "conf" / "config.yaml"), resolve=False)
+DEFAULT_DIRECTORIES = {"hydra.sweep.dir": _DEFAULTS["hydra"]["sweep"]["dir"], "cache_dir": _DEFAULTS["cache_dir"]}
 
 
 def _fail(message: str) -> None:
@@ -117,6 +133,9 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
                               "for one job per value, or give a list as [a,b]")
     if parsed.help or parsed.hydra_help:
         return
+    for override in overrides:
+        if override.key_or_group == "hydra/launcher" and (error := launcher_error(override.value())):
+            raise error
     commands = [flag for flag, given in (("--run", parsed.run), ("--multirun", parsed.multirun), ("--cfg", parsed.cfg),
                                          ("--info", parsed.info), ("--shell-completion", parsed.shell_completion)) if given]
     if len(commands) > 1:
@@ -154,6 +173,48 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
                 raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
 
 
+def launcher_error(name: object) -> ConfigError | None:
+    """Why `hydra/launcher=name` cannot run here (unknown, or its extra is not installed), or None."""
+    if name not in LAUNCHERS:
+        return ConfigError(f"hydra/launcher: {name!r} is not a launcher phaze runs on; "
+                           f"one of {', '.join(LAUNCHERS)}")
+    extra, modules = LAUNCHERS[name]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            return ConfigError(f"hydra/launcher: {name} needs the phaze[{extra}] extra ({error}); "
+                               f"install it with: pip install 'phaze[{extra}]'")
+    return None
+
+
+def _quoted(value: str) -> str:
+    """A string as a quoted hydra override value (interpolations kept)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def remote_overrides(overrides: list[str], cwd: Path) -> list[str]:
+    """The overrides of a sweep whose jobs may run elsewhere (a launcher other than basic): the
+    sweep and cache directories made absolute against this directory (a job on a Ray or SLURM node
+    starts where its worker did), and for Ray no object store size, so that joining a running
+    cluster works (ray.init refuses one; hydra's Ray launcher sets one unless told)."""
+    launcher = next((o.partition("=")[2] for o in overrides if _override_key(o) == "hydra/launcher"), "basic")
+    if launcher == "basic":
+        return overrides
+    result, keys = [], {_override_key(o) for o in overrides}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if _override_key(override) in DEFAULT_DIRECTORIES and "," not in value:
+            value = value.strip("'\"")
+            override = f"{key}={_quoted(value if os.path.isabs(value) else str(cwd / value))}"
+        result.append(override)
+    result += [f"{key}={_quoted(str(cwd / default))}" for key, default in DEFAULT_DIRECTORIES.items()
+               if key not in keys and not os.path.isabs(default)]
+    if launcher == "ray" and "hydra.launcher.ray.init.object_store_memory" not in keys:
+        result.append("++hydra.launcher.ray.init.object_store_memory=null")
+    return result
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _run(cfg: DictConfig) -> None:
     try:
@@ -170,6 +231,8 @@ def _run(cfg: DictConfig) -> None:
         else:
             from phaze.modes.run_solver import run
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if multirun:  # a rerun of the job in the same directory starts without the last one's failure
+        (Path(HydraConfig.get().runtime.output_dir) / sweep.FAILURE).unlink(missing_ok=True)
     try:
         run(settings)
         SWEEP.jobs += multirun
@@ -206,7 +269,8 @@ def main() -> None:
         _fail(str(error))
     # hydra reads its flags and overrides with argparse, which takes the overrides as one run:
     # the overrides (and the mode) first, then the flags (`--help`, `--cfg job`, `-m`) wherever given.
-    sys.argv = [f"phaze-{mode}", *parsed.overrides, f"mode={mode}", *flags]
+    overrides = remote_overrides(parsed.overrides, Path.cwd()) if parsed.multirun else parsed.overrides
+    sys.argv = [f"phaze-{mode}", *overrides, f"mode={mode}", *flags]
     _run()
     if SWEEP.failures:
         print("\n".join(SWEEP.summary()), file=sys.stderr)

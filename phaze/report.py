@@ -4,7 +4,9 @@ Each run is complete, interrupted (its best.json says `"complete": false`: the b
 evaluated) or failed (a job of a sweep that stopped with an error: best.json states it). A run
 whose best.json cannot be used (truncated, not JSON, lacking fields) is skipped and listed with why
 after the table; report.csv has a row for it too (status `skipped`), so it alone accounts for every
-run under DIR. A run whose results.parquet cannot be read is summarised from best.json alone.
+run under DIR. A run whose results.parquet cannot be read is summarised from best.json alone. A
+sweep job of run_solver that left no best.json (its process or node died, or it still runs) is
+listed as failed, with its failure.txt when it wrote one, so a sweep's report names every job.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from phaze import plots, results
+from phaze import plots, results, sweep
 
 COLUMNS = {
     "run": "run",
@@ -84,6 +86,31 @@ def run_rows(run: str, best: dict) -> list[dict]:
     return [setting_row(run, best, setting) for setting in best["per_setting"]]
 
 
+def unfinished_jobs(directory: Path) -> list[Path]:
+    """The run_solver jobs under `directory` (hydra's `.hydra` in them) without a best.json."""
+    jobs = []
+    for hydra in directory.rglob(".hydra"):
+        job = hydra.parent
+        if (job / results.BEST).exists():
+            continue
+        try:
+            overrides = (hydra / "overrides.yaml").read_text().splitlines()
+        except OSError:
+            continue
+        if "- mode=run_solver" in overrides:
+            jobs.append(job)
+    return sorted(jobs, key=sweep.job_order)
+
+
+def unfinished_row(run: str, job: Path) -> dict:
+    """A job that wrote no best.json: why it failed if it said so, else that it did not finish."""
+    try:
+        why = (job / sweep.FAILURE).read_text().strip()
+    except OSError:
+        why = f"no {results.BEST}: the job did not finish (see its phaze.log)"
+    return {"run": run, "status": "failed", "feasible": False, "reason": why}
+
+
 @dataclass(frozen=True)
 class Collected:
     """What `phaze report` found under a directory."""
@@ -119,6 +146,7 @@ def collect(directory: Path) -> Collected:
             continue
         if len(table):
             tables.append(table.assign(run=run, model=best.get("model")))
+    rows += [unfinished_row(str(job.relative_to(directory)), job) for job in unfinished_jobs(directory)]
     return Collected(pd.DataFrame(rows, columns=list(COLUMNS)), pd.concat(tables) if tables else pd.DataFrame(),
                      tuple(notes))
 
