@@ -14,14 +14,26 @@ def main() -> None:
             from phaze.cli import main as command
         command()
     except KeyboardInterrupt as stop:
-        interrupt.ignore()
-        # A KeyboardInterrupt raised in code run by exec() (a dataclass being defined) leaves CPython's
-        # "unhandled interrupt" mark set, which would end the process by SIGINT instead of the
-        # status below; a successful exec() clears the mark.
-        exec("pass")
-        where = f": {stop}" if str(stop) else ""
-        print(f"phaze: interrupted{where}; rerun the same command to resume from the caches", file=sys.stderr)
-        sys.exit(interrupt.EXIT_CODE)
+        stopped(stop)
+    except (Exception, SystemExit) as error:
+        # After a signal, an error is the KeyboardInterrupt a library's clean-up turned into another
+        # (argparse's, half-way through parsing); phaze's own exits (130, 0) pass.
+        deliberate = isinstance(error, SystemExit) and error.code in (0, None, interrupt.EXIT_CODE)
+        if deliberate or not interrupt.received():
+            raise
+        stopped(KeyboardInterrupt())
+
+
+def stopped(stop: KeyboardInterrupt) -> None:
+    """One line and status 130."""
+    interrupt.ignore()
+    # A KeyboardInterrupt raised in code run by exec() (a dataclass being defined) leaves CPython's
+    # "unhandled interrupt" mark set, which would end the process by SIGINT instead of the
+    # status below; a successful exec() clears the mark.
+    exec("pass")
+    where = f": {stop}" if str(stop) else ""
+    print(f"phaze: interrupted{where}; rerun the same command to resume from the caches", file=sys.stderr)
+    sys.exit(interrupt.EXIT_CODE)
 
 
 if __name__ == "__main__":

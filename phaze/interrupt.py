@@ -16,14 +16,28 @@ class Interrupted(KeyboardInterrupt):
     """A run stopped by the user after writing what was done; the message says where."""
 
 
+#: Signals taken so far: a library that turns the KeyboardInterrupt into another error (argparse's
+#: clean-up failing half-way) still ends the command as interrupted (`received`).
+_RECEIVED: list[int] = []
+
+
 def _raise(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
     raise KeyboardInterrupt
+
+
+def received() -> bool:
+    """Whether SIGINT or SIGTERM has arrived since `install`."""
+    return bool(_RECEIVED)
 
 
 def install() -> None:
     """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does (a batch system's stop
-    then writes the files too). A SIGINT the parent ignores (`nohup`, `&`) stays ignored."""
+    then writes the files too); both are recorded (`received`). A SIGINT the parent ignores
+    (`nohup`, `&`) stays ignored."""
     signal.signal(signal.SIGTERM, _raise)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise)
 
 
 def ignore() -> None:

@@ -218,3 +218,20 @@ def test_interrupt_while_phaze_starts_exits_130_with_one_line(tmp_path, number):
         assert process.returncode == 130, (delay, errors)
         assert errors.strip().splitlines()[-1].startswith("phaze: interrupted"), (delay, errors)
         assert not any(sign in errors for sign in ("Traceback", "terminate called", "Fatal Python error")), errors
+
+
+def test_a_signal_a_library_turns_into_another_error_still_exits_130(tmp_path):
+    """argparse's clean-up fails half-way when the KeyboardInterrupt lands inside it (AttributeError
+    '_StoreAction' object has no attribute 'save_nargs'): still one line and 130, not a traceback."""
+    script = ("import os, signal\nimport phaze.__main__ as entry, phaze.cli as cli\n"
+              "def parse():\n    try:\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    finally:\n        raise AttributeError('save_nargs')\n"
+              "cli.main = parse\nentry.main()\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+    assert run.returncode == 130 and run.stderr.strip().splitlines() == [
+        "phaze: interrupted; rerun the same command to resume from the caches"]
+    failing = script.replace("os.kill(os.getpid(), signal.SIGTERM)", "pass")  # no signal: the error is real
+    run = subprocess.run([sys.executable, "-c", failing], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+    assert run.returncode == 1 and "AttributeError: save_nargs" in run.stderr
