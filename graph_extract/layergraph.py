@@ -146,7 +146,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     layers = []
     for layer_id in graph.layers:
         nodes = graph.layer_nodes(layer_id)
-        weights = weight_sizes(nodes)
+        weights, experts = weight_sizes(nodes), _expert_weights(nodes)
         saved = {key: size for node in nodes for key, size in saved_tensors(node, graph)}
         inputs = {source: size for (_, dest), sizes in crossing.items() if dest == layer_id for source, size in sizes.items()}
         name = _layer_name(nodes)
@@ -167,8 +167,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 forward_flops=sum(node.flops for node in nodes),
                 forward_collective_bytes=_collective_bytes(nodes, "forward"),
                 backward_collective_bytes=_collective_bytes(nodes, "backward"),
-                expert_parameter_bytes=sum(size for name, size in weights.items()
-                                           if name in _expert_weights(nodes)) * dtype_bytes,
+                expert_parameter_bytes=sum(size for name, size in weights.items() if name in experts) * dtype_bytes,
                 all_to_all_bytes=tuple(node.output_bytes for node in nodes if node.kind == "alltoall"),
             )
         )

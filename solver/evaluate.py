@@ -323,8 +323,7 @@ def fixed_baseline(job: Job, graphs_by_width, chip: Chip, costs: LayerCosts,
             result = None if time is None else PlacementResult((), fixed.data_parallel_degree,
                                                                 fixed.tensor_parallel_width, time, recompute=recompute)
         else:
-            experts = max(e for e in job.expert_parallel_widths if fixed.data_parallel_degree % e == 0) \
-                if any(fixed.data_parallel_degree % e == 0 for e in job.expert_parallel_widths) else 1
+            experts = max((e for e in job.expert_parallel_widths if fixed.data_parallel_degree % e == 0), default=1)
             steps = training_steps(job, graphs, chip.hbm_bandwidth, memory, recompute, experts)
             result, why = fixed_megatron(steps[fixed.tensor_parallel_width], fixed.pipeline_stages,
                                          fixed.data_parallel_degree)
