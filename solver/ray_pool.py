@@ -24,8 +24,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from graph_extract.serialize import new_warning
 from phaze.progress import Progress, mark_worker
+from solver.workers import log_worker_record
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,9 @@ class RayPool:
         handler = signal.getsignal(signal.SIGTERM)  # ray.init sets its own; the run's stays
         try:
             if self._temporary is not None:
-                ray.init(num_cpus=os.cpu_count() if processes == -1 else processes, _temp_dir=self._temporary, include_dashboard=False, log_to_driver=False,
-                         object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.ERROR)
+                ray.init(num_cpus=os.cpu_count() if processes == -1 else processes, _temp_dir=self._temporary,
+                         include_dashboard=False, log_to_driver=False, object_store_memory=OBJECT_STORE_BYTES,
+                         logging_level=logging.ERROR)
             elif self._connected:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         except (ConnectionError, RuntimeError) as error:
@@ -182,7 +183,8 @@ class RayPool:
                         self._replace(position)
                         submit(index, position)
                         continue
-                    self._log(records)
+                    for record in records:
+                        log_worker_record(record)
                     self._store(writes)
                     found[index] = value
                     progress.advance(len(chunks[index]))
@@ -197,14 +199,6 @@ class RayPool:
 
         ray.kill(self._actors[position], no_restart=True)
         self._actors[position] = self._new_actor()
-
-    @staticmethod
-    def _log(records: list[logging.LogRecord]) -> None:
-        """An actor's log records, logged here (a warning only once)."""
-        for record in records:
-            if record.levelno < logging.WARNING or new_warning(record.getMessage()):
-                record.msg = f"{record.processName}: {record.msg}"
-                logging.getLogger(record.name).handle(record)
 
     def _remove_temporary(self) -> None:
         if self._temporary is not None:

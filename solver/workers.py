@@ -26,6 +26,14 @@ from phaze.progress import mark_worker
 DRIVER_CHECK = 5.0
 
 
+def log_worker_record(record: logging.LogRecord) -> None:
+    """Log here a record a worker (a process or a Ray actor) sent back, named after it; a warning whose
+    text was given already is dropped."""
+    if record.levelno < logging.WARNING or new_warning(record.getMessage()):
+        record.msg = f"{record.processName}: {record.msg}"
+        logging.getLogger(record.name).handle(record)
+
+
 class _ToDriver(logging.handlers.QueueHandler):
     """Puts a worker's log records on the results queue, under the key None."""
 
@@ -93,9 +101,7 @@ class WorkerPool:
                     raise RuntimeError("a worker process died") from None
                 continue
             if key is None:  # a worker's log record: logged here, a warning only once
-                if value.levelno < logging.WARNING or new_warning(value.getMessage()):
-                    value.msg = f"{value.processName}: {value.msg}"
-                    logging.getLogger(value.name).handle(value)
+                log_worker_record(value)
                 continue
             call, index = key
             if call != self._calls:
