@@ -8,28 +8,20 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from phaze import report, sweep
 from tests.conftest import TINY
+from tests.ray_cluster import free_port, head_port_flags, stop_process_group
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SMALL = [*TINY, "candidate_sample=4", "n_jobs=1", "schedule.backend=heuristic"]
 ENVIRONMENT = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
 RAY = Path(sys.executable).parent / "ray"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +35,7 @@ def ray_cluster(tmp_path_factory):
     token.write_text(secrets.token_hex(32))
     environment = {**ENVIRONMENT, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     port = free_port()
-    ports = [f"--{name}={free_port()}" for name in ("ray-client-server-port", "dashboard-port",
-                                                     "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                     "runtime-env-agent-port", "metrics-export-port")]
+    ports = head_port_flags()
     start = subprocess.Popen(
         [str(RAY), "start", "--head", f"--port={port}", f"--temp-dir={temporary}", "--num-cpus=2",
          "--include-dashboard=false", "--disable-usage-stats", *ports],
@@ -56,12 +46,7 @@ def ray_cluster(tmp_path_factory):
         assert start.returncode == 0, output
         yield f"127.0.0.1:{port}", environment
     finally:  # the cluster's processes are all in the session `ray start` opened
-        for stop in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(start.pid, stop)
-            except ProcessLookupError:
-                break
-            time.sleep(2)
+        stop_process_group(start.pid, pause=2)
 
 
 def sweep_command(tmp_path, name, *overrides):

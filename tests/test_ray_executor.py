@@ -25,6 +25,7 @@ import pytest
 
 from phaze import results
 from tests.conftest import TINY
+from tests.ray_cluster import free_port, head_port_flags, stop_process_group
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).with_name("ray")
@@ -54,12 +55,6 @@ NO_RAY = textwrap.dedent("""
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     sys.meta_path.insert(0, NoRay())
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _read(path: Path) -> bytes:
@@ -129,9 +124,7 @@ def cluster(tmp_path_factory):
     token = folder / "auth_token"  # a token of its own, not the user's ~/.ray/auth_token
     token.write_text(secrets.token_hex(32))
     port = free_port()
-    ports = [f"--{name}={free_port()}" for name in ("ray-client-server-port", "dashboard-agent-listen-port",
-                                                     "dashboard-agent-grpc-port", "runtime-env-agent-port",
-                                                     "metrics-export-port")]
+    ports = head_port_flags()
     joining = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     environment = {**os.environ, **joining, "PYTHONPATH": f"{folder / 'audit'}{os.pathsep}{REPOSITORY}",
                    "PHAZE_TEST_FORBIDDEN": str(forbidden), "PHAZE_TEST_TOUCHED": str(touched)}
@@ -156,12 +149,7 @@ def cluster(tmp_path_factory):
         yield {"address": f"127.0.0.1:{port}", "forbidden": forbidden, "touched": touched,
                "environment": joining}
     finally:
-        for number in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(head.pid, number)
-            except ProcessLookupError:
-                break
-            time.sleep(3)
+        stop_process_group(head.pid, pause=3)
         head.wait(timeout=30)
         shutil.rmtree(temporary, ignore_errors=True)
 
