@@ -1,8 +1,8 @@
 """CPU time of the placement search on GPT-like chains of 96 blocks, widths 1, 2, 4, 8, 1,024 devices.
 
-1. The original's model (`system=original`, its JSON interface): the 97-layer chain of
-   shared/reference/placement/README.md §4 (GPT-3-6.7B-like blocks, h=4096, 32 heads, sequence
-   2048, micro-batch 8, vocabulary 50257, 100 TFLOP/s, 4 GiB/s), 512 micro-batches; 32 GiB per
+1. The original's model (`system=original`, its JSON interface): a 97-layer chain of an embedding
+   and 96 GPT-3-6.7B-like blocks (h=4096, 32 heads, sequence 2048, micro-batch 8, vocabulary 50257,
+   100 TFLOP/s, 4 GiB/s, the original program's benchmark case), 512 micro-batches; 32 GiB per
    device or memory that never binds, recomputation off or on.
 2. The training-step model (the default): GPT-3 175B (h=12288, 96 heads, sequence 2048,
    micro-batch 1, vocabulary 51200, 1,536 samples per batch) as embedding + 96 blocks + head,
@@ -20,10 +20,12 @@ import argparse
 import statistics
 import time
 
-from phaze.settings import system_cluster
+from graph_extract import KernelOptions
+from hardware import Cluster, Group, cluster
+from solver.layout import Layout
 from solver.placement.jsonio import solve_document
 from solver.placement.search import best_placement
-from solver.training_step import RECOMPUTE_MODES, Cluster, Device, StepGraph, StepLayer, Training, TrainingStep
+from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, StepLayer, TrainingOptions, TrainingStep
 
 GIB = 1024**3
 HIDDEN, HEADS, SEQUENCE, MICRO_BATCH, VOCABULARY = 4096, 32, 2048, 8, 50257
@@ -33,7 +35,7 @@ FLOPS_PER_SECOND, LINK_BYTES_PER_SECOND = 100e12, 4 * GIB
 def allreduce_ms(width: int, tokens_hidden: int) -> float:
     """One Megatron all-reduce of the activations over `width` devices on the flat link, in ms."""
     link = Cluster.build("original", width, 1, [dict(bandwidth=LINK_BYTES_PER_SECOND)])
-    return link.all_reduce(width, 1).scalar(tokens_hidden * 2) * 1000
+    return link.all_reduce(Group(width, 1)).scalar(tokens_hidden * 2) * 1000
 
 
 def layer_nodes(blocks: int, width: int) -> list[dict]:
@@ -137,13 +139,12 @@ def main() -> None:
         for memory_name, memory in (("80 GiB", 80 * GIB), ("never binds", 1e30)):
             device, total, lines = Device(memory, 2.039e12), 0.0, []
             for mode in RECOMPUTE_MODES:
-                steps = {width: TrainingStep(graph, system_cluster(system, 1024), Training(), device, 1536, mode)
-                         for width, graph in graphs.items()}
+                steps = [TrainingStep(graph, cluster(system, 1024), TrainingOptions(), KernelOptions(), device, 1536,
+                                      mode, Layout(width))
+                         for width, graph in sorted(graphs.items())]
                 seconds, result = cpu_seconds(lambda: best_placement(steps), args.repeats)
                 total += seconds
-                lines.append(f"{mode} t={result.tensor_parallel_width} d={result.data_parallel_degree} "
-                             f"p={len(result.stages)} v={result.virtual_stages} {result.time_per_batch:.3f} "
-                             f"({seconds:.2f})")
+                lines.append(f"{mode} {result.layout.text()} {result.time_per_batch:.3f} ({seconds:.2f})")
             print(f"{system:>10} {memory_name:>12} {total:7.3f}  " + "; ".join(lines))
 
 

@@ -1,5 +1,6 @@
-"""Stage 2 of phaze: the accelerator template and candidate space, the area model, operator
-classification and fusion, and vectorised latency/energy estimates with a persistent cache."""
+"""Stage 2 of phaze: the candidate space of the template chip (hardware.AcceleratorConfig), operator
+classification and fusion, vectorised latency/energy estimates with a persistent cache, and the
+roofline of a known chip."""
 
 from estimator.cache import TC_MODEL_VERSION
 
@@ -7,8 +8,6 @@ from estimator.cache import TC_MODEL_VERSION
 #: of the key of every value computed from them. Bump when an estimate of the same inputs changes.
 MODEL_VERSION = (TC_MODEL_VERSION, 2)
 
-from estimator.accelerator import AcceleratorConfig, CoreConfig, EnergyCosts, accelerator_names, named_accelerator
-from estimator.area import area_um2
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
 from estimator.space import CandidateSpace, candidate_space
@@ -20,10 +19,7 @@ from estimator.workload import (FusedEstimate, FusedLayer, PreparedLayer, defaul
 
 __all__ = [
     "MODEL_VERSION",
-    "AcceleratorConfig",
     "CandidateSpace",
-    "CoreConfig",
-    "EnergyCosts",
     "EstimateTable",
     "FusedEstimate",
     "FusedGraph",
@@ -35,8 +31,6 @@ __all__ = [
     "PreparedLayer",
     "VectorTerm",
     "Work",
-    "accelerator_names",
-    "area_um2",
     "candidate_space",
     "core_type",
     "default_cache_dir",
@@ -45,7 +39,6 @@ __all__ = [
     "fuse_layers",
     "gemm_cost",
     "layer_workload",
-    "named_accelerator",
     "op_work",
     "prepare_layer",
     "prepopulate",

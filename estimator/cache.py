@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from estimator.accelerator import CoreConfig
+from common.files import read_cache_file, temporary_file
+from common.log import warn_once
 from estimator.tc_model import GemmCost, MemorySystem
-from graph_extract.serialize import read_cache_file, temporary_file, warn_once
+from hardware import CoreConfig
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
 TC_MODEL_VERSION = 1

@@ -14,8 +14,8 @@ elementwise operators), each group one kernel. Forward, a group takes
 Backward, a GEMM gives its data- and weight-gradient GEMMs (as many FLOPs each as forward) and a
 group moves twice its forward bytes (it reads the output gradient and what it saved, and writes the
 input gradient). Collectives take no time here: the training-step model charges them on the
-cluster. With sequence parallelism, operators replicated over the tensor-parallel group move 1/t of
-their bytes. Simplifications: vector arithmetic is never the bound, caches do not keep tensors
+cluster. The operators the kernel options split (sequence parallelism: those replicated over the
+tensor-parallel group) move 1/t of their bytes. Simplifications: vector arithmetic is never the bound, caches do not keep tensors
 between kernels, and a kernel costs nothing to launch.
 """
 
@@ -25,12 +25,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
-from graph_extract.regions import replicated_outputs
 
 from estimator.fusion import FusedOp, fuse_layers
-from estimator.known import KnownChip
 from estimator.work import BACKWARD, FORWARD, Gemm, op_work
+from hardware import KnownChip
 
 #: Output tile of a GEMM kernel (rows x columns), for the wave quantisation.
 TILE = 128
@@ -77,12 +77,12 @@ def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, spl
     return max(compute, moved / (chip.hbm_bandwidth * chip.memory_efficiency))
 
 
-def layer_times(graph: OpGraph, layer: int, chip: KnownChip, sequence_parallel: bool,
+def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOptions,
                 core: frozenset[int] = frozenset()) -> LayerTimes:
     """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip`."""
     width = graph.tensor_parallel_width
-    replicated = replicated_outputs(graph) if sequence_parallel and width > 1 else ()
-    split = [1.0 / width if replicated and replicated[node.id] else 1.0 for node in graph.nodes]
+    divided = kernels.split_operators(graph)
+    split = [1.0 / width if divided and divided[node.id] else 1.0 for node in graph.nodes]
     (fused,) = fuse_layers(graph, (layer,))
     forward = [op_seconds(graph, op, FORWARD, chip, split) for op in fused.ops]
     backward = [op_seconds(graph, op, BACKWARD, chip, split) for op in fused.ops]

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cache
+from pathlib import Path
 
 import numpy as np
+
+from common.checks import InputError
 from omegaconf import OmegaConf
 
-from estimator.accelerator import ARCH_CONFIGS, DEFAULT_BUDGET, AcceleratorConfig, CoreConfig, named_accelerator
-from estimator.area import MIB, area_um2
+from hardware import DEFAULT_BUDGET, MIB, AcceleratorConfig, CoreConfig, area_um2, named_accelerator
+
+#: The candidate space's dimensions and the budget's rules (data).
+CANDIDATE_SPACE = Path(__file__).resolve().parent.parent / "arch_configs" / "candidate_space.yaml"
 
 
 
@@ -62,7 +67,7 @@ class CandidateSpace(Sequence[AcceleratorConfig]):
 
 
 def _loops() -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ARCH_CONFIGS / "candidate_space.yaml"))
+    return OmegaConf.to_container(OmegaConf.load(CANDIDATE_SPACE))
 
 
 @cache
@@ -83,7 +88,7 @@ def candidate_space(template: AcceleratorConfig | None = None, area_budget: floa
     floor = np.where((num_tc == 1) | (num_vc == 1), 0.0, loops["min_area_fraction"]) * budget
     keep = (area <= budget) & (area >= floor)
     if not keep.any():
-        raise ValueError(f"area_budget: {budget:,.2f} µm² admits no accelerator configuration; "
+        raise InputError(f"area_budget: {budget:,.2f} µm² admits no accelerator configuration; "
                          f"the smallest candidate needs {area.min():,.2f} µm²")
     columns = dict(num_tc=num_tc, num_vc=num_vc, width=width, depth=depth, glb_bytes=glb_bytes, area=area)
     return CandidateSpace(template, budget, {name: column[keep] for name, column in columns.items()})

@@ -35,7 +35,7 @@ from functools import cached_property
 
 import numpy as np
 
-from estimator.accelerator import DEFAULT_BUDGET, AcceleratorConfig, named_accelerator
+from hardware import DEFAULT_BUDGET, AcceleratorConfig, named_accelerator
 
 REGISTER_WORDS = 32
 

@@ -13,15 +13,19 @@ from pathlib import Path
 
 import numpy as np
 
+from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
-from graph_extract.regions import replicated_outputs
 
-from estimator.accelerator import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
+#: The kernels of the estimator's own API (`estimate`, `layer_workload` without options): no sequence
+#: parallelism, every operator on all its tokens.
+PLAIN_KERNELS = KernelOptions(sequence_parallel=False)
+
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_layers
 from estimator.space import CandidateSpace, candidate_space
 from estimator.table import EstimateTable
 from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
+from hardware import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,12 @@ class PreparedLayer:
 
     An operator's latency is max(tensor-core cycles, vector-core cycles) / clock (a fused epilogue
     streams the GEMM's output tiles, so the two overlap). Collectives take no time here: the
-    training-step model charges them on the cluster's links. With `sequence_parallel`, the vector
-    work of operators replicated over the tensor-parallel group is divided by the width.
+    training-step model charges them on the cluster's links. The vector work of the operators the
+    kernel options split (`KernelOptions.split_operators`: sequence parallelism) is divided by the width.
     """
 
     def __init__(self, graph: OpGraph, fused: FusedGraph, direction: str, table: EstimateTable,
-                 sequence_parallel: bool = False) -> None:
+                 kernels: KernelOptions = PLAIN_KERNELS) -> None:
         if direction not in DIRECTIONS:
             raise ValueError(f"direction: must be 'forward' or 'backward', got {direction!r}")
         last = len(fused.ops) - 1
@@ -88,7 +92,7 @@ class PreparedLayer:
         self.layer, self.direction, self.table = fused.layer, direction, table
         self.ops = fused.ops[::-1] if backward else fused.ops
         self.edges = tuple(sorted((last - b, last - a) for a, b in fused.edges)) if backward else fused.edges
-        split = replicated_outputs(graph) if sequence_parallel else ()
+        split = kernels.split_operators(graph)
         self.works = tuple(fused_work(graph, op, direction, split) for op in self.ops)
         table.fill((g.n, g.c, g.k) for work in self.works for g in work.gemms)
         shape = (len(self.ops), len(table.tc_cores))
@@ -162,23 +166,23 @@ def default_table(accelerator: AcceleratorConfig, cache_dir: Path | str | None =
 
 
 def prepare_layer(graph: OpGraph, layer: int, direction: str, table: EstimateTable,
-                  sequence_parallel: bool = False) -> PreparedLayer:
-    """The prepared layer, fused and derived once per (graph, layer, direction, option) and table."""
-    key = (layer, direction, sequence_parallel)
+                  kernels: KernelOptions = PLAIN_KERNELS) -> PreparedLayer:
+    """The prepared layer, fused and derived once per (graph, layer, direction, kernels) and table."""
+    key = (layer, direction, kernels)
     prepared = table.prepared_layer(graph, key)
     if prepared is None:
         if layer not in graph.layers:
             raise ValueError(f"layer: {layer!r} is not a layer of the graph; layers: {graph.layers}")
         (fused,) = fuse_layers(graph, (layer,))
-        prepared = table.keep_prepared_layer(graph, key, PreparedLayer(graph, fused, direction, table, sequence_parallel))
+        prepared = table.keep_prepared_layer(graph, key, PreparedLayer(graph, fused, direction, table, kernels))
     return prepared
 
 
 def layer_workload(op_graph: OpGraph, layer: int, direction: str, accelerator: AcceleratorConfig,
-                   table: EstimateTable | None = None, sequence_parallel: bool = False) -> FusedLayer:
+                   table: EstimateTable | None = None, kernels: KernelOptions = PLAIN_KERNELS) -> FusedLayer:
     """The fused operators of `layer` in `direction` priced for `accelerator` (see `FusedLayer`)."""
     table = table or default_table(accelerator)
-    return prepare_layer(op_graph, layer, direction, table, sequence_parallel).on(accelerator)
+    return prepare_layer(op_graph, layer, direction, table, kernels).on(accelerator)
 
 
 def _graph_and_layers(model: object) -> tuple[OpGraph, tuple[int, ...]]:
@@ -200,7 +204,7 @@ def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = N
     `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
     budget accelerator and technology (default TPUv4-like); `area_budget` [µm²]: default the
     template's area; `cache_dir`: where estimates persist (default `default_cache_dir()`); what is
-    cached is loaded, the rest computed (`progress`: with `phaze.progress`).
+    cached is loaded, the rest computed (`progress`: with `common.progress`).
     """
     template = template or named_accelerator(DEFAULT_BUDGET)
     table = EstimateTable(template, candidate_space(template, area_budget).tc_cores,

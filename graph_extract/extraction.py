@@ -12,20 +12,20 @@ from pathlib import Path
 import torch
 
 from graph_extract import factory
+from common.checks import InputError
+from common.files import atomic_write, read_cache_file
+from common.log import warn_once
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.regions import attention_core
 from graph_extract.repeats import repeat_groups as find_repeat_groups
 from graph_extract.serialize import (
     FORMAT_VERSION,
-    atomic_write,
     dumps,
     layer_graph_from_dict,
     layer_graph_to_dict,
     op_graph_from_dict,
     op_graph_to_dict,
-    read_cache_file,
-    warn_once,
 )
 from graph_extract.trace import TRAINING_DTYPE_BYTES, to_op_graph, trace
 from graph_extract.transformer import TransformerModel, example_inputs
@@ -82,27 +82,27 @@ def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[
 
 
 def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: object, width: object) -> None:
-    """Raise ValueError naming the field when the request cannot be extracted."""
+    """Raise InputError naming the field when the request cannot be extracted."""
     for field, value in (("micro_batch_size", micro_batch_size), ("sequence_length", sequence_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{field}: must be a positive integer, got {value!r}")
+            raise InputError(f"{field}: must be a positive integer, got {value!r}")
     if sequence_length > spec.max_position_embeddings:
-        raise ValueError(
+        raise InputError(
             f"sequence_length: {spec.name} supports at most {spec.max_position_embeddings}, got {sequence_length}"
         )
     if isinstance(width, bool) or not isinstance(width, int) or width <= 0 or width & (width - 1):
-        raise ValueError(f"tensor_parallel_width: must be a power of two, got {width!r}")
+        raise InputError(f"tensor_parallel_width: must be a power of two, got {width!r}")
     valid = valid_tensor_parallel_widths(spec, width)
     if width not in valid and spec.factory is not None and not factory.takes_width(spec.factory):
-        raise ValueError(f"tensor_parallel_width: {width}, but {spec.factory} takes no tensor_parallel_width (it "
-                         "builds no shards); valid: 1")
+        raise InputError(f"tensor_parallel_width: {width}, but {spec.factory} takes no tensor_parallel_width (it "
+                         "builds no shards); allowed: 1")
     if spec.num_heads % width == 0 and not _kv_heads_allow(spec, width):
-        raise ValueError(
+        raise InputError(
             f"tensor_parallel_width: {width} and the {spec.kv_heads} key/value heads of {spec.name} do not divide "
-            f"one another; valid: {', '.join(map(str, valid))}"
+            f"one another; allowed: {', '.join(map(str, valid))}"
         )
     if width not in valid:
-        raise ValueError(
+        raise InputError(
             f"tensor_parallel_width: {width} does not divide the {spec.num_heads} heads of {spec.name}; "
             f"valid: {', '.join(map(str, valid))}"
         )

@@ -59,8 +59,9 @@ class Layer:
     all_to_all_bytes: tuple[int, ...] = ()
 
     @property
-    def recomputable(self) -> bool:
-        """Whether activation recomputation applies (Megatron checkpoints transformer blocks only)."""
+    def is_block(self) -> bool:
+        """A transformer block: what recomputation re-runs (Megatron checkpoints blocks only) and what
+        a pipeline's chunks split."""
         return self.kind == "block"
 
 

@@ -12,6 +12,45 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from common.checks import InputError, boolean, choice, is_integer, is_number, positive_integer, text
+
+#: The values a ModelSpec text field takes.
+CHOICES = {
+    "norm": ("layernorm", "rmsnorm"),
+    "norm_position": ("pre", "post"),
+    "activation": ("gelu", "gelu_tanh", "relu", "swiglu"),
+    "position_embedding": ("learned", "rotary"),
+    "head": ("lm", "pooler", "bert_pretraining"),
+}
+#: Integer fields that may be zero.
+MAY_BE_ZERO = ("position_offset", "token_types")
+#: Largest integer field (layers, widths, heads, vocabulary, positions).
+MAX_MODEL_SIZE = 16_777_216
+
+
+def _check_field(field: dataclasses.Field, value: object) -> None:
+    """One field's type and range (InputError naming it)."""
+    name = field.name
+    if name in CHOICES:
+        choice(name, value, CHOICES[name])
+    elif field.type == "bool":
+        boolean(name, value)
+    elif name == "capacity_factor":
+        if not is_number(value) or value <= 0:
+            raise InputError(f"{name}: must be a number > 0 (an expert's token slots over its even share), "
+                             f"got {value!r}")
+    elif field.type == "float":
+        if not is_number(value) or not 0 <= value < 1:
+            raise InputError(f"{name}: must be a number in [0, 1), got {value!r}")
+    elif field.type in ("str", "str | None"):
+        if value is not None or field.type == "str":
+            text(name, value)
+    elif name in MAY_BE_ZERO:
+        if not is_integer(value) or not 0 <= value <= MAX_MODEL_SIZE:
+            raise InputError(f"{name}: must be an integer from 0 to {MAX_MODEL_SIZE:,}, got {value!r}")
+    elif not (field.type == "int | None" and value is None):
+        positive_integer(name, value, MAX_MODEL_SIZE)
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -58,33 +97,41 @@ class ModelSpec:
     factory: str | None = None
 
     def __post_init__(self) -> None:
+        """Every field checked (a spec built in code is held to the rules a config file is): one
+        InputError naming the field."""
+        for item in dataclasses.fields(self):
+            _check_field(item, getattr(self, item.name))
+        if self.kv_channels is None and self.hidden_size % self.num_heads:
+            raise InputError(f"num_heads: {self.num_heads} heads do not divide hidden_size={self.hidden_size}; "
+                             f"allowed: a divisor of {self.hidden_size}")
+        if self.position_embedding == "rotary" and self.head_dim % 2:
+            raise InputError(f"num_heads: rotary positions need an even head size, got hidden_size / num_heads = "
+                             f"{self.hidden_size} / {self.num_heads} = {self.head_dim}")
         self._check_experts()
-        if self.kv_channels is not None and (isinstance(self.kv_channels, bool) or not isinstance(self.kv_channels, int)
-                                             or self.kv_channels <= 0 or self.kv_channels % 2):
-            raise ValueError(f"kv_channels: must be a positive even integer (the width of a head) or null, "
+        if self.kv_channels is not None and self.kv_channels % 2:
+            raise InputError(f"kv_channels: must be a positive even integer (the width of a head) or null, "
                              f"got {self.kv_channels!r}")
         if self.num_kv_heads is None:
             return
-        if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads={self.num_heads}; "
+        if self.num_heads % self.num_kv_heads:
+            raise InputError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads={self.num_heads}; "
                              f"allowed: a divisor of {self.num_heads}, or null (one per query head)")
         if self.fused_qkv and self.num_kv_heads != self.num_heads:
-            raise ValueError(f"num_kv_heads: {self.num_kv_heads} key/value heads for {self.num_heads} query heads "
+            raise InputError(f"num_kv_heads: {self.num_kv_heads} key/value heads for {self.num_heads} query heads "
                              "need separate Q, K, V projections; set fused_qkv false")
 
     def _check_experts(self) -> None:
         if self.num_experts is None:
             return
-        if isinstance(self.num_experts, bool) or not isinstance(self.num_experts, int) or self.num_experts < 2:
-            raise ValueError(f"num_experts: must be an integer >= 2 (or null for a dense MLP), got {self.num_experts!r}")
+        if self.num_experts < 2:
+            raise InputError(f"num_experts: must be an integer >= 2 (or null for a dense MLP), got {self.num_experts!r}")
         k = self.experts_per_token
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.num_experts:
-            raise ValueError(f"experts_per_token: {k!r} with num_experts={self.num_experts}; "
+        if not 1 <= k <= self.num_experts:
+            raise InputError(f"experts_per_token: {k!r} with num_experts={self.num_experts}; "
                              f"allowed: an integer in [1, {self.num_experts}]")
-        factor = self.capacity_factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= self.num_experts / k:
-            raise ValueError(f"capacity_factor: must be in (0, {self.num_experts / k:g}] (num_experts / "
-                             f"experts_per_token), got {factor!r}")
+        if not self.capacity_factor <= self.num_experts / k:
+            raise InputError(f"capacity_factor: must be in (0, {self.num_experts / k:g}] (num_experts / "
+                             f"experts_per_token), got {self.capacity_factor!r}")
 
     @property
     def head_dim(self) -> int:
@@ -113,7 +160,7 @@ class ModelSpec:
         """A copy with some fields replaced (e.g. fewer layers for a quick run)."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ValueError(f"model: unknown field(s) {sorted(unknown)}")
+            raise InputError(f"model: unknown field(s) {sorted(unknown)}")
         return dataclasses.replace(self, **overrides)
 
 
@@ -238,5 +285,5 @@ def get_spec(model: str | ModelSpec) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if model not in ZOO:
-        raise ValueError(f"model: unknown {model!r}; valid: {', '.join(MODELS)}")
+        raise InputError(f"model: unknown {model!r}; allowed: {', '.join(MODELS)}")
     return ZOO[model]

@@ -23,17 +23,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.checks import InputError
 from phaze import interrupt, sweep
-from phaze.settings import (
-    MODES,
-    ConfigError,
-    config_key_error,
-    config_schema,
-    model_name_error,
-    override_key_error,
-    settings_from_config,
-    system_name_error,
-)
+from phaze.config_keys import (config_key_error, config_schema, model_name_error, override_key_error,
+                               system_name_error)
+from phaze.settings import MODES, settings_from_config
 from phaze.sweep import Infeasible
 
 #: This process's token in its run directory's name (`${run_token:}` in hydra.run.dir and
@@ -42,8 +36,6 @@ from phaze.sweep import Infeasible
 RUN_TOKEN = secrets.token_hex(4)
 OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN, use_cache=True, replace=True)
 
-#: The jobs of this process's `-m` sweep that ended without a result (listed at the end, exit 1).
-SWEEP = sweep.Sweep()
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
     "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
@@ -71,14 +63,14 @@ def _fail(message: str) -> None:
 
 
 def _argument_error(message: str) -> None:
-    """argparse's error (an unknown flag, a flag's bad value) as a one-line ConfigError."""
+    """argparse's error (an unknown flag, a flag's bad value) as a one-line InputError."""
     if message.startswith("unrecognized arguments: "):
         flag = message.removeprefix("unrecognized arguments: ").split()[0]
-        raise ConfigError(f"{flag}: unknown option; phaze <mode> --help lists the options")
+        raise InputError(f"{flag}: unknown option; phaze <mode> --help lists the options")
     if message.startswith("argument "):
         flags, _, problem = message.removeprefix("argument ").partition(": ")
-        raise ConfigError(f"{flags.split('/')[0]}: {problem}")
-    raise ConfigError(f"arguments: {message}")
+        raise InputError(f"{flags.split('/')[0]}: {problem}")
+    raise InputError(f"arguments: {message}")
 
 
 def split_command_line(arguments: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -101,18 +93,18 @@ def _override_key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~").partition("@")[0]
 
 
-def _composition_error(job: list[str], schema: dict, error: Exception) -> ConfigError:
+def _composition_error(job: list[str], schema: dict, error: Exception) -> InputError:
     """A hydra composition error as one line naming the key of the override that caused it."""
     for override in job:
         if problem := override_key_error(_override_key(override), schema):
             return problem
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     named = [_override_key(o) for o in job if _override_key(o) in str(error)]  # hydra quotes the key
-    return ConfigError(f"{max(named, key=len, default='config')}: {' '.join(lines[:2])}")
+    return InputError(f"{max(named, key=len, default='config')}: {' '.join(lines[:2])}")
 
 
 def check_command_line(mode: str, arguments: list[str]) -> None:
-    """Compose the config of every job the arguments describe and validate it (ConfigError)."""
+    """Compose the config of every job the arguments describe and validate it (InputError)."""
     parsed, _ = split_command_line(arguments)
     parser = OverridesParser.create()
     overrides = []
@@ -122,14 +114,14 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
         except HydraException as error:
             problem = " ".join(line.strip() for line in str(error).splitlines()
                                if line.strip() and not line.startswith(("Error parsing", "See ")))
-            raise ConfigError(f"{_override_key(argument)}: cannot read {argument!r} ({problem}); "
+            raise InputError(f"{_override_key(argument)}: cannot read {argument!r} ({problem}); "
                               "see https://hydra.cc/docs/advanced/override_grammar/basic") from None
     for override in overrides:
         if _override_key(override.input_line) == "mode":
-            raise ConfigError(f"mode: set by the subcommand, not an override, got {override.input_line!r}; "
+            raise InputError(f"mode: set by the subcommand, not an override, got {override.input_line!r}; "
                               f"give it first: phaze {{{','.join(MODES)}}} [overrides]")
         if override.is_sweep_override() and not parsed.multirun:
-            raise ConfigError(f"{override.key_or_group}: {override.input_line!r} sweeps several values; add -m "
+            raise InputError(f"{override.key_or_group}: {override.input_line!r} sweeps several values; add -m "
                               "for one job per value, or give a list as [a,b]")
     if parsed.help or parsed.hydra_help:
         return
@@ -139,10 +131,10 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
     commands = [flag for flag, given in (("--run", parsed.run), ("--multirun", parsed.multirun), ("--cfg", parsed.cfg),
                                          ("--info", parsed.info), ("--shell-completion", parsed.shell_completion)) if given]
     if len(commands) > 1:
-        raise ConfigError(f"{commands[1]}: cannot go with {commands[0]}; give one of --run, --multirun (-m), --cfg, "
+        raise InputError(f"{commands[1]}: cannot go with {commands[0]}; give one of --run, --multirun (-m), --cfg, "
                           "--info, --shell-completion")
     if parsed.resolve and not parsed.cfg:
-        raise ConfigError("--resolve: goes with --cfg or --help only")
+        raise InputError("--resolve: goes with --cfg or --help only")
     if commands and commands[0] not in ("--run", "--multirun"):
         return
     user_overrides = [o for o in overrides if not o.key_or_group.startswith("hydra")]
@@ -170,20 +162,20 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
                 settings_from_config(cfg)
             except OmegaConfBaseException as error:
                 key = getattr(error, "full_key", None) or "config"
-                raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
+                raise InputError(f"{key}: {str(error).splitlines()[0]}") from None
 
 
-def launcher_error(name: object) -> ConfigError | None:
+def launcher_error(name: object) -> InputError | None:
     """Why `hydra/launcher=name` cannot run here (unknown, or its extra is not installed), or None."""
     if name not in LAUNCHERS:
-        return ConfigError(f"hydra/launcher: {name!r} is not a launcher phaze runs on; "
+        return InputError(f"hydra/launcher: {name!r} is not a launcher phaze runs on; "
                            f"one of {', '.join(LAUNCHERS)}")
     extra, modules = LAUNCHERS[name]
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as error:
-            return ConfigError(f"hydra/launcher: {name} needs the phaze[{extra}] extra ({error}); "
+            return InputError(f"hydra/launcher: {name} needs the phaze[{extra}] extra ({error}); "
                                f"install it with: pip install 'phaze[{extra}]'")
     return None
 
@@ -219,7 +211,7 @@ def remote_overrides(overrides: list[str], cwd: Path) -> list[str]:
 def _run(cfg: DictConfig) -> None:
     try:
         settings = settings_from_config(cfg)
-    except ConfigError as error:
+    except InputError as error:
         _fail(str(error))
     with interrupt.held():  # a signal waits until the modules have loaded (phaze/__main__.py)
         if settings.mode == "extract_graph":
@@ -235,7 +227,7 @@ def _run(cfg: DictConfig) -> None:
         (Path(HydraConfig.get().runtime.output_dir) / sweep.FAILURE).unlink(missing_ok=True)
     try:
         run(settings)
-        SWEEP.jobs += multirun
+        sweep.SWEEP.jobs += multirun
     except Exception as error:  # a sweep goes on; its summary lists the job
         if not multirun:
             if isinstance(error, Infeasible):
@@ -245,7 +237,7 @@ def _run(cfg: DictConfig) -> None:
             if isinstance(error, ClusterUnavailable):
                 _fail(str(error))
             raise
-        SWEEP.record(settings.mode, settings.spec.name, Path(HydraConfig.get().runtime.output_dir), error)
+        sweep.SWEEP.record(settings.mode, settings.spec.name, Path(HydraConfig.get().runtime.output_dir), error)
 
 
 def main() -> None:
@@ -265,15 +257,15 @@ def main() -> None:
     try:
         check_command_line(mode, rest)
         parsed, flags = split_command_line(rest)
-    except ConfigError as error:
+    except InputError as error:
         _fail(str(error))
     # hydra reads its flags and overrides with argparse, which takes the overrides as one run:
     # the overrides (and the mode) first, then the flags (`--help`, `--cfg job`, `-m`) wherever given.
     overrides = remote_overrides(parsed.overrides, Path.cwd()) if parsed.multirun else parsed.overrides
     sys.argv = [f"phaze-{mode}", *overrides, f"mode={mode}", *flags]
     _run()
-    if SWEEP.failures:
-        print("\n".join(SWEEP.summary()), file=sys.stderr)
+    if sweep.SWEEP.failures:
+        print("\n".join(sweep.SWEEP.summary()), file=sys.stderr)
         sys.exit(sweep.EXIT_CODE)
 
 

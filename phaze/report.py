@@ -66,8 +66,8 @@ def setting_row(run: str, best: dict, setting: dict) -> dict:
             accelerator=accelerator_text(accelerator),
             area_mm2=accelerator["area"] / 1e6 if "area" in accelerator else None,
             system=setting["system"].get("name"),
-            placement=f"{placement['pipeline_stages']}x{placement['tensor_parallel_width']}x"
-            f"{placement['data_parallel_degree']} ({placement['virtual_stages']})",
+            placement=f"{placement['pipeline_parallel_width']}x{placement['tensor_parallel_width']}x"
+            f"{placement['data_parallel_width']} ({placement['virtual_stages']})",
             recompute=placement["recompute"],
         )
         for name, baseline in setting.get("baselines", {}).items():

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from estimator import AcceleratorConfig
-from estimator.known import KnownChip
-from graph_extract.serialize import atomic_write
+from common.files import atomic_write
+from hardware import AcceleratorConfig, KnownChip
 from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation
-from solver.job import Job
+from solver.question import Axes, Question
 from solver.training_step import BREAKDOWN_KEYS
 
 GIB = 1024**3
@@ -45,26 +44,26 @@ def accelerator_record(accelerator: AcceleratorConfig | KnownChip, index: int) -
     }
 
 
-def job_record(job: Job) -> dict:
-    """What a result states of the job besides the model: the cluster and how it trains."""
+def question_record(question: Question) -> dict:
+    """What a result states of the question besides the model: the cluster and how it trains."""
     return {
-        "system": {"name": job.system.name, "step_model": job.step_model,
-                   "tiers": [tier.to_dict() for tier in job.system.tiers]},
-        "optimizer": job.training.optimizer,
-        "sharded_optimizer": job.training.sharded_optimizer,
+        "system": {"name": question.cluster.name, "step_model": question.step_model,
+                   "tiers": [tier.to_dict() for tier in question.cluster.tiers]},
+        **question.training.record(),
+        **question.kernels.record(),
     }
 
 
-def placement_record(evaluation: Evaluation, job: Job) -> dict:
+def placement_record(evaluation: Evaluation) -> dict:
     result = evaluation.placement
+    layout = result.layout
     return {
-        "pipeline_stages": len(result.stages),
-        "tensor_parallel_width": result.tensor_parallel_width,
-        "data_parallel_degree": result.data_parallel_degree,
-        "virtual_stages": result.virtual_stages,
-        "expert_parallel_width": result.expert_parallel_width,
+        "pipeline_parallel_width": layout.pipeline_parallel_width if layout else len(result.stages),
+        "tensor_parallel_width": layout.tensor_parallel_width if layout else None,
+        "data_parallel_width": layout.data_parallel_width if layout else None,
+        "virtual_stages": layout.virtual_stages if layout else 1,
+        "expert_parallel_width": layout.expert_parallel_width if layout else 1,
         "recompute": result.recompute,
-        "sequence_parallel": job.training.sequence_parallel and job.step_model == "training_step",
         "stages": [
             {"layers": list(stage.layer_ids), "devices": stage.devices, "parameters": stage.parameters,
              "memory_bytes": stage.memory}
@@ -73,18 +72,19 @@ def placement_record(evaluation: Evaluation, job: Job) -> dict:
     }
 
 
-def best_record(outcome: CandidateOutcome, job: Job, hbm_bytes: int, evaluation: Evaluation | None = None) -> dict:
+def best_record(outcome: CandidateOutcome, question: Question, axes: Axes, hbm_bytes: int,
+                evaluation: Evaluation | None = None) -> dict:
     """An evaluation of an outcome for one setting (its best by default), as best.json states it."""
     evaluation = evaluation or outcome.best(hbm_bytes)
     feasible = evaluation.feasible
     return {
-        "micro_batch_size": job.micro_batch_size,
+        "micro_batch_size": axes.micro_batch_size,
         "hbm_size_gib": gibibytes(hbm_bytes),
         "memory_capacity_bytes": hbm_bytes,
-        **job_record(job),
+        **question_record(question),
         "feasible": feasible,
         "accelerator": accelerator_record(outcome.accelerator, outcome.index),
-        "placement": placement_record(evaluation, job),
+        "placement": placement_record(evaluation),
         "throughput": evaluation.throughput,
         "time_per_batch_s": evaluation.placement.time_per_batch if feasible else None,
         "breakdown_s": dict(evaluation.placement.breakdown) if feasible else None,
@@ -108,10 +108,11 @@ def flatten(record: dict, prefix: str = "") -> dict:
     return row
 
 
-def evaluation_row(outcome: CandidateOutcome, job: Job, hbm_bytes: int, evaluation: Evaluation) -> dict:
+def evaluation_row(outcome: CandidateOutcome, question: Question, axes: Axes, hbm_bytes: int,
+                   evaluation: Evaluation) -> dict:
     """One row of the results table: an (architecture, micro-batch, HBM, recompute) evaluation, its
     best.json record flattened (the accelerator's fields without a prefix)."""
-    record = best_record(outcome, job, hbm_bytes, evaluation)
+    record = best_record(outcome, question, axes, hbm_bytes, evaluation)
     if not evaluation.feasible:
         record.update(time_per_batch_s=math.nan, energy_per_batch_j=math.nan,
                       breakdown_s=dict.fromkeys(BREAKDOWN_KEYS, math.nan))
@@ -152,7 +153,7 @@ NUMBER = (int, float)
 RUN_FIELDS = {"model": str, "complete": bool, "per_setting": list}
 SETTING_FIELDS = {"micro_batch_size": int, "hbm_size_gib": NUMBER, "feasible": bool}
 FEASIBLE_FIELDS = {"throughput": NUMBER, "accelerator": dict, "placement": dict, "system": dict}
-PLACEMENT_FIELDS = {"pipeline_stages": int, "tensor_parallel_width": int, "data_parallel_degree": int,
+PLACEMENT_FIELDS = {"pipeline_parallel_width": int, "tensor_parallel_width": int, "data_parallel_width": int,
                     "virtual_stages": int, "recompute": str}
 #: columns every non-empty results table has
 TABLE_COLUMNS = ("candidate_index", "micro_batch_size", "hbm_size_gib", "feasible", "throughput")

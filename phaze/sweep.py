@@ -95,6 +95,10 @@ class Sweep:
             self.failures.append(Failure(job, why))
 
 
+#: The jobs of this process's `-m` sweep that ended without a result (listed at the end, exit 1).
+SWEEP = Sweep()
+
+
 def job_order(directory: Path) -> tuple:
     """Jobs in their numbers' order (2 before 10), other names after, by name."""
     return (0, int(directory.name), "") if directory.name.isdigit() else (1, 0, str(directory))
@@ -105,8 +109,6 @@ class SweepEnd(Callback):
     jobs that ran in other processes (`Sweep.collect`) for the summary and the exit status."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from phaze import cli
-
         if (ray := sys.modules.get("ray")) and ray.is_initialized():
             ray.shutdown()  # the jobs' log lines it forwards come before the sweep's summary
-        cli.SWEEP.collect(Path(str(config.hydra.sweep.dir)))
+        SWEEP.collect(Path(str(config.hydra.sweep.dir)))

@@ -14,7 +14,7 @@ DGX A100 or DGX H100 nodes; the gradient sync overlaps the backward pass where t
 
 Where a run states no time per iteration, it is the global batch's tokens / the measured tokens per
 second (marked). FP8 runs price their GEMMs at the chip's FP8 rate and all else as in 16-bit
-(`estimator.known`). What a Llama run of NeMo 24.07 or Megatron-Bridge 25.11 does not state (the
+(`hardware.chips`). What a Llama run of NeMo 24.07 or Megatron-Bridge 25.11 does not state (the
 Llama 2 shapes, recomputation, sequence parallelism, distributed optimizer, gradient-sync overlap) is
 taken from that release's published recipe (`RECIPES`, `LLAMA2_SHAPES`; marked); d, when not
 stated, is devices / (t·p·cp).
@@ -30,17 +30,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from estimator.known import KnownChip, known_chip
-from graph_extract import ModelSpec, extract, get_spec
+from graph_extract import KernelOptions, ModelSpec, extract, get_spec
 from graph_extract.zoo import LLAMA_FAMILY
-from phaze.settings import system_cluster
-from solver.job import Job
-from solver.predict import Prediction, chip_costs, predict
-from solver.training_step import Cluster, Training
+from hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
+from solver.codesign import chip_costs
+from solver.layer_costs import step_graphs
+from solver.layout import Layout
+from solver.predict import Prediction, predict
+from solver.question import Axes, Question
+from solver.training_step import TrainingOptions
 
 GIB = 2**30
-#: device type in the calibration set -> (known chip, cluster preset)
-HARDWARE = {"A100": ("a100_80gb", "dgx_a100"), "H100": ("h100_sxm", "dgx_h100")}
+#: How published runs name the chips phaze predicts them on (the GPUs: priced by their roofline).
+VALIDATED_CHIPS = tuple(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names
+                        if KNOWN_CHIPS[system.chip].cost_model == "roofline")
 
 
 #: Marks in the table: the time per iteration derived from tokens/s, settings taken from the recipe.
@@ -182,12 +185,12 @@ def measured_seconds(run: dict) -> tuple[float | None, bool]:
 def case(run: dict) -> Case | str:
     """The run as phaze predicts it, or why it is left out."""
     model, hardware, training = run["model"], run["hardware"], run["training"]
-    kind = next((name for name in HARDWARE if name in hardware["device_type"]), None)
-    if kind is None:
-        return f"hardware {hardware['device_type']}: not an A100 or H100"
-    chip, system = HARDWARE[kind]
+    found = system_of(hardware["device_type"])
+    if found is None or KNOWN_CHIPS[found.chip].cost_model != "roofline":
+        return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
+    chip, system = found.chip, found.name
     precision = "fp8" if "FP8" in (training["precision"] or "").upper() else "16-bit"
-    if precision == "fp8" and not known_chip(chip).fp8_peak_flops:
+    if precision == "fp8" and not KNOWN_CHIPS[chip].fp8_peak_flops:
         return f"FP8 precision: {chip} has no FP8 tensor cores"
     sharding = training["optimizer_sharding"] or ""
     if "ZeRO-3" in sharding or sharding.startswith("FSDP") or "FSDP on" in sharding:
@@ -264,19 +267,22 @@ def case(run: dict) -> Case | str:
     )
 
 
-def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, cluster: Cluster | None = None
+def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, cluster: Network | None = None
                ) -> Prediction:
-    """The run predicted by phaze: its model on its cluster in its precision (by default the chip and
-    cluster presets; others to calibrate them)."""
+    """The run predicted by phaze: its model on its cluster in its precision (by default the system's
+    chip and cluster; others to calibrate them)."""
     spec = item.spec
-    cluster = cluster or system_cluster(item.system, item.devices)
-    job = Job(spec, item.sequence_length, item.micro_batch_size, item.global_batch_size, (item.width,), cluster,
-              (80 * GIB,), Training("adam", item.sharded_optimizer, item.sequence_parallel, item.overlap_grad_reduce),
-              (item.recompute,), expert_parallel_widths=(item.expert_parallel_width,))
+    cluster = cluster or SYSTEMS[item.system].cluster(item.devices)
+    question = Question(spec, item.sequence_length, item.global_batch_size, cluster,
+                        TrainingOptions("adam", "optimizer" if item.sharded_optimizer else "none",
+                                        item.overlap_grad_reduce), KernelOptions(item.sequence_parallel))
+    axes = Axes((item.micro_batch_size,), (80 * GIB,), (item.recompute,), (item.width,), (item.virtual_stages,),
+                (item.expert_parallel_width,))
+    layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width)
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
-    chip = (chip or known_chip(item.chip)).with_precision(item.precision)
-    costs = chip_costs(job, {item.width: graphs}, chip, cache_dir)
-    return predict(job, graphs, costs, chip, item.stages, item.degree, item.virtual_stages)
+    chip = (chip or KNOWN_CHIPS[item.chip]).with_precision(item.precision)
+    costs = chip_costs(question, axes, {item.width: graphs}, chip, cache_dir)
+    return predict(question, axes, layout, graphs, step_graphs({item.width: graphs}, costs)[item.width], chip)
 
 
 def validate(runs: list[dict], cache_dir: Path) -> tuple[list[tuple[Case, Prediction]], list[tuple[str, str]]]:

@@ -7,8 +7,8 @@ GEMMs) and memory efficiency (fraction of HBM bandwidth), and the efficiency of 
 its cluster preset (NVLink, InfiniBand). They minimise the mean absolute relative error of the time
 per iteration over the 16-bit runs `phaze validate` predicts on that chip (FP8 runs price their GEMMs
 with the chip's FP8 efficiency, which these fractions do not set), by coordinate search on a grid
-refined three times. It prints the fitted values (to copy into arch_configs/known_chips.yaml and
-phaze/conf/system/) and the errors before and after.
+refined three times. It prints the fitted values (to copy into hardware/chips/<chip>.yaml and
+hardware/systems/<system>.yaml) and the errors before and after.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from estimator.known import known_chip  # noqa: E402
-from phaze.settings import system_cluster  # noqa: E402
+from hardware import cluster as system_cluster  # noqa: E402
+from hardware import known_chip  # noqa: E402
 from phaze.validate import case, prediction  # noqa: E402
 
 NAMES = ("matrix_efficiency", "memory_efficiency", "intra_node_efficiency", "inter_node_efficiency")

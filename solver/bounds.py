@@ -2,10 +2,9 @@
 
 For each layer the schedule lower bound (critical path on the shorter latencies, work per core
 type over all its cores: `solver.schedule.lower_bound`) is computed for all candidates as numpy
-vectors: a layer's forward plus backward bound. The job's step model turns these into a lower
-bound on the time per batch of every placement (`TrainingStep.time_lower_bound`, or the
-original's `original.time_lower_bound`), and the throughput bound is global batch / the least of
-them over the widths.
+vectors: a layer's forward plus backward bound. The question's step model turns these into a lower
+bound on the time per batch of every placement (the question's step model's `lower_bound`), and the
+throughput bound is global batch / the least of them over the widths.
 """
 
 from __future__ import annotations
@@ -16,10 +15,10 @@ import numpy as np
 
 from estimator import CandidateSpace, EstimateTable
 from estimator.workload import prepare_layer
-from solver.evaluate import DIRECTIONS, LayerCost, original_graphs, original_settings, step_graphs, training_steps
-from solver.job import Job
-from solver.placement.capped import degrees
-from solver.training_step import original
+from graph_extract import KernelOptions
+from solver.layer_costs import DIRECTIONS, LayerCost, step_graphs
+from solver.question import Axes, Question
+from solver.step_models import step_model
 
 #: Scheduled latencies are those of problems rounded to 6 significant digits (ScheduleCache); a
 #: throughput bound this much larger stays an upper bound of the scheduled throughput.
@@ -90,50 +89,30 @@ def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None
     return lower_bounds(latency, parallel, core_types, edges, space.num_tc.astype(float), space.num_vc.astype(float))
 
 
-def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, sequence_parallel: bool) -> GroupBounds:
+def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: KernelOptions) -> GroupBounds:
     """The `GroupBounds` of one extracted width: the vectorised `lower_bound` of each schedule problem
-    `solver.evaluate` builds (the attention core as `core_problem` cuts it)."""
+    `solver.layer_costs` builds (the attention core as `core_problem` cuts it)."""
     rows = {direction: [] for direction in (*DIRECTIONS, "core")}
     for group in graphs.repeat_groups:
         for direction in DIRECTIONS:
-            prepared = prepare_layer(graphs.op_graph, group[0], direction, table, sequence_parallel)
+            prepared = prepare_layer(graphs.op_graph, group[0], direction, table, kernels)
             rows[direction].append(_layer_bounds(prepared, space))
-        forward = prepare_layer(graphs.op_graph, group[0], "forward", table, sequence_parallel)
+        forward = prepare_layer(graphs.op_graph, group[0], "forward", table, kernels)
         keep = [index for index, op in enumerate(forward.ops) if op.members[0] in graphs.attention_core]
         rows["core"].append(_layer_bounds(forward, space, keep) if keep else np.zeros(len(space)))
     return GroupBounds(tuple(graphs.repeat_groups), *(np.array(rows[name]) for name in (*DIRECTIONS, "core")))
 
 
-def optimistic_throughputs(job: Job, graphs_by_width, space: CandidateSpace,
+def optimistic_throughputs(question: Question, axes: Axes, graphs_by_width, space: CandidateSpace,
                            bounds: dict[int, GroupBounds]) -> np.ndarray:
     """An upper bound on the throughput [samples/s] of every candidate of `space` (module docstring),
-    from the group bounds of every width."""
+    from the group bounds of every width, for the axes' micro-batch size and largest HBM size."""
     best_time = np.full(len(space), np.inf)
-    graphs = step_graphs(graphs_by_width, None)
-    memory = max(job.memory_capacities)
+    graphs, model = step_graphs(graphs_by_width, None), step_model(question)
+    largest = axes.at(memory_capacity=max(axes.memory_capacities))
     for width, extracted in graphs_by_width.items():
         work = bounds[width].layer_work(tuple(layer.id for layer in extracted.layer_graph.layers))
-        if job.step_model == "original":
-            time = _original_bound(job, {width: graphs[width]}, work, memory)
-        else:
-            time = np.full(len(space), np.inf)
-            for experts in job.expert_parallel_widths:
-                step = training_steps(job, {width: graphs[width]}, space.template.hbm_bandwidth, memory, "none",
-                                      experts)[width]
-                time = np.minimum(time, step.time_lower_bound(work, degrees(step)))
+        time = model.lower_bound(question, largest, graphs, work, width, space.template.hbm_bandwidth)
         best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):
-        return job.global_batch_size / best_time * (1 + ROUNDING_MARGIN)
-
-
-def _original_bound(job: Job, graphs, work: np.ndarray, memory: int) -> np.ndarray:
-    """The original model's bound: its layer latencies carry the collectives on the flat link."""
-    ((width, placement_graph),) = original_graphs(job, graphs).items()
-    collectives = np.array([layer.collective_latency for layer in placement_graph.layers])[:, None]
-    latency = work + collectives
-    devices = np.array([width if layer.tensor_parallel else 1 for layer in placement_graph.layers])[:, None]
-    sources = {layer.id for layer in placement_graph.layers} - {edge.dest for edge in placement_graph.edges}
-    source_parameters = min(layer.parameter_bytes for layer in placement_graph.layers if layer.id in sources)
-    step = original_settings(job, memory, "none")
-    return original.time_lower_bound(latency.sum(axis=0), latency.max(axis=0), (latency * devices).sum(axis=0),
-                                     source_parameters, step)
+        return question.global_batch_size / best_time * (1 + ROUNDING_MARGIN)

@@ -1,7 +1,8 @@
-"""The co-design search for one job (one micro-batch size): candidates evaluated in parallel and cached.
+"""The co-design search for one question at one micro-batch size: candidates evaluated in parallel and
+cached.
 
-A `SearchContext` is small and picklable: the job, the chip template, the area budget, the cache
-folder and the schedule settings. `Resources` holds what evaluating candidates needs (the graphs,
+A `SearchContext` is small and picklable: the question, its axes at one micro-batch size, the chip
+template, the area budget, the cache folder and the schedule settings. `Resources` holds what evaluating candidates needs (the graphs,
 the candidate space, the estimate table, the caches); the driver and every worker process build
 their own once and pass them explicitly. Per candidate, the layer costs (schedules) are stored in an
 SQLite file keyed by everything that produced them (with the version of each model), so an
@@ -22,25 +23,18 @@ from typing import Any
 
 import numpy as np
 
+from common.progress import Progress
 from estimator import MODEL_VERSION as ESTIMATOR_VERSION
-from estimator import AcceleratorConfig, CandidateSpace, EstimateTable, candidate_space
+from estimator import CandidateSpace, EstimateTable, candidate_space
 from graph_extract import ExtractedModel, extract
 from graph_extract.serialize import FORMAT_VERSION as GRAPH_VERSION
-from phaze.progress import Progress
-from solver import search
+from hardware import AcceleratorConfig, KnownChip
+from solver import strategies
 from solver.bounds import ROUNDING_MARGIN, GroupBounds, group_bounds, optimistic_throughputs
-from solver.evaluate import (
-    Evaluation,
-    LayerCost,
-    LayerCosts,
-    best_of,
-    evaluate_placements,
-    evaluation_from_record,
-    fastest_time,
-    layer_costs,
-)
-from solver.job import Job
+from solver.evaluate import Evaluation, best_of, evaluate_placements, fastest_time
 from solver.kvstore import KeyValueStore
+from solver.layer_costs import LayerCost, LayerCosts, layer_costs, roofline_costs
+from solver.question import Axes, Question
 from solver.schedule import MODEL_VERSION as SCHEDULE_VERSION
 from solver.schedule import ScheduleCache
 from solver.schedule.cache import SCHEDULES_TABLE
@@ -53,10 +47,10 @@ EXECUTORS = ("local", "ray")
 #: Candidates handed to each worker at a time (amortises the inter-process round trip).
 BATCH_PER_WORKER = 8
 #: Bump when what a cached layer cost means changes.
-COSTS_VERSION = 2
+COSTS_VERSION = 3
 #: Bump when what a cached placement means changes (the training-step model, the placement search,
 #: the fields of an Evaluation).
-PLACEMENT_VERSION = 1
+PLACEMENT_VERSION = 2
 #: Relative slack of the refinement's cut: a candidate that could tie with the best is not cut.
 TIE_MARGIN = 1e-9
 #: The tables of evaluations.sqlite by Resources field.
@@ -82,9 +76,10 @@ class ScheduleSettings:
 
 @dataclass(frozen=True)
 class SearchContext:
-    """What evaluating a candidate of one job depends on."""
+    """What evaluating a candidate of one question at one micro-batch size depends on."""
 
-    job: Job
+    question: Question
+    axes: Axes  # at one micro-batch size
     template: AcceleratorConfig  # technology of every candidate and the area budget's chip
     area_budget: float | None
     cache_dir: Path
@@ -92,15 +87,15 @@ class SearchContext:
 
     def costs_key(self, accelerator: AcceleratorConfig) -> str:
         """Key of an accelerator's layer costs: the inputs and the version of every model behind them."""
-        job = self.job
+        question, axes = self.question, self.axes
         record = [
             {"costs": COSTS_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION,
              "schedules": SCHEDULE_VERSION},
-            dataclasses.asdict(job.spec),
-            job.micro_batch_size,
-            job.sequence_length,
-            job.tensor_parallel_widths,
-            job.training.sequence_parallel,
+            dataclasses.asdict(question.model),
+            axes.micro_batch_size,
+            question.sequence_length,
+            axes.tensor_parallel_widths,
+            question.kernels.record(),
             accelerator.to_dict(),
             dataclasses.asdict(self.schedule),
         ]
@@ -109,17 +104,19 @@ class SearchContext:
     @cached_property
     def _placement_context(self) -> bytes:
         """The part of every placement key that does not depend on the HBM size (a search asks for
-        thousands of keys: the job is written out once)."""
+        thousands of keys: the question is written out once)."""
         record = [
             {"placement": PLACEMENT_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION},
-            {**self.job.record(), "memory_capacities": None},
+            self.question.record(),
+            {**self.axes.record(), "memory_capacities": None},
             self.template.hbm_bandwidth,
         ]
         return json.dumps(record, sort_keys=True).encode()
 
     def placement_key(self, memory: int) -> str:
-        """What a placement of given layer costs depends on besides them: the job (all but its HBM
-        sizes), the HBM per device [bytes] and bandwidth, and the version of every model behind it."""
+        """What a placement of given layer costs depends on besides them: the question, the axes (all
+        but the HBM sizes), the HBM per device [bytes] and bandwidth, and the version of every model
+        behind it."""
         return hashlib.sha256(self._placement_context + b"/%d" % memory).hexdigest()
 
 
@@ -160,8 +157,12 @@ class Resources:
                    recorded["placement_bounds"], recorded=recorded)
 
     @property
-    def job(self) -> Job:
-        return self.context.job
+    def question(self) -> Question:
+        return self.context.question
+
+    @property
+    def axes(self) -> Axes:
+        return self.context.axes
 
     def placement_memo(self) -> dict:
         """The placement memo, emptied when it grows past PLACEMENT_MEMO_SIZE."""
@@ -172,8 +173,7 @@ class Resources:
     def group_bounds(self) -> dict[int, GroupBounds]:
         """The schedule lower bounds of every width's repeat groups on every candidate (computed once)."""
         if self._bounds is None:
-            parallel = self.job.training.sequence_parallel
-            self._bounds = {width: group_bounds(graphs, self.space, self.table, parallel)
+            self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels)
                             for width, graphs in self.graphs.items()}
         return self._bounds
 
@@ -187,10 +187,11 @@ class Resources:
 
 
 def _graphs(context: SearchContext) -> dict[int, ExtractedModel]:
-    """The job's layer graphs per tensor-parallel width, from the cache or traced (and cached)."""
-    job = context.job
-    return {width: extract(job.spec, job.micro_batch_size, job.sequence_length, width, cache_dir=context.cache_dir)
-            for width in job.tensor_parallel_widths}
+    """The question's layer graphs per tensor-parallel width, from the cache or traced (and cached)."""
+    question, axes = context.question, context.axes
+    return {width: extract(question.model, axes.micro_batch_size, question.sequence_length, width,
+                           cache_dir=context.cache_dir)
+            for width in axes.tensor_parallel_widths}
 
 
 def _evaluation_stores(context: SearchContext) -> dict[str, KeyValueStore]:
@@ -267,7 +268,7 @@ def accelerator_costs(resources: Resources, accelerator: AcceleratorConfig) -> L
             f"{accelerator.glb_bytes // 2**20} MiB")
     groups = sum(len(graphs.repeat_groups) for graphs in resources.graphs.values())
     with Progress(f"layer schedules of {chip}", groups, "unique layers") as progress:
-        costs = layer_costs(resources.job, resources.graphs, accelerator, resources.table,
+        costs = layer_costs(resources.question.kernels, resources.graphs, accelerator, resources.table,
                             context.schedule.scheduler(resources.schedules), progress.advance)
     resources.costs.put(key, {w: {layer: dataclasses.asdict(c) for layer, c in layers.items()}
                               for w, layers in costs.items()})
@@ -287,7 +288,7 @@ class CandidateOutcome:
 
 
 def _evaluations(records: list) -> tuple[Evaluation, ...]:
-    return tuple(map(evaluation_from_record, records))
+    return tuple(map(Evaluation.from_record, records))
 
 
 def evaluation_key(resources: Resources, accelerator: AcceleratorConfig, memory: int) -> str:
@@ -298,10 +299,10 @@ def evaluation_key(resources: Resources, accelerator: AcceleratorConfig, memory:
 
 def evaluate_accelerator(resources: Resources, accelerator: AcceleratorConfig, index: int = -1,
                          compute: bool = True) -> CandidateOutcome | None:
-    """The accelerator's best placements for every HBM size of the job, from the cache or (`compute`)
+    """The accelerator's best placements for every HBM size of the axes, from the cache or (`compute`)
     computed and stored; None when not all are cached and `compute` is false."""
-    job, costs, evaluations = resources.job, None, {}
-    for hbm in job.memory_capacities:
+    costs, evaluations = None, {}
+    for hbm in resources.axes.memory_capacities:
         key = evaluation_key(resources, accelerator, hbm)
         stored = resources.placements.get(key, _evaluations)
         if stored is not None:
@@ -310,8 +311,8 @@ def evaluate_accelerator(resources: Resources, accelerator: AcceleratorConfig, i
         if not compute:
             return None
         costs = costs or accelerator_costs(resources, accelerator)
-        evaluations[hbm] = evaluate_placements(job, resources.graphs, accelerator, costs, hbm,
-                                               resources.placement_memo())
+        evaluations[hbm] = evaluate_placements(resources.question, resources.axes.at(memory_capacity=hbm),
+                                               resources.graphs, accelerator, costs, resources.placement_memo())
         resources.placements.put(key, [dataclasses.asdict(evaluation) for evaluation in evaluations[hbm]])
     return CandidateOutcome(index, accelerator, evaluations)
 
@@ -334,19 +335,20 @@ def refined_throughputs(resources: Resources, indices: Sequence[int], hbm_bytes:
                         best: float = 0.0) -> list[RefinedBound]:
     """Throughput upper bounds: the placement search run on the layers' schedule lower bounds, cut
     where the candidate could no longer reach `best` (a throughput found already)."""
-    job, bounds = resources.job, resources.group_bounds()
+    question, bounds = resources.question, resources.group_bounds()
+    axes = resources.axes.at(memory_capacity=hbm_bytes)
     # The exact throughput may exceed its bound's by ROUNDING_MARGIN; a cut just above the time
     # matching `best` keeps a candidate that could tie with it.
-    cut = job.global_batch_size * (1 + ROUNDING_MARGIN) / best * (1 + TIE_MARGIN) if best > 0 else math.inf
+    batch = question.global_batch_size
+    cut = batch * (1 + ROUNDING_MARGIN) / best * (1 + TIE_MARGIN) if best > 0 else math.inf
     values = []
     for index in indices:
         costs = {width: width_bounds.costs(index) for width, width_bounds in bounds.items()}
-        time = fastest_time(job, resources.graphs, resources.space[index], costs, hbm_bytes, cut)
+        time = fastest_time(question, axes, resources.graphs, resources.space[index], costs, cut)
         if math.isfinite(time):
-            values.append(RefinedBound(job.global_batch_size / time * (1 + ROUNDING_MARGIN), True))
+            values.append(RefinedBound(batch / time * (1 + ROUNDING_MARGIN), True))
         else:
-            values.append(RefinedBound(job.global_batch_size / cut * (1 + ROUNDING_MARGIN) if best > 0 else 0.0,
-                                       best <= 0))
+            values.append(RefinedBound(batch / cut * (1 + ROUNDING_MARGIN) if best > 0 else 0.0, best <= 0))
     return values
 
 
@@ -358,7 +360,7 @@ def _refined_bound(record: dict) -> RefinedBound:
 
 
 class Search:
-    """Runs the strategies of one context over its candidates, for each HBM size of the job.
+    """Runs the strategies of one context over its candidates, for each HBM size of the axes.
 
     Every candidate evaluated for one HBM size is evaluated for all of them (the schedules are
     shared; only the placement differs), and `on_outcome` sees each outcome once, as it arrives.
@@ -429,13 +431,13 @@ class Search:
         dominating = np.all(np.array(columns) <= self.resources.bound_column(index), axis=1)
         return float(np.array(values)[dominating].min()) if dominating.any() else math.inf
 
-    def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float | search.Provisional]:
+    def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float | strategies.Provisional]:
         """Refined bounds: from memory or the cache when they settle the candidate; else, when a
         refined candidate dominates it with a lower bound than its last, that bound, provisionally;
         else the placement search on its lower-bound costs (once per distinct costs)."""
         store, best = self.resources.placement_bounds, self._best.get(hbm_bytes, 0.0)
         optimistic = self.optimistic()
-        provisional: dict[int, search.Provisional] = {}
+        provisional: dict[int, strategies.Provisional] = {}
         keys: dict[int, str] = {}
         todo: dict[str, int] = {}  # bound key -> the candidate it is computed on
         for position in positions:
@@ -452,7 +454,7 @@ class Search:
             dominated = self._dominated(hbm_bytes, index)
             last = self._provisional.get((index, hbm_bytes), float(optimistic[position]))
             if dominated < last:
-                provisional[index] = search.Provisional(dominated)
+                provisional[index] = strategies.Provisional(dominated)
                 self._provisional[index, hbm_bytes] = dominated
                 del keys[index]
             else:
@@ -472,10 +474,11 @@ class Search:
         """Level-0 throughput bounds of the candidates (the same for every HBM size)."""
         if self._optimistic is None:
             res = self.resources
-            self._optimistic = optimistic_throughputs(res.job, res.graphs, self.space, res.group_bounds())[self.candidates]
+            self._optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, self.space,
+                                                      res.group_bounds())[self.candidates]
         return self._optimistic
 
-    def run(self, strategy: str, hbm_bytes: int) -> search.SearchResult:
+    def run(self, strategy: str, hbm_bytes: int) -> strategies.SearchResult:
         """The best candidate for one HBM size; result indices are positions in `candidates`."""
         if strategy not in STRATEGIES:
             raise ValueError(f"search: unknown {strategy!r}; valid: {', '.join(STRATEGIES)}")
@@ -483,7 +486,17 @@ class Search:
         batch_size = BATCH_PER_WORKER * self.workers
         areas = self.space.area[self.candidates]
         if strategy == "exhaustive":
-            return search.exhaustive(len(self.candidates), evaluate, batch_size, areas)
+            return strategies.exhaustive(len(self.candidates), evaluate, batch_size, areas)
         if strategy == "phaze":
-            return search.phaze_sweep(areas, evaluate)
-        return search.bounded(self.optimistic(), [partial(self._refine, hbm_bytes)], evaluate, batch_size, areas)
+            return strategies.phaze_sweep(areas, evaluate)
+        return strategies.bounded(self.optimistic(), [partial(self._refine, hbm_bytes)], evaluate, batch_size, areas)
+
+
+def chip_costs(question: Question, axes: Axes, graphs_by_width: dict[int, ExtractedModel], chip: KnownChip,
+               cache_dir: Path, schedule: ScheduleSettings = ScheduleSettings()) -> LayerCosts:
+    """The layer costs of a known chip at the axes' micro-batch size: its roofline, or (a template
+    chip) its schedules, cached in `cache_dir`."""
+    if chip.cost_model == "roofline":
+        return roofline_costs(question.kernels, graphs_by_width, chip)
+    context = SearchContext(question, axes, chip.template, None, cache_dir, schedule)
+    return accelerator_costs(Resources.build(context), chip.template)

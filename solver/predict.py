@@ -1,10 +1,11 @@
-"""One training step of a fixed placement on a known chip: what `phaze predict` and `phaze validate`
-compute, and the layer costs of a known chip for the placement search.
+"""One training step of a given layout on a known chip: what `phaze predict`, `phaze validate` and the
+Python API's `phaze.predict` compute.
 
 The placement is Megatron's: p stages (v chunks each) of equal numbers of blocks, the embedding with
-the first and the head with the last, replicated d times on t-wide tensor-parallel groups. Layer
-costs come from the chip's cost model (a roofline for GPUs, the template's schedules for a template
-chip); the step is priced by `solver.training_step`.
+the first and the head with the last (or, when the blocks alone do not split, with the embedding and
+the loss counted as a block each), replicated d times on t-wide tensor-parallel groups. Layer costs
+come from the chip's cost model (a roofline for GPUs, the template's schedules for a template chip);
+the step is priced by `solver.training_step`.
 
 FLOPs are counted as the field does (Narayanan et al. 2021): the model FLOPs of a batch are three
 passes (forward, and two for backward) of every matrix product, 72·B·s·L·h²·(1 + s/(6h) +
@@ -15,66 +16,87 @@ per second / the peak of all devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from estimator.known import KnownChip
-from estimator.roofline import layer_times
+from common.checks import InputError
 from graph_extract import ExtractedModel
-from solver.codesign import Resources, ScheduleSettings, SearchContext, accelerator_costs
-from solver.evaluate import LayerCost, LayerCosts, step_graphs, training_steps
-from solver.job import Job
+from hardware import KnownChip
+from solver.layout import FitRules, Layout
 from solver.placement.layouts import megatron_chunks
-from solver.training_step import Placement, StepResult, TrainingStep
-
-
-def roofline_costs(job: Job, graphs_by_width: dict[int, ExtractedModel], chip: KnownChip) -> LayerCosts:
-    """Every layer's cost on a GPU (`estimator.roofline`), per width; a repeat group shares its
-    representative's."""
-    costs: LayerCosts = {}
-    for width, graphs in graphs_by_width.items():
-        for group in graphs.repeat_groups:
-            times = layer_times(graphs.op_graph, group[0], chip, job.training.sequence_parallel,
-                                graphs.attention_core)
-            cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-            costs.setdefault(width, {}).update({layer: cost for layer in group})
-    return costs
-
-
-def chip_costs(job: Job, graphs_by_width: dict[int, ExtractedModel], chip: KnownChip, cache_dir: Path,
-               schedule: ScheduleSettings = ScheduleSettings()) -> LayerCosts:
-    """The layer costs of a known chip: its roofline, or (a template chip) its schedules, cached."""
-    if chip.cost_model == "roofline":
-        return roofline_costs(job, graphs_by_width, chip)
-    resources = Resources.build(SearchContext(job, chip.template, None, cache_dir, schedule))
-    return accelerator_costs(resources, chip.template)
+from solver.question import Axes, Question
+from solver.step_models import TrainingStepModel
+from solver.training_step import Placement, StepGraph, StepResult, TrainingStep
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """A priced placement with the throughput figures the field reports."""
+    """A priced layout with the throughput figures the field reports."""
 
     placement: Placement
     step: StepResult
-    devices: int
     tokens_per_s: float
     model_flops_per_batch: float
     hardware_flops_per_batch: float
     mfu: float
     hardware_flops_per_s_per_device: float
 
+    @property
+    def layout(self) -> Layout:
+        return self.placement.layout
 
-def megatron_placement(graphs: ExtractedModel, stages: int, degree: int, virtual_stages: int,
-                       recompute: str, step: TrainingStep) -> Placement:
+    @property
+    def devices(self) -> int:
+        return self.layout.devices
+
+    @property
+    def time_per_batch_s(self) -> float:
+        return self.step.time_per_batch
+
+    @property
+    def breakdown_s(self) -> dict[str, float]:
+        """The parts of the time per batch [s] (they sum to it)."""
+        return self.step.breakdown
+
+    @property
+    def busiest_device(self) -> int:
+        """The pipeline device with the most memory."""
+        return max(range(len(self.step.memory)), key=lambda device: self.step.memory[device]["total"])
+
+    @property
+    def memory_bytes(self) -> dict[str, float]:
+        """The busiest device's memory by kind (weights, gradients, optimizer_state, activations, total)."""
+        return self.step.memory[self.busiest_device]
+
+    @property
+    def fits(self) -> bool:
+        return self.step.feasible
+
+    @property
+    def reason(self) -> str | None:
+        """Why it does not fit (None when it does)."""
+        return self.step.infeasible_reason
+
+
+def fit_rules(question: Question, axes: Axes) -> FitRules:
+    """The rules a layout given for the question must follow: every device used, Megatron's even split
+    of the blocks (or with the embedding and the loss counted as a block each: the layers are then
+    the blocks and those two)."""
+    blocks = question.model.num_layers
+    return FitRules(question.cluster.num_devices, question.micro_batches(axes.micro_batch_size), blocks + 2, blocks,
+                    question.experts, whole_cluster=True, split="even_or_ends")
+
+
+def megatron_placement(graph: StepGraph, layout: Layout, recompute: str) -> Placement:
     """Megatron's even layout; when the blocks do not split into p·v chunks but do with the embedding
     and the loss counted as a block each, that layout (Megatron's --account-for-embedding-in-pipeline-
-    split and --account-for-loss-in-pipeline-split); else ValueError."""
-    chunks = megatron_chunks(step.graph, stages, virtual_stages) or megatron_chunks(
-        step.graph, stages, virtual_stages, account_for_ends=True)
+    split and --account-for-loss-in-pipeline-split); else InputError."""
+    stages, virtual_stages = layout.pipeline_parallel_width, layout.virtual_stages
+    chunks = megatron_chunks(graph, stages, virtual_stages) or megatron_chunks(
+        graph, stages, virtual_stages, account_for_ends=True)
     if chunks is None:
-        blocks = sum(layer.recomputable for layer in graphs.layer_graph.layers)
-        raise ValueError(f"pipeline_parallel_width: {stages} stages x {virtual_stages} virtual stages divide neither "
-                         f"the {blocks} blocks of {graphs.spec.name} nor {blocks} + 2 (embedding and loss counted)")
-    return Placement(chunks, degree, recompute, virtual_stages)
+        blocks = sum(layer.is_block for layer in graph.layers)
+        raise InputError(f"pipeline_parallel_width: {stages} stages x {virtual_stages} virtual stages divide neither "
+                         f"the {blocks} blocks nor {blocks} + 2 (embedding and loss counted)")
+    return Placement(layout, chunks, recompute)
 
 
 def flops_per_micro_batch(graphs: ExtractedModel, recompute: str) -> tuple[float, float]:
@@ -86,34 +108,40 @@ def flops_per_micro_batch(graphs: ExtractedModel, recompute: str) -> tuple[float
     core = {layer.id: sum(node.flops for node in graphs.op_graph.layer_nodes(representative[layer.id])
                           if node.id in graphs.attention_core) for layer in layers}
     repeated = {"none": 0,
-                "selective": sum(core[layer.id] for layer in layers if layer.recomputable),
-                "full": sum(layer.forward_flops for layer in layers if layer.recomputable)}[recompute]
+                "selective": sum(core[layer.id] for layer in layers if layer.is_block),
+                "full": sum(layer.forward_flops for layer in layers if layer.is_block)}[recompute]
     return float(forward), float(repeated * width)
 
 
-def predict(job: Job, graphs: ExtractedModel, costs: LayerCosts, chip: KnownChip, stages: int, degree: int,
-            virtual_stages: int = 1) -> Prediction:
-    """Price Megatron's layout of (t = the graphs' width, p, d, v) for the job's one recomputation mode
-    and (a mixture of experts) its one expert-parallel width."""
-    (recompute,) = job.recompute
-    (experts,) = job.expert_parallel_widths
-    width = graphs.tensor_parallel_width
-    step = training_steps(job, step_graphs({width: graphs}, {width: costs[width]}), chip.hbm_bandwidth,
-                          max(job.memory_capacities), recompute, experts)[width]
-    placement = megatron_placement(graphs, stages, degree, virtual_stages, recompute, step)
-    result = step.evaluate(placement)
-    devices = width * stages * degree
-    forward, repeated = flops_per_micro_batch(graphs, recompute)
-    model = 3 * forward * job.micro_batches
-    hardware = model + repeated * job.micro_batches
+def prediction(question: Question, axes: Axes, step: TrainingStep, placement: Placement, chip: KnownChip,
+               flops: tuple[float, float]) -> Prediction:
+    """The step of `placement` priced by `step`, with the throughput figures; `flops` from
+    `flops_per_micro_batch`."""
+    result = step.price(placement)
+    devices = placement.layout.devices
+    micro_batches = question.micro_batches(axes.micro_batch_size)
+    forward, repeated = flops
+    model = 3 * forward * micro_batches
+    hardware = model + repeated * micro_batches
     time = result.time_per_batch
     return Prediction(
         placement=placement,
         step=result,
-        devices=devices,
-        tokens_per_s=job.global_batch_size * job.sequence_length / time,
+        tokens_per_s=question.global_batch_size * question.sequence_length / time,
         model_flops_per_batch=model,
         hardware_flops_per_batch=hardware,
         mfu=model / time / (chip.peak_flops * devices),
         hardware_flops_per_s_per_device=hardware / time / devices,
     )
+
+
+def predict(question: Question, axes: Axes, layout: Layout, graphs: ExtractedModel, step_graph: StepGraph,
+            chip: KnownChip) -> Prediction:
+    """Price Megatron's placement of `layout` (t the graphs' width) at the axes' one micro-batch size,
+    HBM size and recomputation mode; `step_graph` is the graphs' width with the chip's layer costs
+    (`solver.layer_costs.step_graphs`). InputError when the layout breaks a rule (`fit_rules`)."""
+    fit_rules(question, axes).check(layout)
+    (recompute,) = axes.recompute
+    step = TrainingStepModel.step(question, axes, step_graph, chip.hbm_bandwidth, layout.shard)
+    return prediction(question, axes, step, megatron_placement(step_graph, layout, recompute), chip,
+                      flops_per_micro_batch(graphs, recompute))

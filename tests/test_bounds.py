@@ -9,14 +9,13 @@ from estimator import layer_workload
 from estimator.workload import prepare_layer
 from solver.bounds import lower_bounds, optimistic_throughputs
 from solver.codesign import Resources, evaluate_candidates, refined_throughputs
-from solver.evaluate import core_problem, schedule_problem
+from solver.layer_costs import core_problem, schedule_problem
 from solver.schedule import Op, ScheduleProblem, lower_bound
-from phaze.modes.run_solver import search_context
 
 
 @pytest.fixture
 def res(tmp_path, tiny_settings):
-    return Resources.build(search_context(tiny_settings(tmp_path), 1))
+    return Resources.build(tiny_settings(tmp_path).search_context(1))
 
 
 def test_candidate_prices_match_one_accelerator_at_a_time(res):
@@ -52,7 +51,7 @@ def test_group_bounds_are_the_schedulers_bounds_of_each_problem(res):
             accelerator, costs = res.space[index], bounds[width].costs(index)
             for group in graphs.repeat_groups:
                 forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, res.table,
-                                                    res.job.training.sequence_parallel)
+                                                    res.question.kernels)
                                      for direction in ("forward", "backward"))
                 core = core_problem(forward, graphs.attention_core, accelerator)
                 expected = (lower_bound(schedule_problem(forward, accelerator)),
@@ -83,9 +82,9 @@ def test_lower_bounds_on_random_dags(data):
 
 @pytest.mark.parametrize("system", ["tpuv4_pod", "dgx_a100", "original"])
 def test_bounds_never_below_the_exact_throughput(tmp_path, tiny_settings, system):
-    res = Resources.build(search_context(tiny_settings(tmp_path, f"system={system}"), 1))
+    res = Resources.build(tiny_settings(tmp_path, f"system={system}").search_context(1))
     hbm = 2**30
-    optimistic = optimistic_throughputs(res.job, res.graphs, res.space, res.group_bounds())
+    optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, res.space, res.group_bounds())
     indices = np.linspace(0, len(res.space) - 1, 25).round().astype(int).tolist()
     refined = refined_throughputs(res, indices, hbm)
     exact = [outcome.best(hbm).throughput for outcome in evaluate_candidates(res, indices)]

@@ -26,10 +26,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import graph_extract.extraction as extraction
-from estimator import EstimateTable, candidate_space, named_accelerator
+from estimator import EstimateTable, candidate_space
+from hardware import named_accelerator
 from graph_extract import get_spec
-from graph_extract.serialize import atomic_write, file_identity, set_aside
-from phaze.settings import ConfigError
+from common.files import atomic_write, file_identity, set_aside
+from common.checks import InputError
 from solver.kvstore import KeyValueStore
 from solver.schedule import Op, ScheduleCache, ScheduleProblem, solve
 
@@ -465,13 +466,13 @@ def test_read_only_graph_cache_traces_and_warns_once(tmp_path, caplog, traced, t
 def test_cache_dir_that_cannot_be_a_folder_is_a_config_error(tmp_path, tiny_settings):
     file = tmp_path / "file.txt"
     file.write_text("not a folder")
-    with pytest.raises(ConfigError, match=re.escape(f"cache_dir: {file}/cache is not a directory ({file} is a file)")):
+    with pytest.raises(InputError, match=re.escape(f"cache_dir: {file}/cache is not a directory ({file} is a file)")):
         tiny_settings(file / "cache")
-    with pytest.raises(ConfigError, match=re.escape(f"cache_dir: {file} is not a directory")):
+    with pytest.raises(InputError, match=re.escape(f"cache_dir: {file} is not a directory")):
         tiny_settings(file)
     locked = tmp_path / "locked"
     locked.mkdir()
-    with read_only(locked), pytest.raises(ConfigError, match=re.escape(f"cache_dir: {locked}/cache cannot be created")):
+    with read_only(locked), pytest.raises(InputError, match=re.escape(f"cache_dir: {locked}/cache cannot be created")):
         tiny_settings(locked / "cache")
     assert tiny_settings(tmp_path / "new" / "cache").cache_dir == tmp_path / "new" / "cache"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file.txt", "locked"]  # checked, not created

@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_module
 from graph_extract import ModelSpec, extract, get_spec
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line
-from phaze.settings import ConfigError, settings_from_config
+from common.checks import InputError
+from phaze.settings import settings_from_config
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -174,7 +175,7 @@ def test_two_files_of_one_name_and_different_shapes_have_their_own_cache_entries
 
 def error(*arguments: str, mode: str = "extract_graph") -> str:
     """The one-line message check_command_line raises for the arguments."""
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(InputError) as raised:
         check_command_line(mode, list(arguments))
     assert "\n" not in str(raised.value)
     return str(raised.value)
@@ -205,7 +206,7 @@ def test_an_unknown_field_suggests_the_closest(tmp_path):
     [
         ("num_layers", -1, "num_layers: must be a positive integer at most 16,777,216, got -1"),
         ("hidden_size", "big", "hidden_size: must be a positive integer at most 16,777,216, got 'big'"),
-        ("norm", "batchnorm", "norm: unknown 'batchnorm'; valid: layernorm, rmsnorm"),
+        ("norm", "batchnorm", "norm: unknown 'batchnorm'; allowed: layernorm, rmsnorm"),
         ("bias", "no", "bias: must be true or false, got 'no'"),
         ("dropout", 1.5, "dropout: must be a number in [0, 1), got 1.5"),
         ("name", "a/b", "name: 'a/b' names files; allowed: letters, digits, '.', '_', '-'"),

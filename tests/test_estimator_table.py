@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from estimator import EstimateTable, layer_workload, named_accelerator, prepopulate, tc_gemm_cycles
+from estimator import EstimateTable, layer_workload, prepopulate, tc_gemm_cycles
+from hardware import named_accelerator
 from tests.test_estimator_graphs import gpt_graph
 
 CHIP = named_accelerator("tpuv4_like")

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from estimator import MemorySystem, gemm_cost, named_accelerator, tc_gemm_cycles
+from estimator import MemorySystem, gemm_cost, tc_gemm_cycles
+from hardware import named_accelerator
 
 SUNSTONE = Path(__file__).parent / "data" / "estimator" / "sunstone_tc_latency.csv"
 MIB = 2**20

@@ -15,7 +15,7 @@ import graph_extract.verify as verify_module
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line
-from phaze.settings import ConfigError
+from common.checks import InputError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 NEW_MODELS = ("llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mistral-7b")
@@ -131,7 +131,7 @@ def test_widths_the_key_value_heads_allow():
                                              ffn_hidden_size=2048)
     assert valid_tensor_parallel_widths(spec, 8) == (1, 2)
     with pytest.raises(ValueError, match=r"^tensor_parallel_width: 4 and the 6 key/value heads of llama2 do not "
-                                         r"divide one another; valid: 1, 2$"):
+                                         r"divide one another; allowed: 1, 2$"):
         extract(spec, 1, 64, 4)
     assert valid_tensor_parallel_widths("llama3-405b", 16) == (1, 2, 4, 8, 16)  # 8 heads; t 16 replicates them
     message = check_error("model=llama2", "+model.overrides.hidden_size=768", "+model.overrides.num_heads=12",
@@ -141,7 +141,7 @@ def test_widths_the_key_value_heads_allow():
 
 
 def check_error(*arguments: str) -> str:
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(InputError) as raised:
         check_command_line("run_solver", list(arguments))
     assert "\n" not in str(raised.value)
     return str(raised.value)
@@ -169,7 +169,7 @@ def test_model_configs_validate_with_a_baseline_for_1024_devices(model):
     config = OmegaConf.load(REPOSITORY / "phaze" / "conf" / "model" / f"{model}.yaml")
     assert config.name == model and config.max_tensor_parallel_width == 8
     fixed = config.fixed_megatron
-    assert fixed.pipeline_stages * fixed.tensor_parallel_width * fixed.data_parallel_degree == 1024
+    assert fixed.pipeline_parallel_width * fixed.tensor_parallel_width * fixed.data_parallel_width == 1024
     assert fixed.tensor_parallel_width in valid_tensor_parallel_widths(model, 8)
     check_command_line("run_solver", [f"model={model}"])
 

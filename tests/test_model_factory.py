@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_module
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line
-from phaze.settings import ConfigError, settings_from_config
+from common.checks import InputError
+from phaze.settings import settings_from_config
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DATA = REPOSITORY / "tests" / "data"
@@ -130,7 +131,7 @@ def test_the_source_file_keys_the_cache_and_the_zoo_keys_stay(tmp_path, monkeypa
 
 def error(*arguments: str) -> str:
     """The one-line message check_command_line raises for the arguments."""
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(InputError) as raised:
         check_command_line("extract_graph", list(arguments))
     assert "\n" not in str(raised.value)
     return str(raised.value)
@@ -173,7 +174,7 @@ def test_a_factory_model_keeps_its_shape_and_width():
         "model.overrides.hidden_size: a factory's model has its module's shape; allowed: name, num_layers, "
         "default_sequence_length")
     assert error("model=custom", f"model.config={LLAMA}:tiny", "tensor_parallel_width=2") == (
-        f"tensor_parallel_width: 2, but {LLAMA}:tiny takes no tensor_parallel_width (it builds no shards); valid: 1")
+        f"tensor_parallel_width: 2, but {LLAMA}:tiny takes no tensor_parallel_width (it builds no shards); allowed: 1")
     assert error("model=gpt2", "+model.overrides.factory=x.py:f") == (
         "model.overrides.factory: set by model=custom model.config=MODULE:FUNCTION only")
 

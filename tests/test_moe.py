@@ -15,12 +15,15 @@ import graph_extract.verify as verify_module
 from graph_extract import ModelSpec, extract, get_spec, verify_tensor_parallel
 from graph_extract.transformer import MixtureOfExperts
 from phaze.cli import check_command_line
-from phaze.settings import ConfigError
+from common.checks import InputError
 from phaze.validate import case, prediction
-from solver.placement.capped import degrees, place_capped
+from solver.layout import Layout, data_parallel_widths
+from solver.placement.capped import place_capped
 from solver.placement.layouts import megatron_chunks
-from solver.placement.search import best_over_expert_widths, state_space
-from solver.training_step import Cluster, Device, Placement, StepGraph, StepLayer, Training, TrainingStep
+from solver.placement.search import best_placement, state_space
+from solver.training_step import Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
+from graph_extract import KernelOptions
+from hardware import Cluster, Group
 
 from tests.test_placement_training import partitions, random_steps
 from tests.test_validate_llama import RUNS
@@ -121,18 +124,18 @@ def test_all_to_all_by_hand():
     first tier, 4/8 to the other node over the second; 3 and 1 extra messages."""
     cluster = Cluster.build("two", 16, 4, [dict(bandwidth=100.0, latency=1.0, efficiency=0.5),
                                            dict(bandwidth=10.0, latency=2.0, efficiency=1.0)])
-    collective = cluster.all_to_all(8, 1)
+    collective = cluster.all_to_all(Group(8, 1))
     assert collective.per_byte == pytest.approx(3 / 8 / 50 + 4 / 8 / 10)
     assert collective.fixed == pytest.approx(3 * 1.0 + 1 * 2.0)
-    assert cluster.expert_parallel(2, 4) == cluster.all_to_all(4, 2)  # e replicas at stride t: 2 per node
-    assert cluster.all_to_all(1, 1).per_byte == 0.0
+    assert Layout(2, expert_parallel_width=4).groups()["expert"] == Group(4, 2)  # e replicas at stride t: 2 per node
+    assert cluster.all_to_all(Group(1, 1)).per_byte == 0.0
 
 
 def moe_graph(width: int = 1) -> StepGraph:
     """Embedding (dense), two MoE blocks (half their parameters experts', two all-to-alls), head."""
     def layer(i, block):
         return StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=4e6,
-                         activation_bytes=1e6, recomputable=block, expert_parameters=2e6 if block else 0.0,
+                         activation_bytes=1e6, is_block=block, expert_parameters=2e6 if block else 0.0,
                          all_to_all_bytes=(8e6, 8e6) if block else ())
     return StepGraph(width, tuple(layer(i, 0 < i < 3) for i in range(4)), ((0, 1, 1e6), (1, 2, 1e6), (2, 3, 1e6)))
 
@@ -140,8 +143,9 @@ def moe_graph(width: int = 1) -> StepGraph:
 def test_a_step_with_expert_parallelism_by_hand():
     """One stage (p 1), d 4, e 2, on one tier of 1e9 B/s: every term by hand."""
     cluster = Cluster.build("one", 8, 8, [dict(bandwidth=1e9, latency=0.0, efficiency=1.0)])
-    step = TrainingStep(moe_graph(), cluster, Training("adam", True, True, False), Device(1e12, 1e12), 8, "none", 2)
-    result = step.evaluate(Placement(((0, 1, 2, 3),), 4))
+    step = TrainingStep(moe_graph(), cluster, TrainingOptions("adam", "optimizer"), KernelOptions(True),
+                        Device(1e12, 1e12), 8, "none", Layout(1, expert_parallel_width=2))
+    result = step.price(Placement(Layout(1, 1, 4, expert_parallel_width=2), ((0, 1, 2, 3),)))
     # all-to-all of 2 at stride 1: half of 8e6 bytes leaves, 4e-3 s; 2 forward + 2 backward per block
     assert result.breakdown["expert_parallel"] == pytest.approx(2 * 2 * 2 * 4e-3 * 2)  # 2 micro-batches
     # parameters per device: 4 x 4e6 - 2 x 2e6 / 2 = 14e6, of which 2e6 are experts' (synced over d/e = 2)
@@ -155,18 +159,19 @@ def test_a_step_with_expert_parallelism_by_hand():
     assert result.memory[0]["optimizer_state"] == pytest.approx(dense * 12 / 4 + experts * 12 / 2)
     assert result.breakdown["optimizer"] == pytest.approx(2 * (dense * 3 + experts * 6) / 1e12)
     # d must be a multiple of e
-    assert "expert_parallel_width: 2 does not divide the data-parallel degree 1" in \
-        step.evaluate(Placement(((0, 1, 2, 3),), 1)).infeasible_reason
+    assert step.price(Placement(Layout(1, 1, 1, expert_parallel_width=2), ((0, 1, 2, 3),))).infeasible_reason == (
+        "expert_parallel_width: 2 does not divide data_parallel_width=1 (the experts are split over data-parallel "
+        "replicas)")
 
 
 def with_experts(step: TrainingStep, rng: random.Random, experts_width: int) -> TrainingStep:
     """The step with its blocks made MoE blocks: part of their parameters experts', two all-to-alls."""
     layers = tuple(dataclasses.replace(layer, expert_parameters=layer.parameters * rng.choice([0.5, 0.75]),
                                        all_to_all_bytes=(float(rng.randint(1, 4)) * 1e6,) * 2)
-                   if layer.recomputable else layer for layer in step.graph.layers)
+                   if layer.is_block else layer for layer in step.graph.layers)
     graph = dataclasses.replace(step.graph, layers=layers)
-    return TrainingStep(graph, step.cluster, step.training, step.device, step.micro_batches, step.recompute,
-                        experts_width)
+    return TrainingStep(graph, step.cluster, step.training, step.kernels, step.device, step.micro_batches,
+                        step.recompute, step.shard.replace(expert_parallel_width=experts_width))
 
 
 def brute_force(step: TrainingStep) -> float:
@@ -178,7 +183,7 @@ def brute_force(step: TrainingStep) -> float:
         members = np.zeros((step.graph.n, len(stages)), dtype=bool)
         for index, stage in enumerate(stages):
             members[list(stage), index] = True
-        scored = step.score(step.stage_terms(members), 1, options)
+        scored = step.score(step.stage_terms(members), [step.layout(len(stages), d) for d in options])
         if scored["fits"].any():
             best = min(best, float(scored["time"][scored["fits"]].min()))
     return best
@@ -195,11 +200,12 @@ def test_placement_search_with_expert_parallelism_equals_brute_force(seed):
                 found = place_capped(step, state_space(step))
                 expected = brute_force(step)
                 assert (found[1].time_per_batch if found else math.inf) == pytest.approx(expected, rel=1e-12), (e, t)
-        result = best_over_expert_widths(by_experts, virtual_stages=(1,))
+        result = best_placement([by_experts[e][t] for e in sorted(by_experts) for t in sorted(by_experts[e])],
+                                virtual_stages=(1,))
         expected = min(brute_force(step) for at_e in by_experts.values() for step in at_e.values())
         assert result.time_per_batch == pytest.approx(expected, rel=1e-12), mode
         if result.feasible:
-            assert result.data_parallel_degree % result.expert_parallel_width == 0
+            assert result.layout.data_parallel_width % result.layout.expert_parallel_width == 0
 
 
 def test_search_lower_bound_holds_for_every_expert_width():
@@ -211,11 +217,12 @@ def test_search_lower_bound_holds_for_every_expert_width():
             compute = np.array([layer.forward + layer.backward for layer in moe.graph.layers])
             found = place_capped(moe, state_space(moe))
             if found:
-                assert moe.time_lower_bound(compute, degrees(moe)) <= found[1].time_per_batch * (1 + 1e-12)
+                bound = moe.time_lower_bound(compute, data_parallel_widths(moe.fit_rules(), moe.shard))
+                assert bound <= found[1].time_per_batch * (1 + 1e-12)
 
 
 def check_error(mode: str, *arguments: str) -> str:
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(InputError) as raised:
         check_command_line(mode, list(arguments))
     assert "\n" not in str(raised.value)
     return str(raised.value)
@@ -231,7 +238,7 @@ def test_bad_moe_input_is_one_line_naming_the_field():
     assert check_error("run_solver", "model=llama3-8b", "expert_parallel_width=2") == (
         "expert_parallel_width: 2 does not divide llama3-8b (no experts); allowed: 1")
     assert check_error(
-        "predict", "model=mixtral-8x7b", "accelerator.preset=h100_sxm", "system=dgx_h100", "num_devices=16",
+        "predict", "model=mixtral-8x7b", "chip=h100_sxm", "system=dgx_h100", "num_devices=16",
         "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4", "expert_parallel_width=8",
         "recompute=selective").startswith("expert_parallel_width: 8 does not divide data_parallel_width=4")
     assert check_error("run_solver", "model=mixtral-8x7b", "+model.overrides.capacity_factor=0").startswith(
@@ -242,7 +249,7 @@ def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
     """Megatron's --account-for-embedding/loss-in-pipeline-split (Qwen3-235B's 94 blocks on 8 x 4
     chunks): 4 blocks + 2 on 3 stages are [embedding, b1] [b2, b3] [b4, head]; on 6 chunks the
     first holds the embedding alone."""
-    graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, recomputable=0 < i < 5) for i in range(6)),
+    graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 5) for i in range(6)),
                       tuple((i, i + 1, 1.0) for i in range(5)))
     assert megatron_chunks(graph, 3) is None
     assert megatron_chunks(graph, 3, account_for_ends=True) == ((0, 1), (2, 3), (4, 5))

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from graph_extract import extract
-from phaze.progress import INTERVAL, INTERVAL_VARIABLE, Progress, duration, progress_interval, show
+from common.progress import INTERVAL, INTERVAL_VARIABLE, Progress, duration, progress_interval
+from phaze.console import show
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 #: A run_solver of a few seconds that evaluates its 4 candidates in 2 worker processes.

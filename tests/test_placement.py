@@ -226,5 +226,5 @@ def test_table_size_does_not_depend_on_the_cluster_size():
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
     settings = replace(settings, devices=10_000, memory_per_device=1e12)
     result = solve(graphs, settings)
-    assert result.time_per_batch == 30.25 and result.data_parallel_degree == 16
+    assert result.time_per_batch == 30.25 and result.layout.data_parallel_width == 16
     assert [stage.layer_ids for stage in result.stages] == [(0, 1), (2, 3)]

@@ -68,17 +68,17 @@ def ordered_partitions(predecessors: list[int], remaining: int):
         subset = (subset - 1) & remaining
 
 
-def partition_time(costs: list, data_parallel_degree: int, settings: PlacementSettings) -> float:
+def partition_time(costs: list, data_parallel_width: int, settings: PlacementSettings) -> float:
     """Time per batch of stages with the given costs, straight from the 1F1B formula (∞ if it does not fit)."""
     depth = len(costs)
-    if sum(cost.devices for cost in costs) * data_parallel_degree > settings.devices:
+    if sum(cost.devices for cost in costs) * data_parallel_width > settings.devices:
         return math.inf
     if any(depth - index > cost.max_in_flight for index, cost in enumerate(costs)):
         return math.inf
     max_load = max(cost.load_inner if depth - index > 1 else cost.load_last for index, cost in enumerate(costs))
     sync = costs[0].parameter_bytes
-    micro_batches = -(-settings.micro_batches_per_batch // data_parallel_degree)
-    degree = data_parallel_degree
+    micro_batches = -(-settings.micro_batches_per_batch // data_parallel_width)
+    degree = data_parallel_width
     return max_load * float(micro_batches + depth - 1) + (((4.0 * (degree - 1)) * sync) / settings.bandwidth) / degree
 
 
@@ -106,7 +106,7 @@ def test_dp_equals_brute_force_on_small_dags(seed):
     assert result.time_per_batch == brute_force(graphs, settings)
     if result.feasible:
         # the stages returned really achieve the reported time
-        width = result.tensor_parallel_width
+        width = result.layout.tensor_parallel_width
         order = topological_order(graphs[min(graphs)])
         graph = width_graph(graphs[width], width, order)
         position = {layer_id: p for p, layer_id in enumerate(order)}
@@ -114,7 +114,7 @@ def test_dp_equals_brute_force_on_small_dags(seed):
         assert sorted(p for stage in stages for p in stage) == list(range(graph.n))
         costs = [stage_cost(graph, stage, settings) for stage in stages]
         assert [cost.devices for cost in costs] == [stage.devices for stage in result.stages]
-        assert partition_time(costs, result.data_parallel_degree, settings) == result.time_per_batch
+        assert partition_time(costs, result.layout.data_parallel_width, settings) == result.time_per_batch
 
 
 @pytest.mark.parametrize("seed", range(25))

@@ -9,12 +9,14 @@ import random
 import numpy as np
 import pytest
 
-from solver.placement.capped import degrees, place_capped
+from graph_extract import KernelOptions
+from hardware import Cluster
+from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
+from solver.placement.capped import place_capped
 from solver.placement.candidates import downset_space
-from solver.placement.layouts import allowed_virtual_stages, interleaved, megatron_chunks
+from solver.placement.layouts import interleaved, megatron_chunks
 from solver.placement.search import best_placement, fixed_megatron, state_space
-from solver.training_step import (Cluster, Device, StepGraph, StepLayer, Training, TrainingStep,
-                                  RECOMPUTE_MODES)
+from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, StepLayer, TrainingOptions, TrainingStep
 
 from tests.test_placement_search import ordered_partitions
 
@@ -32,7 +34,7 @@ def random_graph(rng: random.Random, layers: int, width: int, chain: bool, scale
                   attention_core_forward=float(rng.randint(0, 1)) / width, parameters=scale["parameters"][i] / width,
                   activation_bytes=scale["activations"][i] / width, replicated_activation_bytes=scale["activations"][i] / 8,
                   attention_core_activation_bytes=scale["activations"][i] / 4 / width, input_bytes=2e6,
-                  replicated_input_bytes=2e6, recomputable=block,
+                  replicated_input_bytes=2e6, is_block=block,
                   forward_collective_bytes=(4e6,) * (width > 1), backward_collective_bytes=(4e6,) * (width > 1))
         for i, block in enumerate(kinds)), tuple((i, j, float(rng.randint(0, 3)) * 1e6) for i, j in edges))
 
@@ -49,10 +51,12 @@ def random_steps(seed: int, layers: int, chain: bool = True) -> dict[str, dict[i
     tiers = [dict(bandwidth=float(rng.choice([1e9, 5e9])), latency=1e-4, efficiency=0.8),
              dict(bandwidth=float(rng.choice([1e8, 5e8])), latency=1e-3, efficiency=0.9)]
     cluster = Cluster.build("random", devices, node, tiers if node < devices else tiers[:1])
-    training = Training(rng.choice(["adam", "sgd"]), rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.25)
+    optimizer, sharded, sequence_parallel = rng.choice(["adam", "sgd"]), rng.random() < 0.5, rng.random() < 0.5
+    training = TrainingOptions(optimizer, "optimizer" if sharded else "none", rng.random() < 0.25)
+    kernels = KernelOptions(sequence_parallel)
     device = Device(float(rng.randint(20, 200)) * 1e6, 1e11)
     batches = rng.choice([1, 2, 4, 6, 8, 12, 16])
-    return {mode: {width: TrainingStep(graph, cluster, training, device, batches, mode)
+    return {mode: {width: TrainingStep(graph, cluster, training, kernels, device, batches, mode, Layout(width))
                    for width, graph in graphs.items() if width <= devices}
             for mode in RECOMPUTE_MODES}
 
@@ -68,10 +72,10 @@ def partitions(step: TrainingStep):
 def brute_force(step: TrainingStep, interleaving: bool) -> float:
     """The least feasible time per batch over every placement the search may return."""
     best = math.inf
-    options = degrees(step)
+    options = data_parallel_widths(step.fit_rules(), step.shard)
     layouts = [(stages, 1) for stages in partitions(step)]
     if interleaving:
-        blocks = sum(layer.recomputable for layer in step.graph.layers)
+        blocks = sum(layer.is_block for layer in step.graph.layers)
         layouts += [(chunks, v) for v in allowed_virtual_stages(blocks)[1:] for p in range(2, blocks // v + 1)
                     if (chunks := megatron_chunks(step.graph, p, v))]
     for chunks, v in layouts:
@@ -80,7 +84,7 @@ def brute_force(step: TrainingStep, interleaving: bool) -> float:
         members = np.zeros((step.graph.n, len(chunks)), dtype=bool)
         for index, chunk in enumerate(chunks):
             members[list(chunk), index] = True
-        scored = step.score(step.stage_terms(members), v, options)
+        scored = step.score(step.stage_terms(members), [step.layout(len(chunks) // v, d, v) for d in options])
         allowed = scored["fits"] & (np.ones(len(options), bool) if v == 1 else
                                     np.array([(step.micro_batches // d) % (len(chunks) // v) == 0 for d in options]))
         if allowed.any():
@@ -97,14 +101,14 @@ def test_dp_equals_brute_force_on_small_chains(seed):
             expected = brute_force(step, interleaving=False)
             assert (found[1].time_per_batch if found else math.inf) == pytest.approx(expected, rel=1e-12), (mode, width)
             if found:  # the DP's placement is a real one, scored as reported
-                assert found[1].feasible and step.evaluate(found[0]) == found[1]
+                assert found[1].feasible and step.price(found[0]) == found[1]
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_search_over_widths_and_interleaving_equals_brute_force(seed):
     rng = random.Random(100 + seed)
     for mode, steps in random_steps(100 + seed, rng.randint(4, 9)).items():
-        result = best_placement(steps)
+        result = best_placement([steps[width] for width in sorted(steps)])
         expected = min(brute_force(step, interleaving=True) for step in steps.values())
         assert result.time_per_batch == pytest.approx(expected, rel=1e-12), mode
         if result.feasible:
@@ -137,15 +141,16 @@ def test_interleaving_is_searched_and_bounded():
     step = steps[max(steps)]
     space = state_space(step)
     found = interleaved(step, space, step.stage_terms(space.members), None, math.inf)
-    assert found is None or found[0].virtual_stages > 1
+    assert found is None or found[0].layout.virtual_stages > 1
     if found:
         assert interleaved(step, space, step.stage_terms(space.members), None, found[1].time_per_batch) is None
 
 
 def test_fixed_megatron_layout():
     step = random_steps(3, 6)["none"][1]  # 4 blocks between the embedding and the head
-    result, reason = fixed_megatron(step, 2, 1)
+    result, reason = fixed_megatron(step, Layout(1, 2, 1))
     assert reason is None or reason.startswith("memory")
     if result is not None:
         assert [stage.layer_ids for stage in result.stages] == [(0, 1, 2), (3, 4, 5)]
-    assert fixed_megatron(step, 3, 1) == (None, "the blocks of the model do not split evenly into 3 pipeline stages")
+    assert fixed_megatron(step, Layout(1, 3, 1)) == (
+        None, "the blocks of the model do not split evenly into 3 pipeline stages")

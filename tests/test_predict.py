@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from estimator.known import KNOWN_CHIPS, known_chip
-from estimator.roofline import layer_times, op_seconds, waves
 from estimator.fusion import fuse_layers
+from estimator.roofline import layer_times, op_seconds, waves
 from estimator.work import Gemm
-from graph_extract import extract, get_spec
-from phaze.settings import system_cluster
+from graph_extract import KernelOptions, extract, get_spec
+from hardware import KNOWN_CHIPS, cluster, known_chip
 from phaze.validate import case, validate
-from solver.job import Job
-from solver.predict import predict, roofline_costs
-from solver.training_step import Training
+from solver.layer_costs import roofline_costs, step_graphs
+from solver.layout import Layout
+from solver.predict import Prediction, predict
+from solver.question import Axes, Question
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
@@ -66,22 +66,24 @@ def test_memory_bound_operators_move_their_bytes():
     split = [1.0] * len(graphs.op_graph.nodes)
     assert op_seconds(graphs.op_graph, norm, "forward", A100, split) == pytest.approx(moved / bandwidth, rel=1e-12)
     assert op_seconds(graphs.op_graph, norm, "backward", A100, split) == pytest.approx(2 * moved / bandwidth, rel=1e-12)
-    times = layer_times(graphs.op_graph, 1, A100, False, graphs.attention_core)
+    times = layer_times(graphs.op_graph, 1, A100, KernelOptions(False), graphs.attention_core)
     assert 0 < times.attention_core_forward < times.forward < times.backward
 
 
-def tiny_job(width: int, recompute: str, devices: int = 16, batch: int = 16) -> Job:
-    return Job(TINY, S, 2, batch, (width,), system_cluster("dgx_a100", devices), (80 * 2**30,),
-               Training("adam", True, True, False), (recompute,))
+def tiny_prediction(width: int, stages: int, degree: int, recompute: str) -> tuple[Question, Prediction]:
+    """The tiny GPT (micro-batch 2, batch 16) on 16 A100 of a DGX A100 cluster, priced by its roofline."""
+    question = Question(TINY, S, 16, cluster("dgx_a100", 16))
+    axes = Axes((2,), (80 * 2**30,), (recompute,), (width,))
+    graphs = extract(TINY, 2, S, width)
+    costs = roofline_costs(question.kernels, {width: graphs}, A100)
+    graph = step_graphs({width: graphs}, costs)[width]
+    return question, predict(question, axes, Layout(width, stages, degree), graphs, graph, A100)
 
 
 @pytest.mark.parametrize("recompute, passes", [("none", 3), ("full", 4)])
 def test_model_flops_and_mfu_by_hand(recompute, passes):
-    width, stages, degree = 2, 2, 4
-    job = tiny_job(width, recompute)
-    graphs = extract(TINY, 2, S, width)
-    result = predict(job, graphs, roofline_costs(job, {width: graphs}, A100), A100, stages, degree)
-    batch = job.global_batch_size
+    question, result = tiny_prediction(2, 2, 4, recompute)
+    batch = question.global_batch_size
     model = 72 * batch * S * L * H**2 * (1 + S / (6 * H) + V / (12 * L * H))  # Narayanan et al. 2021, Eq. 3
     assert result.model_flops_per_batch == pytest.approx(model, rel=1e-12)
     hardware = {3: model, 4: 96 * batch * S * L * H**2 * (1 + S / (6 * H) + V / (16 * L * H))}[passes]
@@ -96,19 +98,18 @@ def test_a_prediction_term_by_term():
     # t=2 p=2 d=4 on 16 A100s in two DGX nodes: stage 0 = embedding + block 1, stage 1 = block 2 + head;
     # m = 16 / (2 · 4) = 2 micro-batches per replica
     width, stages, degree = 2, 2, 4
-    job = tiny_job(width, "selective")
+    question, result = tiny_prediction(width, stages, degree, "selective")
     graphs = extract(TINY, 2, S, width)
-    costs = roofline_costs(job, {width: graphs}, A100)[width]
-    result = predict(job, graphs, {width: costs}, A100, stages, degree)
+    costs = roofline_costs(question.kernels, {width: graphs}, A100)[width]
     layers = graphs.layer_graph.layers
-    cluster = job.system
+    cluster = question.cluster
     nvlink, infiniband = (tier.bandwidth * tier.efficiency for tier in cluster.tiers)
     latency = cluster.tiers[0].latency
     ring = 2 * (2 - 1) / 2 / nvlink  # a tensor-parallel pair inside a node, per byte
 
     def stage(ids):
         compute = sum(costs[i].forward + costs[i].backward for i in ids)
-        rerun = sum(costs[i].attention_core_forward for i in ids if layers[i].recomputable)
+        rerun = sum(costs[i].attention_core_forward for i in ids if layers[i].is_block)
         collectives = sum(ring * b + 2 * latency for i in ids
                           for b in layers[i].forward_collective_bytes + layers[i].backward_collective_bytes)
         return compute, rerun, collectives
@@ -167,7 +168,7 @@ def phaze(*arguments, cwd):
 TINY_ARGUMENTS = ["model=megatrongpt3", "+model.overrides.num_layers=2", "+model.overrides.hidden_size=256",
                   "+model.overrides.num_heads=8", "+model.overrides.ffn_hidden_size=1024",
                   "+model.overrides.vocab_size=1024", "+model.overrides.max_position_embeddings=128",
-                  "sequence_length=128", "accelerator.preset=a100_80gb", "system=dgx_a100", "global_batch_size=16",
+                  "sequence_length=128", "chip=a100_80gb", "system=dgx_a100", "global_batch_size=16",
                   "micro_batch_size=2", "recompute=selective"]
 
 
@@ -204,18 +205,18 @@ def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
     (["num_devices=16", "tensor_parallel_width=16", "pipeline_parallel_width=1", "data_parallel_width=1",
       "max_tensor_parallel_width=16"], "tensor_parallel_width: 16 does not divide the 8 heads"),
     (["num_devices=24", "tensor_parallel_width=1", "pipeline_parallel_width=3", "data_parallel_width=8"],
-     "pipeline_parallel_width: 3 stages divide neither the 2 blocks of megatrongpt3 nor 2 + 2 (embedding and loss "
-     "counted); allowed: 1, 2, 4"),
+     "pipeline_parallel_width: 3 stages divide neither the 2 blocks nor 2 + 2 (embedding and loss counted); "
+     "allowed: 1, 2, 4"),
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
-      "virtual_stages=3"], "virtual_stages: 2 stages x 3 virtual stages divide neither the 2 blocks of megatrongpt3 "
-                           "nor 2 + 2; allowed with pipeline_parallel_width=2: 1, 2"),
+      "virtual_stages=3"], "virtual_stages: 2 stages x 3 virtual stages divide neither the 2 blocks nor 2 + 2 "
+                           "(embedding and loss counted); allowed with pipeline_parallel_width=2: 1, 2"),
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
       "recompute=[none,full]"], "recompute: predict prices one placement; give one value (none, selective, full)"),
     (["num_devices=8", "tensor_parallel_width=1", "pipeline_parallel_width=1", "data_parallel_width=8",
-      "micro_batch_size=4"], "micro_batch_size: global_batch_size=16 is not a multiple of micro_batch_size x "
-                             "data_parallel_width = 4 x 8"),
+      "micro_batch_size=4"], "data_parallel_width: 8 does not divide the 4 micro-batches per batch "
+                             "(global_batch_size / micro_batch_size)"),
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
-      "accelerator.preset=tpuv4_like"], "accelerator.preset: predict prices a chip that exists"),
+      "chip=tpuv4_like"], "chip: predict prices a chip that exists"),
 ])
 def test_predict_input_errors(arguments, message, tmp_path):
     run = phaze("predict", *TINY_ARGUMENTS, *arguments, cwd=tmp_path)
@@ -225,8 +226,8 @@ def test_predict_input_errors(arguments, message, tmp_path):
 
 def test_placement_search_on_a_known_chip(tmp_path):
     run = phaze("run_solver", *TINY_ARGUMENTS[:-2], "micro_batch_size=[1,2]", "num_devices=16",
-                "model.fixed_megatron.pipeline_stages=2", "model.fixed_megatron.tensor_parallel_width=2",
-                "model.fixed_megatron.data_parallel_degree=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                "model.fixed_megatron.pipeline_parallel_width=2", "model.fixed_megatron.tensor_parallel_width=2",
+                "model.fixed_megatron.data_parallel_width=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     best = json.loads((tmp_path / "run" / "best.json").read_text())
     assert best["accelerator"]["name"] == "a100_80gb" and best["feasible"]

@@ -216,7 +216,7 @@ def test_joined_cluster_with_an_actor_killed_finds_the_local_answer(local_run, c
 
 
 @pytest.mark.parametrize("overrides, path, message", [
-    (["executor=foo"], [], "phaze: error: executor: unknown 'foo'; valid: local, ray"),
+    (["executor=foo"], [], "phaze: error: executor: unknown 'foo'; allowed: local, ray"),
     (["executor=ray"], ["no_ray"], "phaze: error: executor: ray cannot be imported (No module named 'ray'); install "
                                    "it with pip install 'phaze[ray]', or give executor=local"),
     (["executor=ray", "ray_address=127.0.0.1:1"], [], "phaze: error: ray_address: cannot reach 127.0.0.1:1 "

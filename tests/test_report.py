@@ -52,7 +52,7 @@ def real_runs(tmp_path_factory):
         codesign.evaluate_candidates = real
     # what a job of a -m sweep that failed leaves
     results.write_best(root / "failed", {"model": "megatrongpt3", "error": FAILED, "per_setting": [], "complete": False})
-    execute(settings(cache, "accelerator.preset=a100_80gb", "system=dgx_a100"), root / "a100")
+    execute(settings(cache, "chip=a100_80gb", "system=dgx_a100"), root / "a100")
     shutil.rmtree(cache)
     return root
 

@@ -95,12 +95,13 @@ def test_run_solver_end_to_end_files_and_report(tmp_path):
     (run,) = (tmp_path / "outputs" / "runs").glob("*/*")
     best = json.loads((run / "best.json").read_text())
     for key in ("model", "micro_batch_size", "hbm_size_gib", "throughput", "time_per_batch_s",
-                "architectures_evaluated", "system", "optimizer", "sharded_optimizer", "memory_capacity_bytes",
+                "architectures_evaluated", "system", "optimizer", "data_parallel_sharding", "sequence_parallel",
+                "memory_capacity_bytes",
                 "breakdown_s"):
         assert key in best
     assert set(best["accelerator"]) >= {"num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "area"}
-    assert set(best["placement"]) >= {"pipeline_stages", "tensor_parallel_width", "data_parallel_degree",
-                                      "virtual_stages", "recompute", "sequence_parallel", "stages"}
+    assert set(best["placement"]) >= {"pipeline_parallel_width", "tensor_parallel_width", "data_parallel_width",
+                                      "virtual_stages", "recompute", "stages"}
     for name in ("tpuv4_like", "fixed_megatron"):
         assert best["baselines"][name]["throughput"] > 0 and best["baselines"][name]["speedup"] > 0
     assert len(best["per_setting"]) == 4
@@ -135,8 +136,8 @@ def test_micro_batch_that_does_not_divide_the_batch(tmp_path):
 def test_a_finished_run_reruns_from_the_caches_alone(run_in, monkeypatch):
     """Everything a finished run computed is read back: the rerun solves no layer schedule and
     searches no placement (placement results are cached per chip and HBM size), same answers."""
-    import solver.evaluate
     import solver.schedule.cache
+    import solver.step_models
 
     first, _ = run_in("first", "hbm_size=[1,2]", "micro_batch_size=[1,2]", "candidate_sample=24")
 
@@ -144,6 +145,6 @@ def test_a_finished_run_reruns_from_the_caches_alone(run_in, monkeypatch):
         raise AssertionError("computed again instead of read from the cache")
 
     monkeypatch.setattr(solver.schedule.cache, "solve", computed)
-    monkeypatch.setattr(solver.evaluate, "best_over_expert_widths", computed)
+    monkeypatch.setattr(solver.step_models, "best_placement", computed)
     again, _ = run_in("again", "hbm_size=[1,2]", "micro_batch_size=[1,2]", "candidate_sample=24")
     assert again["complete"] and again["per_setting"] == first["per_setting"]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from solver.search import area_buckets, bounded, exhaustive, phaze_sweep
+from solver.strategies import area_buckets, bounded, exhaustive, phaze_sweep
 
 
 def counting(values):

@@ -40,12 +40,12 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     real = run_solver.execute
 
     def fail_for_the_first_micro_batch_size(settings, directory):
-        if settings.micro_batch_sizes == (1,):
+        if settings.axes.micro_batch_sizes == (1,):
             raise RuntimeError("disk quota exceeded\nsecond line")
         return real(settings, directory)
 
     monkeypatch.setattr(run_solver, "execute", fail_for_the_first_micro_batch_size)
-    monkeypatch.setattr(cli, "SWEEP", sweep.Sweep())
+    monkeypatch.setattr(sweep, "SWEEP", sweep.Sweep())
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["phaze", "run_solver", "-m", *SMALL, "micro_batch_size=1,2",
                                       f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
@@ -56,4 +56,4 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     assert failed["error"] == "RuntimeError: disk quota exceeded" and failed["complete"] is False
     assert "RuntimeError: disk quota exceeded" in (tmp_path / "sweep" / "0" / "traceback.txt").read_text()
     assert results.read_best(tmp_path / "sweep" / "1")["complete"] is True
-    assert cli.SWEEP.jobs == 2 and [f.directory.name for f in cli.SWEEP.failures] == ["0"]
+    assert sweep.SWEEP.jobs == 2 and [f.directory.name for f in sweep.SWEEP.failures] == ["0"]

@@ -7,10 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from graph_extract import extract, get_spec
-from solver.placement.capped import degrees
-from solver.placement.layouts import allowed_virtual_stages, megatron_chunks
-from solver.training_step import (Cluster, Device, ModelState, Placement, StepGraph, StepLayer, Training, TrainingStep,
+from graph_extract import KernelOptions, extract, get_spec
+from hardware import Cluster
+from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
+from solver.placement.layouts import megatron_chunks
+from solver.training_step import (Device, ModelState, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep,
                                   held_activations, in_flight)
 
 S, B, H, A = 128, 2, 256, 8  # sequence, micro-batch, hidden, heads of the traced GPT
@@ -31,7 +32,7 @@ def test_activations_of_a_traced_gpt_block_follow_the_table(width):
         ("full", True): 2 * sbh / t,
     }
     for (mode, sequence_parallel), value in expected.items():
-        held, working = held_activations([block], mode, width, sequence_parallel)
+        held, working = held_activations([block], mode, width, KernelOptions(sequence_parallel))
         assert held[0] == pytest.approx(value, rel=1e-12), (mode, sequence_parallel)
         if mode == "full":  # while recomputed, the block's whole activations are back
             assert working[0] == pytest.approx(expected["none", sequence_parallel], rel=1e-12)
@@ -57,14 +58,14 @@ def small_step(recompute: str = "none") -> TrainingStep:
     """4 equal blocks in a chain on one 1 GB/s tier, t = 1, 8 micro-batches per batch."""
     layers = tuple(StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=1e6,
                              activation_bytes=1e6, attention_core_activation_bytes=3e5, input_bytes=2e5,
-                             recomputable=True) for i in range(4))
+                             is_block=True) for i in range(4))
     graph = StepGraph(1, layers, tuple((i, i + 1, 1e6) for i in range(3)))
     cluster = Cluster.build("flat", 8, 8, [dict(bandwidth=1e9)])
-    return TrainingStep(graph, cluster, Training(), Device(1e12, 1e12), 8, recompute)
+    return TrainingStep(graph, cluster, TrainingOptions(), KernelOptions(), Device(1e12, 1e12), 8, recompute, Layout(1))
 
 
 def test_a_step_by_hand():
-    result = small_step().evaluate(Placement(((0, 1), (2, 3)), 2))
+    result = small_step().price(Placement(Layout(1, 2, 2), ((0, 1), (2, 3))))
     # m = 4 micro-batches per replica; each stage: 2 × (1 + 2) s of compute and one 1 MB transfer
     # each way (1 ms); bubble (p − 1)·ℓ. Sync (sharded): reduce-scatter of 2e6 × 4 bytes and
     # all-gather of 2e6 × 2 bytes among 2 replicas, S/(2B) each; optimizer: 2 × 2e6 × 12/2 / 1e12.
@@ -80,17 +81,17 @@ def test_a_step_by_hand():
 
 
 def test_recomputation_by_hand():
-    full = small_step("full").evaluate(Placement(((0, 1), (2, 3)), 2, "full"))
+    full = small_step("full").price(Placement(Layout(1, 2, 2), ((0, 1), (2, 3)), "full"))
     assert full.breakdown["recompute"] == 4 * 2.0  # the two forwards again, every micro-batch
     assert full.memory[0]["activations"] == 2 * 4e5 + 1e6  # two inputs per micro-batch + one layer rebuilt
-    selective = small_step("selective").evaluate(Placement(((0, 1), (2, 3)), 2, "selective"))
+    selective = small_step("selective").price(Placement(Layout(1, 2, 2), ((0, 1), (2, 3)), "selective"))
     assert selective.breakdown["recompute"] == 4 * 0.5
     assert selective.memory[0]["activations"] == 2 * 2 * (1e6 - 3e5)
 
 
 def test_interleaved_schedule_by_hand():
     step = small_step()
-    result = step.evaluate(Placement(megatron_chunks(step.graph, 2, 2), 2, virtual_stages=2))
+    result = step.price(Placement(Layout(1, 2, 2, 2), megatron_chunks(step.graph, 2, 2)))
     # device 0 runs chunks 0 and 2, device 1 chunks 1 and 3: 6 s of compute and 3 MB of transfers
     # each; pipeline (m + (p − 1)/v)·ℓ = 4.5 × 6.003; device 0 holds 2.5 micro-batches' worth
     assert result.breakdown["bubble"] == pytest.approx(6.003 / 2, rel=1e-12)
@@ -100,10 +101,14 @@ def test_interleaved_schedule_by_hand():
 
 def test_infeasible_placements_say_why():
     step = small_step()
-    assert "does not divide" in step.evaluate(Placement(((0, 1), (2, 3)), 3)).infeasible_reason
-    assert "devices" in step.evaluate(Placement(((0, 1), (2, 3)), 8)).infeasible_reason
-    tight = TrainingStep(step.graph, step.cluster, step.training, Device(2.7e7, 1e12), 8, "none")
-    assert tight.evaluate(Placement(((0, 1), (2, 3)), 2)).infeasible_reason.startswith("memory: stage 0 needs")
+    assert step.price(Placement(Layout(1, 2, 3), ((0, 1), (2, 3)))).infeasible_reason == (
+        "data_parallel_width: 3 does not divide the 8 micro-batches per batch (global_batch_size / micro_batch_size)")
+    assert step.price(Placement(Layout(1, 2, 8), ((0, 1), (2, 3)))).infeasible_reason == (
+        "devices: 2 stages x 1 x 8 replicas need 16, the cluster has 8")
+    tight = TrainingStep(step.graph, step.cluster, step.training, step.kernels, Device(2.7e7, 1e12), 8, "none",
+                         step.shard)
+    assert tight.price(Placement(Layout(1, 2, 2), ((0, 1), (2, 3)))).infeasible_reason.startswith(
+        "memory: stage 0 needs")
 
 
 def random_step(rng: random.Random, recompute: str, layers: int) -> TrainingStep:
@@ -114,7 +119,7 @@ def random_step(rng: random.Random, recompute: str, layers: int) -> TrainingStep
         StepLayer(i, forward=rng.uniform(0.1, 2), backward=rng.uniform(0.2, 4), attention_core_forward=rng.uniform(0, 0.3),
                   parameters=rng.uniform(1e5, 1e7), activation_bytes=rng.uniform(1e5, 1e7),
                   replicated_activation_bytes=rng.uniform(0, 1e5), attention_core_activation_bytes=rng.uniform(0, 1e5),
-                  input_bytes=rng.uniform(0, 1e6), replicated_input_bytes=0.0, recomputable=block,
+                  input_bytes=rng.uniform(0, 1e6), replicated_input_bytes=0.0, is_block=block,
                   forward_collective_bytes=(rng.uniform(0, 1e7),) * (width > 1),
                   backward_collective_bytes=(rng.uniform(0, 1e7),) * (width > 1))
         for i, block in enumerate(kinds)), tuple((i, i + 1, rng.uniform(0, 1e7)) for i in range(layers - 1)))
@@ -122,9 +127,11 @@ def random_step(rng: random.Random, recompute: str, layers: int) -> TrainingStep
     cluster = Cluster.build("random", devices, rng.choice([2, 4, 8]), [
         dict(bandwidth=rng.uniform(1e10, 1e11), latency=1e-5, efficiency=0.8),
         dict(bandwidth=rng.uniform(1e9, 1e10), latency=2e-5, efficiency=0.9)])
-    training = Training(rng.choice(["adam", "sgd"]), rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.3)
-    return TrainingStep(graph, cluster, training, Device(rng.uniform(1e8, 1e9), 1e12), rng.choice([4, 8, 12, 16]),
-                        recompute)
+    optimizer, sharded, sequence_parallel = rng.choice(["adam", "sgd"]), rng.random() < 0.5, rng.random() < 0.5
+    training = TrainingOptions(optimizer, "optimizer" if sharded else "none", rng.random() < 0.3)
+    kernels = KernelOptions(sequence_parallel)
+    return TrainingStep(graph, cluster, training, kernels, Device(rng.uniform(1e8, 1e9), 1e12),
+                        rng.choice([4, 8, 12, 16]), recompute, Layout(width))
 
 
 def placements(step: TrainingStep):
@@ -133,13 +140,13 @@ def placements(step: TrainingStep):
     for cuts in itertools.product([False, True], repeat=n - 1):
         bounds = [0, *(i + 1 for i, cut in enumerate(cuts) if cut), n]
         stages = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
-        for degree in degrees(step):
-            yield Placement(stages, degree, step.recompute)
+        for degree in data_parallel_widths(step.fit_rules(), step.shard):
+            yield Placement(step.layout(len(stages), degree), stages, step.recompute)
     for v in allowed_virtual_stages(blocks)[1:]:
         for stages in range(2, blocks // v + 1):
             chunks = megatron_chunks(step.graph, stages, v)
-            for degree in degrees(step) if chunks else ():
-                yield Placement(chunks, degree, step.recompute, v)
+            for degree in data_parallel_widths(step.fit_rules(), step.shard) if chunks else ():
+                yield Placement(step.layout(stages, degree, v), chunks, step.recompute)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -148,10 +155,11 @@ def test_search_bound_never_exceeds_the_model(seed):
     layers = rng.randint(3, 8)
     for recompute in ("none", "selective", "full"):
         step = random_step(random.Random(seed), recompute, layers)
-        none = TrainingStep(step.graph, step.cluster, step.training, step.device, step.micro_batches, "none")
+        none = TrainingStep(step.graph, step.cluster, step.training, step.kernels, step.device, step.micro_batches,
+                            "none", step.shard)
         compute = np.array([layer.forward + layer.backward for layer in step.graph.layers])
-        bound = float(none.time_lower_bound(compute, degrees(step)))
+        bound = float(none.time_lower_bound(compute, data_parallel_widths(step.fit_rules(), step.shard)))
         for placement in placements(step):  # over the 30 seeds, about 4,000 of them fit
-            result = step.evaluate(placement)
+            result = step.price(placement)
             if result.feasible:
                 assert bound <= result.time_per_batch * (1 + 1e-12), (placement, bound, result.time_per_batch)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from hardware import SYSTEMS
 from phaze.cli import check_command_line, split_command_line
-from phaze.settings import ConfigError
+from common.checks import InputError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CONF = REPOSITORY / "phaze" / "conf"
@@ -38,7 +39,7 @@ def assert_rejected(result, tmp_path, field):
 
 def error(*arguments, mode="run_solver"):
     """The one-line message check_command_line raises for the arguments."""
-    with pytest.raises(ConfigError) as raised:
+    with pytest.raises(InputError) as raised:
         check_command_line(mode, list(arguments))
     message = str(raised.value)
     assert "\n" not in message
@@ -46,8 +47,8 @@ def error(*arguments, mode="run_solver"):
 
 
 def valid_keys(message):
-    """The keys listed after `valid: ` in an unknown-key message."""
-    return message.partition(" valid: ")[2].split(", ")
+    """The keys listed after `allowed: ` in an unknown-key message."""
+    return message.partition(" allowed: ")[2].split(", ")
 
 
 # 1. Numbers: finite and in range --------------------------------------------------------------
@@ -122,7 +123,7 @@ def test_a_number_out_of_range_on_the_command_line(tmp_path):
 def test_an_unknown_key_without_plus_names_the_keys_of_its_mapping():
     accelerator = [key for key in OmegaConf.load(CONF / "config.yaml").accelerator]
     message = error("accelerator.link_bandwidth=inf")
-    assert message.startswith("accelerator.link_bandwidth: unknown key; did you mean accelerator.hbm_bandwidth? valid: ")
+    assert message.startswith("accelerator.link_bandwidth: unknown key; did you mean accelerator.hbm_bandwidth? allowed: ")
     assert valid_keys(message) == accelerator
 
 
@@ -131,11 +132,11 @@ def test_an_unknown_key_without_plus_names_the_keys_of_its_mapping():
     [
         ("hbm_size=[1,", "hbm_size: cannot read 'hbm_size=[1,' ("),
         ("a=b=c", "a: cannot read 'a=b=c' ("),
-        ("~nosuch", "nosuch: unknown key; valid: "),
-        ("schedule.backnd=milp", "schedule.backnd: unknown key; did you mean schedule.backend? valid: backend, "),
+        ("~nosuch", "nosuch: unknown key; allowed: "),
+        ("schedule.backnd=milp", "schedule.backnd: unknown key; did you mean schedule.backend? allowed: backend, "),
         ("model.overrides.num_layers=2", "model.overrides.num_layers: "),
         ("hbm_size.x=1", "hbm_size.x: "),
-        ("accelerator=3", "accelerator: must be a mapping of preset, num_tc"),
+        ("accelerator=3", "accelerator: must be a mapping of num_tc, num_vc"),
         ("model=bertlarge,gpt2", "model: 'model=bertlarge,gpt2' sweeps several values; add -m"),
         ("--frobnicate", "--frobnicate: unknown option"),
         ("--cfg=everything", "--cfg: invalid choice: 'everything'"),
@@ -178,29 +179,31 @@ def top_level_keys():
 
 def test_a_misspelt_addition_suggests_the_key():
     message = error("+micro_batchsize=2")
-    assert message.startswith("micro_batchsize: unknown key; did you mean micro_batch_size? valid: ")
+    assert message.startswith("micro_batchsize: unknown key; did you mean micro_batch_size? allowed: ")
     assert set(valid_keys(message)) == top_level_keys()
 
 
 def test_a_new_key_lists_the_top_level_keys():
     message = error("+new_key=1")
-    assert message.startswith("new_key: unknown key; valid: ") and set(valid_keys(message)) == top_level_keys()
+    assert message.startswith("new_key: unknown key; allowed: ") and set(valid_keys(message)) == top_level_keys()
 
 
 @pytest.mark.parametrize("system", ["dgx_a100", "original"])
 def test_the_schema_is_the_chosen_group_option(system):
-    preset = OmegaConf.load(CONF / "system" / f"{system}.yaml")
-    keys = list(preset.system if system == "original" else preset)  # original.yaml is a _global_ package
+    if system == "original":  # phaze's preset: a _global_ package
+        keys = list(OmegaConf.load(CONF / "system" / f"{system}.yaml").system)
+    else:  # a system of the hardware package
+        keys = list(SYSTEMS[system].record())
     message = error(f"system={system}", "+system.links=2")
     assert message.startswith("system.links: unknown key; ") and valid_keys(message) == keys
 
 
 def test_additions_in_a_sweep_and_nested():
-    assert error("-m", "model=bertlarge,gpt2", "+foo=1").startswith("foo: unknown key; valid: ")
+    assert error("-m", "model=bertlarge,gpt2", "+foo=1").startswith("foo: unknown key; allowed: ")
     assert error("+accelerator.clock=1e9").startswith("accelerator.clock: unknown key; did you mean "
-                                                      "accelerator.clock_hz? valid: preset, ")
+                                                      "accelerator.clock_hz? allowed: num_tc, ")
     assert error("+model.overrides.num_layer=2").startswith(
-        "model.overrides.num_layer: unknown key; did you mean model.overrides.num_layers? valid: name, num_layers, ")
+        "model.overrides.num_layer: unknown key; did you mean model.overrides.num_layers? allowed: name, num_layers, ")
 
 
 @pytest.mark.parametrize("arguments", [
@@ -241,7 +244,7 @@ def test_an_unknown_addition_on_the_command_line(tmp_path):
         ("dropout=1.5", "dropout: must be a number in [0, 1), got 1.5"),
         ("dropout=nan", "dropout: must be a number in [0, 1), got nan"),
         ("bias=maybe", "bias: must be true or false, got 'maybe'"),
-        ("norm=batchnorm", "norm: unknown 'batchnorm'; valid: layernorm, rmsnorm"),
+        ("norm=batchnorm", "norm: unknown 'batchnorm'; allowed: layernorm, rmsnorm"),
         ("num_heads=7", "num_heads: 7 heads do not divide hidden_size=1024; allowed: a divisor of 1024"),
     ],
 )

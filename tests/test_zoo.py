@@ -48,5 +48,5 @@ def test_every_model_extracts_and_has_one_block_group():
 
 
 def test_unknown_model_names_the_valid_ones():
-    with pytest.raises(ValueError, match=r"model: unknown 'gpt5'; valid: bertbase, bertlarge, gpt2"):
+    with pytest.raises(ValueError, match=r"model: unknown 'gpt5'; allowed: bertbase, bertlarge, gpt2"):
         get_spec("gpt5")

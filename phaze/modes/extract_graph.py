@@ -11,8 +11,9 @@ from hydra.core.hydra_config import HydraConfig
 from rich.table import Table
 
 from graph_extract import ExtractedModel, extract
-from graph_extract.serialize import atomic_write
-from phaze.progress import Progress, setup_logging, show_table
+from common.files import atomic_write
+from common.progress import Progress
+from phaze.console import setup_logging, show_table
 from phaze.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,15 @@ COLUMNS = {
 
 def extract_all(settings: Settings) -> dict[int, dict[int, ExtractedModel]]:
     """micro-batch size -> width -> graphs, from the cache when possible, with progress."""
-    jobs = [(b, t) for b in settings.micro_batch_sizes for t in settings.tensor_parallel_widths]
+    axes = settings.axes
+    jobs = [(b, t) for b in axes.micro_batch_sizes for t in axes.tensor_parallel_widths]
     extracted: dict[int, dict[int, ExtractedModel]] = {}
     with Progress(f"graph extraction of {settings.spec.name}", len(jobs), "graphs", log) as progress:
         for micro_batch_size, width in jobs:
             extracted.setdefault(micro_batch_size, {})[width] = extract(
                 settings.spec,
                 micro_batch_size,
-                settings.sequence_length,
+                settings.question.sequence_length,
                 width,
                 cache_dir=settings.cache_dir,
                 force=settings.force_reextract,
@@ -66,7 +68,7 @@ def summary_row(graphs: ExtractedModel) -> dict[str, int]:
 def run(settings: Settings) -> None:
     setup_logging()
     rows = [summary_row(graphs) for by_width in extract_all(settings).values() for graphs in by_width.values()]
-    table = Table(title=f"{settings.spec.name}, sequence {settings.sequence_length}")
+    table = Table(title=f"{settings.spec.name}, sequence {settings.question.sequence_length}")
     for header in COLUMNS.values():
         table.add_column(header, justify="right", no_wrap=True)
     for row in rows:

@@ -1,9 +1,9 @@
-"""`phaze predict`: one training step of a fixed placement on a chip that exists.
+"""`phaze predict`: one training step of a given layout on a chip that exists.
 
-The model, the cluster (`system=`), the chip (`accelerator.preset=a100_80gb|h100_sxm|tpuv4`) and the
-placement (t, p, d, v, micro-batch, recomputation, ...) are given; it prints one table and writes
-`prediction.json` into the run directory. A placement that does not fit is not an error: the result
-says so, why, and the memory it would need.
+The model, the system (`system=`), the chip (`chip=a100_80gb|h100_sxm|tpuv4`; by default the
+system's) and the layout (t, p, d, v, e, micro-batch, recomputation, ...) are given; it prints one
+table and writes `prediction.json` into the run directory. A placement that does not fit is not an
+error: the result says so, why, and the memory it would need. The prediction is `phaze.api`'s.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from rich.table import Table
 
-from graph_extract import extract
-from graph_extract.serialize import atomic_write
+from common.files import atomic_write
 from phaze import results
-from phaze.progress import Progress, setup_logging, show, show_table
+from phaze.api import run_prediction
+from phaze.console import setup_logging, show, show_table
 from phaze.settings import Settings
-from solver.predict import Prediction, chip_costs, predict
+from solver.predict import Prediction
 
 PREDICTION = "prediction.json"
 
@@ -29,36 +29,31 @@ log = logging.getLogger(__name__)
 
 def prediction_record(settings: Settings, prediction: Prediction) -> dict:
     """What prediction.json holds: the inputs, the step and the throughput figures."""
-    step, job = prediction.step, settings.job(settings.micro_batch_sizes[0])
-    loaded = max(range(len(step.memory)), key=lambda device: step.memory[device]["total"])
+    step, question, axes, layout = prediction.step, settings.question, settings.axes, prediction.layout
     placement = prediction.placement
     return {
         "inputs": {
-            "model": settings.spec.name,
-            "model_spec": dataclasses.asdict(settings.spec),
+            "model": question.model.name,
+            "model_spec": dataclasses.asdict(question.model),
             "accelerator": settings.known_chip.record(),
-            **results.job_record(job),
+            **results.question_record(question),
             "num_devices": settings.devices,
-            "tensor_parallel_width": settings.tensor_parallel_widths[0],
-            "pipeline_parallel_width": settings.pipeline_parallel_width,
-            "data_parallel_width": settings.data_parallel_width,
-            "expert_parallel_width": settings.expert_parallel_widths[0],
-            "virtual_stages": placement.virtual_stages,
-            "micro_batch_size": job.micro_batch_size,
-            "global_batch_size": job.global_batch_size,
-            "sequence_length": job.sequence_length,
+            **dataclasses.asdict(layout),
+            "micro_batch_size": axes.micro_batch_size,
+            "global_batch_size": question.global_batch_size,
+            "sequence_length": question.sequence_length,
             "recompute": placement.recompute,
-            "sequence_parallel": job.training.sequence_parallel,
-            "memory_capacity_bytes": job.memory_capacities[0],
+            "memory_capacity_bytes": axes.memory_capacity,
         },
-        "feasible": step.feasible,
-        "reason": step.infeasible_reason,
-        "time_per_batch_s": step.time_per_batch,
-        "breakdown_s": step.breakdown,
-        "memory_bytes": step.memory[loaded],
-        "most_loaded_stage": loaded,
+        "feasible": prediction.fits,
+        "reason": prediction.reason,
+        "time_per_batch_s": prediction.time_per_batch_s,
+        "breakdown_s": prediction.breakdown_s,
+        "memory_bytes": prediction.memory_bytes,
+        "most_loaded_stage": prediction.busiest_device,
+        "group_tiers": question.cluster.spans(layout.groups()),
         "stages": [
-            {"layers": list(placement.device_layers(device)), "devices": settings.tensor_parallel_widths[0],
+            {"layers": list(placement.device_layers(device)), "devices": layout.tensor_parallel_width,
              "parameters": parameters, "memory_bytes": memory}
             for device, (parameters, memory) in enumerate(zip(step.parameters, step.memory))
         ],
@@ -68,19 +63,6 @@ def prediction_record(settings: Settings, prediction: Prediction) -> dict:
         "mfu": prediction.mfu,
         "hardware_flops_per_s_per_device": prediction.hardware_flops_per_s_per_device,
     }
-
-
-def run_prediction(settings: Settings) -> Prediction:
-    """Extract (or load) the graphs, cost the layers on the chip and price the placement."""
-    job = settings.job(settings.micro_batch_sizes[0])
-    width = settings.tensor_parallel_widths[0]
-    with Progress(f"graph extraction of {settings.spec.name}", 1, "graphs", log) as progress:
-        graphs = extract(settings.spec, job.micro_batch_size, settings.sequence_length, width,
-                         cache_dir=settings.cache_dir, force=settings.force_reextract)
-        progress.advance()
-    costs = chip_costs(job, {width: graphs}, settings.known_chip, settings.cache_dir, settings.schedule)
-    return predict(job, graphs, costs, settings.known_chip, settings.pipeline_parallel_width,
-                   settings.data_parallel_width, (settings.virtual_stages or (1,))[0])
 
 
 def report(record: dict) -> None:

@@ -6,7 +6,7 @@ import time
 
 from estimator import prepopulate
 from phaze.modes.extract_graph import extract_all
-from phaze.progress import setup_logging, show
+from phaze.console import setup_logging, show
 from phaze.settings import Settings
 
 

@@ -15,19 +15,21 @@ from pathlib import Path
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 
-from estimator import AcceleratorConfig, CandidateSpace, candidate_space, layer_workload, prepopulate
+from common.progress import Progress
+from estimator import CandidateSpace, candidate_space, layer_workload, prepopulate
+from hardware import AcceleratorConfig
 from phaze import interrupt, plots, results
+from phaze.console import setup_logging, show
 from phaze.modes.extract_graph import extract_all
-from phaze.progress import Progress, setup_logging, show
 from phaze.settings import Settings
 from phaze.sweep import Infeasible
-from solver.codesign import (CandidateOutcome, Resources, Search, SearchContext, accelerator_costs,
+from solver.codesign import (CandidateOutcome, Resources, Search, accelerator_costs, chip_costs,
                              evaluate_accelerator, worker_pool)
-from solver.evaluate import LayerCosts, evaluate_placements, fixed_baseline, schedule_problem
-from solver.job import Job
-from solver.predict import chip_costs
-from solver.search import SearchResult
+from solver.evaluate import evaluate_placements, fixed_baseline
+from solver.layer_costs import LayerCosts, schedule_problem
+from solver.question import Axes
 from solver.schedule import plot_gantt
+from solver.strategies import SearchResult
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +51,6 @@ def index_in_space(space: CandidateSpace, accelerator: AcceleratorConfig) -> int
     return int(match[0]) if len(match) else -1
 
 
-def search_context(settings: Settings, micro_batch_size: int) -> SearchContext:
-    return SearchContext(
-        job=settings.job(micro_batch_size),
-        template=settings.accelerator,
-        area_budget=settings.area_budget,
-        cache_dir=settings.cache_dir,
-        schedule=settings.schedule,
-    )
-
-
 def _speedup(best: float, baseline: float) -> float | None:
     return best / baseline if baseline > 0 else None
 
@@ -66,23 +58,24 @@ def _speedup(best: float, baseline: float) -> float | None:
 def tpuv4_baseline(settings: Settings, resources: Resources, hbm: int, best: float) -> dict:
     """The budget accelerator (TPUv4-like preset) with its best placement."""
     outcome = evaluate_accelerator(resources, settings.accelerator, index_in_space(resources.space, settings.accelerator))
-    record = results.best_record(outcome, resources.job, hbm)
+    record = results.best_record(outcome, resources.question, resources.axes, hbm)
     return {**record, "speedup": _speedup(best, record["throughput"])}
 
 
-def fixed_megatron_baseline(settings: Settings, job: Job, graphs: dict, costs: LayerCosts, best: CandidateOutcome,
+def fixed_megatron_baseline(settings: Settings, axes: Axes, graphs: dict, costs: LayerCosts, best: CandidateOutcome,
                             hbm: int) -> dict:
     """The model's fixed Megatron-style (p, t, d) on the best accelerator, in its best recomputation mode."""
-    fixed = settings.fixed_megatron
+    fixed = settings.question.baseline
     if fixed is None:
         return {"feasible": False, "throughput": 0.0, "speedup": None,
                 "infeasible_reason": "the model defines no fixed_megatron"}
-    result, reason = fixed_baseline(job, graphs, best.accelerator, costs, hbm)
-    throughput = settings.global_batch_size / result.time_per_batch if result else 0.0
+    result, reason = fixed_baseline(settings.question, axes.at(memory_capacity=hbm), graphs, best.accelerator, costs)
+    throughput = settings.question.global_batch_size / result.time_per_batch if result else 0.0
     record = {
         "feasible": result is not None,
-        "placement": {"pipeline_stages": fixed.pipeline_stages, "tensor_parallel_width": fixed.tensor_parallel_width,
-                      "data_parallel_degree": fixed.data_parallel_degree,
+        "placement": {"pipeline_parallel_width": fixed.pipeline_parallel_width,
+                      "tensor_parallel_width": fixed.tensor_parallel_width,
+                      "data_parallel_width": fixed.data_parallel_width,
                       "recompute": result.recompute if result else None},
         "throughput": throughput,
         "time_per_batch_s": result.time_per_batch if result else None,
@@ -105,34 +98,34 @@ class Run:
     evaluated: set = field(default_factory=set)
     costs: dict = field(default_factory=dict)  # known chips: the layer costs per micro-batch size
 
-    def add(self, outcome: CandidateOutcome, job: Job) -> None:
-        self.evaluated.add((job.micro_batch_size, outcome.index))
+    def add(self, outcome: CandidateOutcome, axes: Axes) -> None:
+        self.evaluated.add((axes.micro_batch_size, outcome.index))
         for hbm, evaluations in outcome.evaluations.items():
-            self.rows.extend(results.evaluation_row(outcome, job, hbm, e) for e in evaluations)
+            self.rows.extend(results.evaluation_row(outcome, self.settings.question, axes, hbm, e) for e in evaluations)
 
     def setting(self, search: Search, hbm: int, found: SearchResult | None) -> dict:
         """best.json's record of one (micro-batch, HBM) setting: the search's result, or (`found` None,
         an interrupted search) the best of the outcomes seen so far."""
-        job, complete = search.context.job, found is not None
+        axes, complete = search.context.axes, found is not None
         evaluated = len(found.evaluated) if complete else len(search.outcomes)
         if complete:
             best = None if found.best is None else search.outcomes[search.candidates[found.best]]
         else:
             feasible = [o for o in search.outcomes.values() if o.best(hbm).feasible]
             best = max(feasible, key=lambda o: (o.best(hbm).throughput, -o.accelerator.area, -o.index), default=None)
-        base = {"micro_batch_size": job.micro_batch_size, "hbm_size_gib": results.gibibytes(hbm),
+        base = {"micro_batch_size": axes.micro_batch_size, "hbm_size_gib": results.gibibytes(hbm),
                 "architectures_evaluated": evaluated, "complete": complete}
         if best is None:
             scope = f"the {len(search.candidates)} candidate" if complete else f"the {evaluated} evaluated"
             reason = (f"no placement of {self.settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB per device on "
                       f"any of {scope} accelerators")
             return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
-        record = {**results.best_record(best, job, hbm), **base}
+        record = {**results.best_record(best, self.settings.question, axes, hbm), **base}
         if complete:
             record["baselines"] = {
                 "tpuv4_like": tpuv4_baseline(self.settings, search.resources, hbm, record["throughput"]),
                 "fixed_megatron": fixed_megatron_baseline(
-                    self.settings, job, search.resources.graphs, accelerator_costs(search.resources, best.accelerator),
+                    self.settings, axes, search.resources.graphs, accelerator_costs(search.resources, best.accelerator),
                     best, hbm),
             }
         return record
@@ -142,11 +135,11 @@ class Run:
         best = max(self.per_setting, key=lambda record: record["throughput"], default={})
         summary = {
             "model": self.settings.spec.name,
-            "sequence_length": self.settings.sequence_length,
+            "sequence_length": self.settings.question.sequence_length,
             "search": self.settings.search,
-            "global_batch_size": self.settings.global_batch_size,
+            "global_batch_size": self.settings.question.global_batch_size,
             "num_devices": self.settings.devices,
-            **results.job_record(self.settings.job(self.settings.micro_batch_sizes[0])),
+            **results.question_record(self.settings.question),
             **best,
             "architectures_evaluated": len(self.evaluated),
             "per_setting": self.per_setting,
@@ -174,12 +167,12 @@ def plot_stages(settings: Settings, summary: dict, costs: LayerCosts, directory:
     labels = [f"{stage['layers'][0]}-{stage['layers'][-1]}" for stage in stages]
     plots.plot_stages(loads, labels, directory / "placement.png",
                       f"{settings.spec.name}: {len(stages)} stages x width {width} x "
-                      f"{summary['placement']['data_parallel_degree']} replicas")
+                      f"{summary['placement']['data_parallel_width']} replicas")
 
 
 def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     """The best placement's stages and the Gantt chart of its largest repeated layer, forward."""
-    res = Resources.build(search_context(settings, summary["micro_batch_size"]))
+    res = Resources.build(settings.search_context(summary["micro_batch_size"]))
     accelerator = settings.accelerator.with_dimensions(
         *(summary["accelerator"][k] for k in ("num_tc", "num_vc", "tc_width", "tc_depth", "glb_bytes"))
     )
@@ -188,7 +181,7 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     graphs = res.graphs[width]
     layer = max(graphs.repeat_groups, key=len)[0]
     workload = layer_workload(graphs.op_graph, layer, "forward", accelerator, res.table,
-                              settings.training.sequence_parallel)
+                              settings.question.kernels)
     problem = res.schedules.problem_solved(schedule_problem(workload, accelerator))
     schedule = settings.schedule.scheduler(res.schedules)(problem)
     name = graphs.layer_graph.layer(layer).name
@@ -197,7 +190,7 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
 
 def setting_count(settings: Settings) -> int:
     """The (micro-batch, HBM) settings of a run."""
-    return len(settings.micro_batch_sizes) * len(settings.hbm_sizes_gib)
+    return len(settings.axes.micro_batch_sizes) * len(settings.axes.memory_capacities)
 
 
 def search_known(settings: Settings, record: Run) -> None:
@@ -206,22 +199,26 @@ def search_known(settings: Settings, record: Run) -> None:
     chip, graphs = settings.known_chip, extract_all(settings)
     with Progress(f"placement on {chip.name} per (micro-batch, HBM)", setting_count(settings), "settings",
                   log) as placement:
-        for micro_batch_size in settings.micro_batch_sizes:
-            job = settings.job(micro_batch_size)
-            costs = chip_costs(job, graphs[micro_batch_size], chip, settings.cache_dir, settings.schedule)
-            outcome = CandidateOutcome(-1, chip, {hbm: evaluate_placements(job, graphs[micro_batch_size], chip, costs,
-                                                                           hbm) for hbm in job.memory_capacities})
-            placement.advance(len(job.memory_capacities))
-            record.add(outcome, job)
+        for micro_batch_size in settings.axes.micro_batch_sizes:
+            axes = settings.axes.at(micro_batch_size=micro_batch_size)
+            costs = chip_costs(settings.question, axes, graphs[micro_batch_size], chip, settings.cache_dir,
+                               settings.schedule)
+            outcome = CandidateOutcome(-1, chip, {
+                hbm: evaluate_placements(settings.question, axes.at(memory_capacity=hbm), graphs[micro_batch_size],
+                                         chip, costs)
+                for hbm in axes.memory_capacities})
+            placement.advance(len(axes.memory_capacities))
+            record.add(outcome, axes)
             record.costs[micro_batch_size] = costs
-            for hbm in job.memory_capacities:
-                setting = {**results.best_record(outcome, job, hbm), "architectures_evaluated": 1, "complete": True}
+            for hbm in axes.memory_capacities:
+                setting = {**results.best_record(outcome, settings.question, axes, hbm), "architectures_evaluated": 1,
+                           "complete": True}
                 if not setting["feasible"]:
                     setting["reason"] = (f"no placement of {settings.spec.name} fits in "
                                          f"{results.gibibytes(hbm):.4g} GiB per device of {chip.name}")
                 else:
                     setting["baselines"] = {"fixed_megatron": fixed_megatron_baseline(
-                        settings, job, graphs[micro_batch_size], costs, outcome, hbm)}
+                        settings, axes, graphs[micro_batch_size], costs, outcome, hbm)}
                 record.per_setting.append(setting)
 
 
@@ -233,22 +230,22 @@ def search_all(settings: Settings, record: Run) -> None:
     space = candidate_space(settings.accelerator, settings.area_budget)
     candidates = sample(len(space), settings.candidate_sample)
     pool = worker_pool(settings.executor, settings.n_jobs, settings.ray_address)
-    searched = len(candidates) * len(settings.micro_batch_sizes)
+    searched = len(candidates) * len(settings.axes.micro_batch_sizes)
     name, total = f"candidates ({settings.search} search)", searched
     if settings.search != "exhaustive":  # it stops early: all candidates are only an upper bound
         name, total = f"candidates ({settings.search} search, at most {searched:,})", None
     try:
         with (Progress("placement per (micro-batch, HBM)", setting_count(settings), "settings", log) as placement,
               Progress(name, total, "architectures", log, step=False) as progress):
-            for micro_batch_size in settings.micro_batch_sizes:
-                resources = Resources.build(search_context(settings, micro_batch_size))
+            for micro_batch_size in settings.axes.micro_batch_sizes:
+                resources = Resources.build(settings.search_context(micro_batch_size))
 
-                def on_outcome(outcome: CandidateOutcome, job: Job = resources.job) -> None:
-                    record.add(outcome, job)
+                def on_outcome(outcome: CandidateOutcome, axes: Axes = resources.axes) -> None:
+                    record.add(outcome, axes)
                     progress.advance()
 
                 search = Search(resources, pool, on_outcome, candidates)
-                for hbm in resources.job.memory_capacities:
+                for hbm in resources.axes.memory_capacities:
                     try:
                         found = search.run(settings.search, hbm)
                     except KeyboardInterrupt:
@@ -321,8 +318,8 @@ def report(summary: dict, directory: Path) -> None:
             f"{accelerator['num_tc']} TC {accelerator['tc_width']}x{accelerator['tc_depth']}, {accelerator['num_vc']} VC, "
             f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²)")
         line = (f"{head}: {setting['throughput']:.1f} samples/s on {chip}; "
-                f"p={placement['pipeline_stages']} t={placement['tensor_parallel_width']} "
-                f"d={placement['data_parallel_degree']} v={placement['virtual_stages']}"
+                f"p={placement['pipeline_parallel_width']} t={placement['tensor_parallel_width']} "
+                f"d={placement['data_parallel_width']} v={placement['virtual_stages']}"
                 + (f" e={placement['expert_parallel_width']}" if placement.get("expert_parallel_width", 1) > 1 else "")
                 + f", recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")
         time = setting["time_per_batch_s"]

@@ -2,7 +2,7 @@
 
     time = (m_d + p − 1) · max_i ℓ_i + max_i tail_i
 
-m_d = B/d micro-batches per replica (d divides B, p·t·d ≤ devices); ℓ_i is stage i's load with its
+m_d = B/d micro-batches per replica (the layouts of `solver.layout.layouts`); ℓ_i is stage i's load with its
 transfers on the tier of the pipeline's slowest link; tail_i its exposed data-parallel sync and
 optimizer step, which grows with the stage's parameters (`TrainingStep.tail`). The max-plus-max
 objective is made exact with caps: for a cap c on the stages' key (their parameters, or their tail
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solver.layout import layouts
 from solver.training_step.model import Placement, StageTerms, StepResult, TrainingStep
 
 from .candidates import DeviceModel, StateSpace
@@ -57,12 +58,11 @@ class _Best:
     degree: int = 0
 
 
-def degrees(step: TrainingStep) -> list[int]:
-    """Data-parallel degrees d that divide the micro-batches per batch, are multiples of the
-    expert-parallel width and leave room for a stage."""
-    room = step.cluster.num_devices // step.width
-    return [d for d in range(1, min(room, step.micro_batches) + 1)
-            if step.micro_batches % d == 0 and d % step.expert_parallel_width == 0]
+def plain_layouts(step: TrainingStep) -> dict[int, int]:
+    """The most stages of a plain pipeline (v = 1) per data-parallel width d of the step's shard
+    (every shallower pipeline fits too)."""
+    return {layout.data_parallel_width: layout.pipeline_parallel_width
+            for layout in layouts(step.fit_rules(), step.shard, (1,))}
 
 
 def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None = None,
@@ -74,13 +74,12 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
     scenarios, columns = [], {}
     loads, feasible, keys = [], [], []
     by_parameters = step.tail_keys_are_parameters()
-    for degree in degrees(step):
+    for degree, most_stages in plain_layouts(step).items():
         fits = step.deepest_position(terms, degree, depth_cap)
         if not fits.any():
             continue
-        most_stages = min(depth_cap, step.cluster.num_devices // (step.width * degree))
         key = terms.parameters if by_parameters else sum(step.tail(terms, degree))
-        for tier, fewest, most in step.cluster.pipeline_tier_depths(step.width, degree, most_stages):
+        for tier, fewest, most in step.pipeline_tier_depths(degree, most_stages):
             load = step.load(terms, tier)
             signature = (fits.tobytes(), load.tobytes(), key.tobytes())
             if signature not in columns:
@@ -98,8 +97,9 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
         return None
     pairs = backtrace(space, best.table, best.stages, best.x, DeviceModel(step.width, 1), len(space.sizes) - 1,
                       best.depth, best.depth * step.width)
-    placement = Placement(tuple(tuple(space.stage_positions(pair)) for pair in pairs), best.degree, step.recompute)
-    result = step.evaluate(placement)
+    placement = Placement(step.layout(best.depth, best.degree), tuple(tuple(space.stage_positions(pair)) for pair in pairs),
+                          step.recompute)
+    result = step.price(placement)
     if not result.feasible or result.time_per_batch > best.time * (1 + 1e-12):
         raise RuntimeError(f"capped placement DP: the rebuilt placement scores {result.time_per_batch} "
                            f"({result.infeasible_reason}), the DP {best.time} (internal error)")

@@ -11,8 +11,8 @@ from .layer_graph import WidthGraph
 def baseline_stages(layers: int, strategy: FixedStrategy) -> list[list[int]]:
     """Positions of each stage of the fixed baseline (see FixedStrategy), first to last."""
     blocks = strategy.num_transformer_layers
-    per_stage = -(-blocks // strategy.pipeline_stages)
-    stages: list[list[int]] = [[] for _ in range(strategy.pipeline_stages)]
+    per_stage = -(-blocks // strategy.pipeline_parallel_width)
+    stages: list[list[int]] = [[] for _ in range(strategy.pipeline_parallel_width)]
     for position in range(blocks):
         stages[position // per_stage].append(position)
     stages[-1].extend(range(blocks, layers))
@@ -29,4 +29,4 @@ def baseline_time(graphs: dict[int, WidthGraph], strategy: FixedStrategy, step: 
             f"num_transformer_layers {strategy.num_transformer_layers} exceeds the {graphs[width].n} layers of the graph"
         )
     stages = baseline_stages(graphs[width].n, strategy)
-    return evaluate(graphs[width], stages, [width] * len(stages), strategy.data_parallel_degree, step).time_per_batch
+    return evaluate(graphs[width], stages, [width] * len(stages), strategy.data_parallel_width, step).time_per_batch

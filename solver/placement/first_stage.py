@@ -52,7 +52,7 @@ class Choice:
     """What the final round picked: data-parallel degree, first stage (a pair) and depth."""
 
     time: float
-    data_parallel_degree: int
+    data_parallel_width: int
     pair: int
     depth: int
 
@@ -63,7 +63,7 @@ class WidthPlacement:
 
     width: int
     time_per_batch: float
-    data_parallel_degree: int
+    data_parallel_width: int
     stages: tuple[tuple[int, ...], ...]
     stage_devices: tuple[int, ...]
 
@@ -97,7 +97,7 @@ def final_round(candidates: Candidates, tables: np.ndarray, step: OriginalStep) 
         value = float(time.flat[flat])
         degree = int(degrees[flat // depth])
         if value < INFTY and (
-            best is None or value < best.time or (value == best.time and degree < best.data_parallel_degree)
+            best is None or value < best.time or (value == best.time and degree < best.data_parallel_width)
         ):
             best = Choice(value, degree, pair, flat % depth + 1)
     return best
@@ -121,10 +121,10 @@ def placement(candidates: Candidates, tables: np.ndarray, graph: WidthGraph, ste
               choice: Choice) -> WidthPlacement:
     """Rebuild the stages of `choice` and score them independently (they must give its time)."""
     space, costs = candidates.space, candidates.costs
-    budget = step.devices // choice.data_parallel_degree - int(costs.devices[choice.pair])
+    budget = step.devices // choice.data_parallel_width - int(costs.devices[choice.pair])
     pairs = [choice.pair] + backtrace(space, tables, candidates.stages, 0, candidates.device_model,
                                       int(space.rest[choice.pair]), choice.depth - 1, budget)
     stages = tuple(tuple(space.stage_positions(pair)) for pair in pairs)
     devices = tuple(int(costs.devices[pair]) for pair in pairs)
-    scored = evaluate(graph, stages, devices, choice.data_parallel_degree, step)
-    return WidthPlacement(graph.width, scored.time_per_batch, choice.data_parallel_degree, stages, devices)
+    scored = evaluate(graph, stages, devices, choice.data_parallel_width, step)
+    return WidthPlacement(graph.width, scored.time_per_batch, choice.data_parallel_width, stages, devices)

@@ -107,21 +107,21 @@ class FixedStrategy:
     """A hand-picked Megatron-style baseline, laid out as the original program does.
 
     Stage k (0-based) holds the layers at topological positions i < num_transformer_layers with
-    i // ceil(num_transformer_layers / pipeline_stages) == k; the last stage also holds every layer
+    i // ceil(num_transformer_layers / pipeline_parallel_width) == k; the last stage also holds every layer
     at a position ≥ num_transformer_layers. Positions, not layer ids, are used (original behaviour,
     kept for parity: with an embedding layer first, every block shifts one stage position).
     Every stage gets `tensor_parallel_width` devices.
     """
 
-    pipeline_stages: int
+    pipeline_parallel_width: int
     tensor_parallel_width: int
-    data_parallel_degree: int
+    data_parallel_width: int
     num_transformer_layers: int
 
     def __post_init__(self) -> None:
-        check_count("FixedStrategy", "pipeline_stages", self.pipeline_stages, 1)
+        check_count("FixedStrategy", "pipeline_parallel_width", self.pipeline_parallel_width, 1)
         check_count("FixedStrategy", "tensor_parallel_width", self.tensor_parallel_width, 1)
-        check_count("FixedStrategy", "data_parallel_degree", self.data_parallel_degree, 1)
+        check_count("FixedStrategy", "data_parallel_width", self.data_parallel_width, 1)
         check_count("FixedStrategy", "num_transformer_layers", self.num_transformer_layers, 0)
 
 

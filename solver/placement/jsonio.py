@@ -27,9 +27,9 @@ _JSON_KEYS = {
     "bandwidth": "bandwidth",
     "micro_batches_per_batch": "mbsInBatch",
     "optimizer": "optimizerAlgorithm",
-    "pipeline_stages": "fixedPP",
+    "pipeline_parallel_width": "fixedPP",
     "tensor_parallel_width": "fixedTMPC",
-    "data_parallel_degree": "fixedDP",
+    "data_parallel_width": "fixedDP",
     "num_transformer_layers": "numTransformerLayers",
     "parameter_bytes": "parameterSize",
     "activation_bytes": "activationSize",
@@ -79,11 +79,11 @@ def parse_document(document: object) -> tuple[dict[int, PlacementGraph], Placeme
 def output_document(result: PlacementResult) -> dict:
     """The original output schema (keys sorted when written)."""
     document = {
-        "dataParallelDegree": result.data_parallel_degree,
+        "dataParallelDegree": None if result.layout is None else result.layout.data_parallel_width,
         "finalTimePerBatch": result.time_per_batch if result.feasible else INFTY,
         "fixedStrategyTimePerBatch": result.fixed_baseline_time,
         "stages": [{"devicesForStage": stage.devices, "nodes": list(stage.layer_ids)} for stage in result.stages],
-        "tensorParallelDegree": result.tensor_parallel_width,
+        "tensorParallelDegree": None if result.layout is None else result.layout.tensor_parallel_width,
     }
     if result.fixed_baseline_infeasible_reason is not None:
         document["fixedStrategyInfeasibleReason"] = result.fixed_baseline_infeasible_reason

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from solver.layout import Layout
+
 
 @dataclass(frozen=True)
 class PlacedStage:
@@ -25,24 +27,27 @@ class PlacedStage:
 
 @dataclass(frozen=True)
 class PlacementResult:
-    """The best placement found, and the fixed baseline's time or why it cannot run.
-
-    `time_per_batch` [s] is math.inf (with no stages and None degrees) when nothing fits;
-    `breakdown` splits it into the terms of `solver.training_step.BREAKDOWN_KEYS`. The baseline
-    fields are both None when no baseline was asked for.
+    """The best placement found: its layout and stages, its time per batch [s] split into the terms
+    of `solver.training_step.BREAKDOWN_KEYS`, its recomputation mode; `layout` None and the time
+    math.inf (no stages) when nothing fits. The original program's JSON interface also reports its
+    fixed baseline's time or why it cannot run (both None when none was asked for).
     """
 
     stages: tuple[PlacedStage, ...]
-    data_parallel_degree: int | None
-    tensor_parallel_width: int | None
+    layout: Layout | None
     time_per_batch: float
-    fixed_baseline_time: float | None = None
-    fixed_baseline_infeasible_reason: str | None = None
-    virtual_stages: int = 1
     recompute: str = "none"
     breakdown: dict[str, float] = field(default_factory=dict)
-    expert_parallel_width: int = 1
+    fixed_baseline_time: float | None = None
+    fixed_baseline_infeasible_reason: str | None = None
 
     @property
     def feasible(self) -> bool:
         return math.isfinite(self.time_per_batch)
+
+    @classmethod
+    def from_record(cls, record: dict) -> PlacementResult:
+        """The inverse of `dataclasses.asdict`."""
+        stages = tuple(PlacedStage(**{**stage, "layer_ids": tuple(stage["layer_ids"])}) for stage in record["stages"])
+        layout = None if record["layout"] is None else Layout(**record["layout"])
+        return cls(**{**record, "stages": stages, "layout": layout})

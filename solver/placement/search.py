@@ -1,14 +1,14 @@
 """The best placement of a model under the training-step model, for one recomputation mode: over
-tensor-parallel widths, pipeline partitions (the exact DP, v = 1), Megatron's interleaved layouts
-(v > 1), data-parallel degrees and micro-batches in flight. Widths are tried in ascending order and
-a larger width wins only if strictly faster.
+shard shapes (tensor- and expert-parallel widths), pipeline partitions (the exact DP, v = 1),
+Megatron's interleaved layouts (v > 1), data-parallel widths and micro-batches in flight.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Sequence
 
+from solver.layout import Layout
 from solver.training_step.model import Placement, StepResult, TrainingStep
 
 from .candidates import StateSpace, chain_space, downset_space
@@ -22,14 +22,15 @@ def state_space(step: TrainingStep) -> StateSpace:
     return chain_space(graph.n) if graph.is_chain() else downset_space(graph)
 
 
-def best_placement(steps: Mapping[int, TrainingStep], virtual_stages: tuple[int, ...] | None = None,
+def best_placement(steps: Sequence[TrainingStep], virtual_stages: tuple[int, ...] | None = None,
                    space: StateSpace | None = None, upper_bound: float = math.inf) -> PlacementResult:
-    """The fastest feasible placement over the widths of `steps` (one step model per width, all in
-    one recomputation mode); `virtual_stages` restricts v (None: 1 and every v that fits). Only a
-    placement faster than `upper_bound` [s] is returned (none: an infeasible result)."""
-    best: tuple[int, Placement, StepResult] | None = None
-    for width in sorted(steps):
-        step = steps[width]
+    """The fastest feasible placement over the shards of `steps` (one step model per shard shape, all
+    in one recomputation mode, ordered by expert-parallel width and then tensor-parallel width: a
+    later shard wins only if strictly faster); `virtual_stages` restricts v (None: 1 and every v
+    that fits). Only a placement faster than `upper_bound` [s] is returned (none: an infeasible
+    result)."""
+    best: tuple[TrainingStep, Placement, StepResult] | None = None
+    for step in steps:
         space = space or state_space(step)
         terms = step.stage_terms(space.members)
         bound = best[2].time_per_batch if best else upper_bound
@@ -42,25 +43,10 @@ def best_placement(steps: Mapping[int, TrainingStep], virtual_stages: tuple[int,
             found.append(place_capped(step, space, terms, bound))
         for item in found:
             if item is not None and (best is None or item[1].time_per_batch < best[2].time_per_batch):
-                best = (width, *item)
+                best = (step, *item)
     if best is None:
-        recompute = next(iter(steps.values())).recompute
-        return PlacementResult((), None, None, math.inf, recompute=recompute)
-    return placement_result(steps[best[0]], best[1], best[2])
-
-
-def best_over_expert_widths(steps: Mapping[int, Mapping[int, TrainingStep]],
-                            virtual_stages: tuple[int, ...] | None = None,
-                            upper_bound: float = math.inf) -> PlacementResult:
-    """`best_placement` over expert-parallel widths: `steps[e]` are the step models of every width at
-    e; a wider e wins only if strictly faster."""
-    best = None
-    for experts in sorted(steps):
-        found = best_placement(steps[experts], virtual_stages, upper_bound=upper_bound)
-        if best is None or found.time_per_batch < best.time_per_batch:
-            best = found
-            upper_bound = min(upper_bound, found.time_per_batch)
-    return best
+        return PlacementResult((), None, math.inf, steps[0].recompute)
+    return placement_result(*best)
 
 
 def placement_result(step: TrainingStep, placement: Placement, result: StepResult) -> PlacementResult:
@@ -70,19 +56,17 @@ def placement_result(step: TrainingStep, placement: Placement, result: StepResul
         PlacedStage(tuple(ids[p] for p in placement.device_layers(device)), step.width, parameters, memory)
         for device, (parameters, memory) in enumerate(zip(result.parameters, result.memory))
     )
-    return PlacementResult(stages, placement.data_parallel_degree, step.width, result.time_per_batch,
-                           virtual_stages=placement.virtual_stages, recompute=placement.recompute,
-                           breakdown=result.breakdown, expert_parallel_width=step.expert_parallel_width)
+    return PlacementResult(stages, placement.layout, result.time_per_batch, placement.recompute, result.breakdown)
 
 
-def fixed_megatron(step: TrainingStep, stages: int, degree: int) -> tuple[PlacementResult | None, str | None]:
-    """Megatron's plain layout with p stages and degree d at the step's width: (result, None) or
-    (None, why it cannot run)."""
-    chunks = megatron_chunks(step.graph, stages)
+def fixed_megatron(step: TrainingStep, layout: Layout) -> tuple[PlacementResult | None, str | None]:
+    """Megatron's plain layout `layout` (of the step's shard): (result, None) or (None, why it
+    cannot run)."""
+    chunks = megatron_chunks(step.graph, layout.pipeline_parallel_width)
     if chunks is None:
-        return None, f"the blocks of the model do not split evenly into {stages} pipeline stages"
-    placement = Placement(chunks, degree, step.recompute)
-    result = step.evaluate(placement)
+        return None, f"the blocks of the model do not split evenly into {layout.pipeline_parallel_width} pipeline stages"
+    placement = Placement(layout, chunks, step.recompute)
+    result = step.price(placement)
     if not result.feasible:
         return None, result.infeasible_reason
     return placement_result(step, placement, result), None

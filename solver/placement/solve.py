@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 from solver.training_step.original import Infeasible, evaluate
 
+from solver.layout import Layout
+
 from .candidates import chain_space, downset_space
 from .evaluate import baseline_time
 from .first_stage import WidthPlacement, candidates, place
@@ -42,13 +44,14 @@ def solve(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> 
             reason = str(infeasible)
     recompute = "full" if settings.activation_recomputation else "none"
     if best is None:
-        return PlacementResult((), None, None, math.inf, baseline, reason, recompute=recompute)
+        return PlacementResult((), None, math.inf, recompute, fixed_baseline_time=baseline,
+                               fixed_baseline_infeasible_reason=reason)
     graph = by_width[best.width]
-    scored = evaluate(graph, best.stages, best.stage_devices, best.data_parallel_degree, settings)
+    scored = evaluate(graph, best.stages, best.stage_devices, best.data_parallel_width, settings)
     stages = tuple(
         PlacedStage(tuple(order[p] for p in positions), devices, parameters, memory)
         for positions, devices, parameters, memory in zip(best.stages, best.stage_devices, scored.parameters,
                                                           scored.memory)
     )
-    return PlacementResult(stages, best.data_parallel_degree, best.width, best.time_per_batch, baseline, reason,
-                           recompute=recompute, breakdown=scored.breakdown)
+    layout = Layout(best.width, len(best.stages), best.data_parallel_width)
+    return PlacementResult(stages, layout, best.time_per_batch, recompute, scored.breakdown, baseline, reason)

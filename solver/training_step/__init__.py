@@ -1,32 +1,30 @@
 """The training step on a real cluster: time per batch with its breakdown and memory per device.
 
-`TrainingStep` (model.py) is the faithful model of `shared/specs/training_step.md`: a `Cluster`
-of link tiers (cluster.py), Megatron's layout and hierarchical collectives, mixed-precision memory
-with a sharded optimizer and recomputation modes (memory.py), 1F1B and interleaved pipelines.
-`original.py` is the original program's model, kept as the preset `system=original`. The placement
-search, the fixed-placement scorer and the architecture search's bounds all go through these.
+`TrainingStep` (model.py) prices one shard shape of a layout (solver.layout) on a cluster
+(hardware): Megatron's layout and hierarchical collectives, mixed-precision memory with a sharded
+optimizer and recomputation modes (memory.py), 1F1B and interleaved pipelines, under the training
+options (options.py). `original.py` is the original program's model. The two step models behind
+one interface are `solver.step_models`.
 """
 
-from solver.training_step.cluster import Cluster, Collective, Tier
 from solver.training_step.memory import MEMORY_KINDS, OPTIMIZERS, RECOMPUTE_MODES, ModelState, held_activations, in_flight
-from solver.training_step.model import (BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, Training,
+from solver.training_step.model import (BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult,
                                         TrainingStep)
+from solver.training_step.options import SHARDINGS, TrainingOptions
 
 __all__ = [
     "BREAKDOWN_KEYS",
     "MEMORY_KINDS",
     "OPTIMIZERS",
     "RECOMPUTE_MODES",
-    "Cluster",
-    "Collective",
+    "SHARDINGS",
     "Device",
     "ModelState",
     "Placement",
     "StepGraph",
     "StepLayer",
     "StepResult",
-    "Tier",
-    "Training",
+    "TrainingOptions",
     "TrainingStep",
     "held_activations",
     "in_flight",

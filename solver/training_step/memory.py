@@ -26,6 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.checks import choice
+from graph_extract.kernels import KernelOptions
+
 OPTIMIZERS = ("adam", "sgd")
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations")
@@ -42,8 +45,7 @@ class ModelState:
 
     @classmethod
     def of(cls, optimizer: str, sharded: bool) -> ModelState:
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: unknown {optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+        choice("optimizer", optimizer, OPTIMIZERS)
         weights, gradients, state = {"adam": (2.0, 4.0, 12.0), "sgd": (2.0, 2.0, 0.0)}[optimizer]
         return cls(weights, gradients, state, sharded)
 
@@ -56,18 +58,12 @@ class ModelState:
         return parameters * (self.weights + self.gradients) + parameters * self.optimizer_share(degree)
 
 
-def _replicated_share(width: int, sequence_parallel: bool) -> float:
-    """The fraction of a replicated activation that sequence parallelism removes from a device."""
-    return 1.0 - 1.0 / width if sequence_parallel else 0.0
-
-
-def held_activations(layers, mode: str, width: int, sequence_parallel: bool) -> tuple[np.ndarray, np.ndarray]:
+def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed)."""
-    if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute: unknown {mode!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
-    share = _replicated_share(width, sequence_parallel)
+    choice("recompute", mode, RECOMPUTE_MODES)
+    share = kernels.replicated_share(width)
     saved = np.array([layer.activation_bytes - share * layer.replicated_activation_bytes for layer in layers], float)
-    recomputed = np.array([layer.recomputable for layer in layers], bool)
+    recomputed = np.array([layer.is_block for layer in layers], bool)
     if mode == "none":
         return saved, np.zeros(len(layers))
     if mode == "selective":

@@ -1,10 +1,15 @@
-"""One training step of a transformer under Megatron-style 3-D parallelism on a tiered cluster:
-time per batch with its breakdown and memory per device by kind (`shared/specs/training_step.md`).
+"""One training step of a transformer under Megatron-style parallelism on a cluster: time per batch
+with its breakdown and memory per device by kind.
 
     time      = pipeline + exposed data-parallel sync + optimizer step
     pipeline  = (m + (p − 1)/v) · ℓ        1F1B; v model chunks per device with interleaving
     ℓ         = max over devices of, per micro-batch: forward + backward + recomputation
                 + tensor-parallel collectives + pipeline transfers
+
+(Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+SC'21; Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022.)
+The layout (`solver.layout.Layout`) says which devices form each group; the cluster prices each
+group's collectives on the tiers it spans.
 
 * m = micro-batches per batch / d; every stage runs on t devices (a tensor-parallel group).
 * Tensor-parallel all-reduces (2 per block and direction) run on the tier the group spans and do
@@ -15,17 +20,19 @@ time per batch with its breakdown and memory per device by kind (`shared/specs/t
   micro-batch (1/t of the tensor with Megatron's scatter/gather), on the tier of the slowest link
   between stages, without overlap (Megatron's 1F1B sends and receives blocking). Interleaving
   multiplies them by v.
-* Data-parallel sync: after the last backward every stage reduces its gradients over its d
+* Data-parallel sync: after the last backward every stage reduces its gradients over its
   replicas (all-reduce; reduce-scatter of the gradients + all-gather of the weights with a sharded
   optimizer), all stages at once on the tier their group spans; the exposed time is the largest.
-  With `overlap_grad_reduce` a stage's sync hides behind its last micro-batch's backward pass.
+  Each class of parameters syncs over its own group: the dense ones over the d replicas, a mixture
+  of experts' over the d/e replicas holding the same experts; classes whose groups are the same
+  sync as one. With `overlap_grad_reduce` a stage's sync hides behind its last micro-batch's
+  backward pass.
 * Optimizer step: each device reads and writes its optimizer state once at HBM bandwidth.
 * Mixture of experts with expert-parallel width e (Megatron's layout: the experts of a stage are
-  split over e of its d data-parallel replicas, e | d): a device holds 1/e of the experts; their
-  gradients (and their sharded optimizer state) are synced over the d/e replicas holding the same
-  experts (stride t·e); each MoE block's token dispatch and combine are all-to-alls over the e
-  replicas (stride t), 1/t of the routed tokens per device, twice forward and twice backward (and
-  again when fully recomputed), blocking like the tensor-parallel collectives.
+  split over e of its d data-parallel replicas, e | d): a device holds 1/e of the experts; each MoE
+  block's token dispatch and combine are all-to-alls over the e replicas, 1/t of the routed tokens
+  per device, twice forward and twice backward (and again when fully recomputed), blocking like the
+  tensor-parallel collectives.
 Simplifications: recomputation applies to every stage (as Megatron does); the embedding-gradient
 all-reduce between the first and last stage and the scatter/gather's all-gather are not charged;
 interleaved chunks are charged their average activations (`memory.in_flight`).
@@ -38,8 +45,11 @@ from functools import cached_property
 
 import numpy as np
 
-from solver.training_step.cluster import Cluster, Collective
+from graph_extract.kernels import KernelOptions
+from hardware import Collective, Group, Network
+from solver.layout import FitRules, Layout
 from solver.training_step.memory import RECOMPUTE_MODES, ModelState, held_activations, in_flight
+from solver.training_step.options import TrainingOptions
 
 #: The terms of `StepResult.breakdown`, in the order they happen.
 BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "expert_parallel", "bubble", "pipeline_transfer",
@@ -65,7 +75,7 @@ class StepLayer:
     attention_core_activation_bytes: float = 0.0
     input_bytes: float = 0.0
     replicated_input_bytes: float = 0.0
-    recomputable: bool = False
+    is_block: bool = False
     forward_collective_bytes: tuple[float, ...] = ()
     backward_collective_bytes: tuple[float, ...] = ()
     expert_parameters: float = 0.0  # of `parameters`, the experts' (all of them, before expert parallelism)
@@ -116,20 +126,6 @@ class StepGraph:
 
 
 @dataclass(frozen=True)
-class Training:
-    """How the model is trained, besides the placement."""
-
-    optimizer: str = "adam"
-    sharded_optimizer: bool = True
-    sequence_parallel: bool = True
-    overlap_grad_reduce: bool = False
-
-    @property
-    def model_state(self) -> ModelState:
-        return ModelState.of(self.optimizer, self.sharded_optimizer)
-
-
-@dataclass(frozen=True)
 class Device:
     """The accelerator as the step sees it: HBM capacity [bytes] and bandwidth [bytes/s]."""
 
@@ -156,21 +152,23 @@ class StageTerms:
 
 @dataclass(frozen=True)
 class Placement:
-    """Model chunks (layer positions, first to last) on p = len(chunks)/v devices of t each:
-    chunk j runs on pipeline device j mod p (Megatron's interleaved layout; v = 1: chunks are the
-    stages), replicated `data_parallel_degree` times, with a recomputation mode."""
+    """A layout with its model chunks (layer positions, first to last): p·v chunks, chunk j on
+    pipeline device j mod p (Megatron's interleaved layout; v = 1: the chunks are the stages), and a
+    recomputation mode."""
 
+    layout: Layout
     chunks: tuple[tuple[int, ...], ...]
-    data_parallel_degree: int
     recompute: str = "none"
-    virtual_stages: int = 1
 
-    @property
-    def stages(self) -> int:
-        return len(self.chunks) // self.virtual_stages
+    def __post_init__(self) -> None:
+        layout = self.layout
+        if len(self.chunks) != layout.pipeline_parallel_width * layout.virtual_stages:
+            raise ValueError(f"chunks: {len(self.chunks)} chunks for pipeline_parallel_width="
+                             f"{layout.pipeline_parallel_width} x virtual_stages={layout.virtual_stages}")
 
     def device_layers(self, device: int) -> tuple[int, ...]:
-        return tuple(p for chunk in self.chunks[device :: self.stages] for p in chunk)
+        stages = self.layout.pipeline_parallel_width
+        return tuple(p for chunk in self.chunks[device :: stages] for p in chunk)
 
 
 @dataclass(frozen=True)
@@ -216,45 +214,52 @@ def stage_max(members: np.ndarray, values) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TrainingStep:
-    """The step model of one width's layer graph, one recomputation mode, on a cluster.
+    """The step model of one shard shape (`shard`: the widths t, e, c that split each layer; the
+    graph is width t's) in one recomputation mode, on a cluster: it prices every pipeline and
+    data-parallel width of that shard (the placement search costs many at once, vectorised).
 
-    `micro_batches` is the number per batch (global batch / micro-batch size); a data-parallel
-    degree must divide it, and be a multiple of the expert-parallel width.
+    `micro_batches` is the number per batch (global batch / micro-batch size).
     """
 
     graph: StepGraph
-    cluster: Cluster
-    training: Training
+    cluster: Network
+    training: TrainingOptions
+    kernels: KernelOptions
     device: Device
     micro_batches: int
     recompute: str
-    expert_parallel_width: int = 1
+    shard: Layout
     _layers: dict = field(init=False, repr=False, compare=False)
     _collectives: dict = field(init=False, repr=False, compare=False)
+    _data_groups: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute: unknown {self.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+        if self.shard != self.shard.shard or self.shard.tensor_parallel_width != self.graph.width:
+            raise ValueError(f"shard: {self.shard.text()} is not the shard of a width-{self.graph.width} graph "
+                             "(t its width, p = d = v = 1)")
         layers, width = self.graph.layers, self.graph.width
         tensor = self.tensor_parallel_collective
         full = self.recompute == "full"
-        recomputable = np.array([layer.recomputable for layer in layers], bool)
+        blocks = np.array([layer.is_block for layer in layers], bool)
         forward_tp = np.array([sum(tensor.scalar(b) for b in layer.forward_collective_bytes) for layer in layers], float)
         backward_tp = np.array([sum(tensor.scalar(b) for b in layer.backward_collective_bytes) for layer in layers], float)
         forward = np.array([layer.forward for layer in layers], float)
         backward = np.array([layer.backward for layer in layers], float)
         experts = self.expert_parallel_collective
         all_to_all = np.array([sum(experts.scalar(b / width) for b in layer.all_to_all_bytes) for layer in layers], float)
-        expert_parameters = np.array([layer.expert_parameters for layer in layers], float) / self.expert_parallel_width
+        expert_parameters = np.array([layer.expert_parameters for layer in layers], float) / self.shard.expert_parallel_width
         rerun = {"none": np.zeros(len(layers)), "full": forward,
                  "selective": np.array([layer.attention_core_forward for layer in layers], float)}[self.recompute]
-        held, working = held_activations(layers, self.recompute, width, self.training.sequence_parallel)
+        held, working = held_activations(layers, self.recompute, width, self.kernels)
         object.__setattr__(self, "_collectives", {})
+        object.__setattr__(self, "_data_groups", {})
         object.__setattr__(self, "_layers", {
             "compute": forward + backward,
-            "recompute": np.where(recomputable, rerun, 0.0),
-            "tensor_parallel": forward_tp + backward_tp + np.where(recomputable & full, forward_tp, 0.0),
-            "expert_parallel": 2 * all_to_all + np.where(recomputable & full, all_to_all, 0.0),
+            "recompute": np.where(blocks, rerun, 0.0),
+            "tensor_parallel": forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0),
+            "expert_parallel": 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0),
             "backward": backward + backward_tp + all_to_all,
             "parameters": np.array([layer.parameters - layer.expert_parameters for layer in layers], float)
             + expert_parameters,
@@ -267,15 +272,69 @@ class TrainingStep:
     def width(self) -> int:
         return self.graph.width
 
+    def layout(self, stages: int = 1, degree: int = 1, virtual_stages: int = 1) -> Layout:
+        """The layout of this shard with p stages, d replicas and v chunks per device."""
+        return self.shard.replace(pipeline_parallel_width=stages, data_parallel_width=degree,
+                                  virtual_stages=virtual_stages)
+
+    def fit_rules(self) -> FitRules:
+        """The layout rules of this step's question (the model's experts are checked where it is known)."""
+        return self._fit_rules
+
+    @cached_property
+    def _fit_rules(self) -> FitRules:
+        blocks = sum(layer.is_block for layer in self.graph.layers)
+        return FitRules(self.cluster.num_devices, self.micro_batches, self.graph.n, blocks, None)
+
+    def data_groups(self, degree: int) -> tuple[Group, Group]:
+        """(the data-parallel group, the group of replicas holding the same experts) at width d."""
+        found = self._data_groups.get(degree)
+        if found is None:
+            groups = self.layout(1, degree).groups()
+            found = self._data_groups[degree] = (groups["data"], groups["expert_data"])
+        return found
+
     @cached_property
     def tensor_parallel_collective(self) -> Collective:
-        return self.cluster.tensor_parallel(self.graph.width)
+        return self.cluster.all_reduce(self.shard.groups()["tensor"])
 
     @cached_property
     def expert_parallel_collective(self) -> Collective:
-        return self.cluster.expert_parallel(self.graph.width, self.expert_parallel_width)
+        return self.cluster.all_to_all(self.shard.groups()["expert"])
 
     # Stages, vectorised: the DP costs every candidate stage with these.
+
+    def partition_terms(self, chunks: tuple[tuple[int, ...], ...]) -> StageTerms:
+        """`stage_terms` of chunks that split the layers (each position in one chunk), summed the same
+        way (each chunk's values in position order, so the sums are the same to the last bit)."""
+        n, count = self.graph.n, len(chunks)
+        chunk_of = np.empty(n, dtype=np.int64)
+        for index, chunk in enumerate(chunks):
+            chunk_of[list(chunk)] = index
+        values = self._layers
+
+        def summed(name: str) -> np.ndarray:
+            return np.bincount(chunk_of, weights=values[name], minlength=count)
+
+        crossing = [(source, dest, size) for source, dest, size in self.graph.edges
+                    if chunk_of[source] != chunk_of[dest]]
+        ends = np.array([chunk_of[node] for source, dest, _ in crossing for node in (dest, source)], dtype=np.int64)
+        sizes = np.array([size / self.width for _, _, size in crossing for _ in (0, 1)], float)
+        working = np.zeros(count)
+        np.maximum.at(working, chunk_of, values["working"])
+        return StageTerms(
+            compute=summed("compute"),
+            recompute=summed("recompute"),
+            tensor_parallel=summed("tensor_parallel"),
+            expert_parallel=summed("expert_parallel"),
+            backward=summed("backward"),
+            transfer_bytes=np.bincount(ends, weights=sizes, minlength=count) if len(ends) else np.zeros(count),
+            transfer_messages=np.bincount(ends, minlength=count).astype(float),
+            parameters=summed("parameters"),
+            expert_parameters=summed("expert_parameters"),
+            held_activations=summed("held"),
+            working_activations=working,
+        )
 
     def stage_terms(self, members: np.ndarray) -> StageTerms:
         """The terms of the stages given by `members[v, k]` (position v in stage k)."""
@@ -300,6 +359,14 @@ class TrainingStep:
             working_activations=stage_max(members, values["working"]),
         )
 
+    def pipeline_tier(self, stages: int, degree: int) -> int:
+        """The tier of the slowest link between consecutive stages."""
+        return self.cluster.tier_joining(self.layout(stages, degree).groups()["pipeline"])
+
+    def pipeline_tier_depths(self, degree: int, most: int) -> list[tuple[int, int, int]]:
+        """(tier, fewest stages, most stages): the depths whose slowest stage boundary is on each tier."""
+        return self.cluster.size_ranges(self.layout(1, degree).groups()["pipeline"].stride, most)
+
     def transfer_time(self, terms: StageTerms, tier: int) -> np.ndarray:
         link = self.cluster.send(tier)
         return link.per_byte * terms.transfer_bytes + link.fixed * terms.transfer_messages
@@ -321,25 +388,28 @@ class TrainingStep:
         return self.static_bytes(terms.parameters, degree, terms.expert_parameters) + self.activation_bytes(
             terms, micro_batches_in_flight)
 
-    def expert_degree(self, degree):
-        """Replicas of each expert: the data-parallel degree over the expert-parallel width."""
-        return np.maximum(np.asarray(degree) // self.expert_parallel_width, 1)
+    def parameter_classes(self, parameters, degree: int, expert_parameters=0.0) -> list[tuple[Group, object]]:
+        """(data-parallel group, parameters) of each class of parameters per device: the dense ones
+        over the d replicas, the experts' over the d/e replicas holding the same experts; classes of
+        the same group as one (their counts are whole numbers: the sum is exact)."""
+        data, expert_data = self.data_groups(degree)
+        merged: dict[Group, object] = {}
+        for group, count in ((data, parameters - expert_parameters), (expert_data, expert_parameters)):
+            merged[group] = merged[group] + count if group in merged else count
+        return list(merged.items())
 
-    def optimizer_state_bytes(self, parameters, degree, expert_parameters=0.0):
-        """Optimizer state of `parameters` per device, of which `expert_parameters` are experts'
-        (sharded over their d/e replicas, the rest over d)."""
-        state = self.training.model_state
-        if self.expert_parallel_width == 1:
-            return parameters * state.optimizer_share(degree)
-        return ((parameters - expert_parameters) * state.optimizer_share(degree)
-                + expert_parameters * state.optimizer_share(self.expert_degree(degree)))
+    def optimizer_state_bytes(self, parameters, degree: int, expert_parameters=0.0):
+        """Optimizer state of `parameters` per device, of which `expert_parameters` are experts' (each
+        class sharded over its own replicas)."""
+        state, total = self.training.model_state, 0.0
+        for group, count in self.parameter_classes(parameters, degree, expert_parameters):
+            total = total + count * state.optimizer_share(group.size)
+        return total
 
-    def static_bytes(self, parameters, degree, expert_parameters=0.0):
-        """Weights, gradients and optimizer state of `parameters` per device (`expert_parameters`
-        of them experts')."""
+    def static_bytes(self, parameters, degree: int, expert_parameters=0.0):
+        """Weights, gradients and optimizer state of `parameters` per device (`expert_parameters` of
+        them experts')."""
         state = self.training.model_state
-        if self.expert_parallel_width == 1:
-            return state.static_bytes(parameters, degree)
         return parameters * (state.weights + state.gradients) + self.optimizer_state_bytes(
             parameters, degree, expert_parameters)
 
@@ -360,32 +430,27 @@ class TrainingStep:
         guess = np.where((above > guess) & (self.memory_bytes(terms, above, degree) <= capacity), above, guess)
         return np.where(fits_all, limit, np.maximum(guess, 0))
 
-    def data_parallel_sync(self, degree: int, stride: int | None = None) -> tuple[Collective, Collective]:
-        """(gradient collective, weight collective) of a data-parallel group of `degree` at `stride`
-        (default t)."""
-        stride = self.width if stride is None else stride
-        found = self._collectives.get((degree, stride))
+    def sync_collectives(self, group: Group) -> tuple[Collective, Collective]:
+        """(gradient collective, weight collective) of a data-parallel group: an all-reduce of the
+        gradients, or with a sharded optimizer a reduce-scatter of them and an all-gather of the
+        updated weights."""
+        found = self._collectives.get(group)
         if found is None:
-            if self.training.sharded_optimizer:
-                found = (self.cluster.reduce_scatter(degree, stride), self.cluster.all_gather(degree, stride))
+            if self.training.model_state.sharded:
+                found = (self.cluster.reduce_scatter(group), self.cluster.all_gather(group))
             else:
-                found = (self.cluster.all_reduce(degree, stride), Collective(0.0, 0.0))
-            self._collectives[(degree, stride)] = found
+                found = (self.cluster.all_reduce(group), Collective(0.0, 0.0))
+            self._collectives[group] = found
         return found
 
     def sync_time(self, parameters, degree: int, expert_parameters=0.0):
-        """Data-parallel sync of stages holding `parameters` per device (not overlapped), of which
-        `expert_parameters` sync over the d/e replicas of their experts (stride t·e)."""
-        state = self.training.model_state
-        gradients, weights = self.data_parallel_sync(degree)
-        if self.expert_parallel_width == 1:  # the experts sync with the rest
-            return gradients.time(parameters * state.gradients) + weights.time(parameters * state.weights)
-        dense = parameters - expert_parameters
-        time = gradients.time(dense * state.gradients) + weights.time(dense * state.weights)
-        expert_gradients, expert_weights = self.data_parallel_sync(degree // self.expert_parallel_width,
-                                                                   self.width * self.expert_parallel_width)
-        return time + expert_gradients.time(expert_parameters * state.gradients) + expert_weights.time(
-            expert_parameters * state.weights)
+        """Data-parallel sync of stages holding `parameters` per device (not overlapped), each class of
+        parameters over its own group."""
+        state, time = self.training.model_state, 0.0
+        for group, count in self.parameter_classes(parameters, degree, expert_parameters):
+            gradients, weights = self.sync_collectives(group)
+            time = time + gradients.time(count * state.gradients) + weights.time(count * state.weights)
+        return time
 
     def optimizer_time(self, parameters, degree: int, expert_parameters=0.0):
         """Reading and writing the device's optimizer state once at HBM bandwidth."""
@@ -406,9 +471,10 @@ class TrainingStep:
 
     def tail_keys_are_parameters(self) -> bool:
         """Whether every stage's tail grows with its parameters alone (so a cap on parameters is a
-        cap on the tail); not so when the sync overlaps the backward pass, nor when experts sync
-        over other replicas than the rest (e > 1)."""
-        return not self.training.overlap_grad_reduce and self.expert_parallel_width == 1
+        cap on the tail); not so when the sync overlaps the backward pass, nor when the experts sync
+        over other replicas than the rest."""
+        data, expert_data = self.data_groups(self.shard.expert_parallel_width)
+        return not self.training.overlap_grad_reduce and expert_data == data
 
     @staticmethod
     def pipeline_time(micro_batches, stages, virtual_stages, load):
@@ -417,9 +483,9 @@ class TrainingStep:
     # A bound for the architecture search: no placement of any mode is faster.
 
     def time_lower_bound(self, compute: np.ndarray, degrees) -> np.ndarray:
-        """A lower bound on the time per batch of every placement at this width, in any
+        """A lower bound on the time per batch of every placement of this shard, in any
         recomputation mode, for layers whose forward + backward compute is at least `compute[v]`
-        (an array per layer, e.g. over candidate chips); `degrees` are the data-parallel degrees.
+        (an array per layer, e.g. over candidate chips); `degrees` are the data-parallel widths.
 
         Each device of p carries at least its layers' compute and collectives, so
         ℓ ≥ max(M, W/p) (M the heaviest layer, W all layers); the pipeline is at least
@@ -432,7 +498,7 @@ class TrainingStep:
         per_layer = compute + collectives.reshape((-1,) + (1,) * (compute.ndim - 1))
         total, heaviest = per_layer.sum(axis=0), per_layer.max(axis=0)
         parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
-        blocks = sum(layer.recomputable for layer in self.graph.layers)
+        blocks = sum(layer.is_block for layer in self.graph.layers)
         best = np.full(total.shape, np.inf)
         for degree in degrees:
             stages = np.arange(1, min(self.graph.n, self.cluster.num_devices // (self.width * degree)) + 1)
@@ -447,7 +513,7 @@ class TrainingStep:
             best = np.minimum(best, (factor * load).min(axis=0) + tail)
         return best
 
-    # One layout (chunks on devices) for many data-parallel degrees at once, and one placement.
+    # One layout (chunks on devices) for many data-parallel widths at once, and one placement.
 
     @staticmethod
     def device_terms(chunk_terms: StageTerms, stages: int) -> StageTerms:
@@ -457,37 +523,38 @@ class TrainingStep:
         fields["working_activations"] = chunk_terms.working_activations.reshape(-1, stages).max(axis=0)
         return StageTerms(**fields)
 
-    def score(self, chunk_terms: StageTerms, virtual_stages: int, degrees) -> dict:
-        """Time per batch and its parts for a layout of chunks (`chunk_terms`, first to last) under
-        each data-parallel degree of `degrees`: arrays [degree] and [degree, device]."""
-        degrees = np.asarray(degrees)
-        stages = chunk_terms.compute.shape[0] // virtual_stages
+    def score(self, chunk_terms: StageTerms, layouts: list[Layout]) -> dict:
+        """Time per batch and its parts for chunks (`chunk_terms`, first to last) laid out as each of
+        `layouts` (one p and v, any d): arrays [layout] and [layout, device]."""
+        stages, virtual_stages = layouts[0].pipeline_parallel_width, layouts[0].virtual_stages
+        degrees = np.array([layout.data_parallel_width for layout in layouts])
         terms = self.device_terms(chunk_terms, stages)
         micro_batches = self.micro_batches // degrees
-        tiers = [self.cluster.pipeline_tier(self.width, int(d), stages) for d in degrees]
+        tiers = [self.pipeline_tier(stages, int(d)) for d in degrees]
         transfer = per_device(np.array([self.transfer_time(chunk_terms, tier) for tier in tiers]), stages)
-        loads = self.busy(terms) + transfer  # [degree, device]
+        loads = self.busy(terms) + transfer  # [layout, device]
         flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
         memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
         tails = [self.tail(terms, int(d)) for d in degrees]
         sync, optimizer = np.array([t[0] for t in tails]), np.array([t[1] for t in tails])
         time = self.pipeline_time(micro_batches, stages, virtual_stages, loads.max(axis=1))
         time = time + (sync + optimizer).max(axis=1)
+        rules = self.fit_rules()
         fits = (memory <= self.device.memory_capacity).all(axis=1)
-        fits &= (self.micro_batches % degrees == 0) & (degrees % self.expert_parallel_width == 0) & (stages * self.width * degrees <= self.cluster.num_devices)
+        fits &= np.array([rules.widths_problem(layout) is None for layout in layouts])
         return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "memory": memory,
                 "in_flight": flight, "sync": sync, "optimizer": optimizer, "terms": terms}
 
-    def evaluate(self, placement: Placement) -> StepResult:
+    def price(self, placement: Placement) -> StepResult:
         """Time per batch and memory per device of a placement (module docstring)."""
-        degree, v = placement.data_parallel_degree, placement.virtual_stages
+        layout = placement.layout
         if placement.recompute != self.recompute:
             raise ValueError(f"placement.recompute: {placement.recompute!r} but this model is {self.recompute!r}")
-        members = np.zeros((self.graph.n, len(placement.chunks)), dtype=bool)
-        for index, chunk in enumerate(placement.chunks):
-            members[list(chunk), index] = True
-        scored = self.score(self.stage_terms(members), v, [degree])
-        terms, stages, micro_batches = scored["terms"], placement.stages, self.micro_batches // degree
+        if layout.shard != self.shard:
+            raise ValueError(f"placement.layout: {layout.text()} is not of this model's shard {self.shard.text()}")
+        degree, stages, v = layout.data_parallel_width, layout.pipeline_parallel_width, layout.virtual_stages
+        scored = self.score(self.partition_terms(placement.chunks), [layout])
+        terms, micro_batches = scored["terms"], self.micro_batches // degree
         loads, transfer = scored["loads"][0], scored["transfer"][0]
         tails = scored["sync"][0] + scored["optimizer"][0]
         slowest, last_out = int(np.argmax(loads)), int(np.argmax(tails))
@@ -511,18 +578,13 @@ class TrainingStep:
                            "optimizer_state": float(optimizer_state),
                            "activations": float(activations[index]), "total": float(scored["memory"][0][index])})
         return StepResult(float(scored["time"][0]), breakdown, tuple(float(p) for p in terms.parameters),
-                          tuple(memory), None if scored["fits"][0] else self.why_not(memory, degree, stages))
+                          tuple(memory), None if scored["fits"][0] else self.why_not(memory, layout))
 
-    def why_not(self, memory: list[dict[str, float]], degree: int, stages: int) -> str:
+    def why_not(self, memory: list[dict[str, float]], layout: Layout) -> str:
         """Why a placement with this memory per device cannot run."""
-        if self.micro_batches % degree:
-            return f"data-parallel degree {degree} does not divide the {self.micro_batches} micro-batches per batch"
-        if degree % self.expert_parallel_width:
-            return (f"expert_parallel_width: {self.expert_parallel_width} does not divide the data-parallel "
-                    f"degree {degree}")
-        if stages * self.width * degree > self.cluster.num_devices:
-            return (f"devices: {stages} stages x {self.width} x {degree} replicas need "
-                    f"{stages * self.width * degree}, the cluster has {self.cluster.num_devices}")
-        i = max(range(stages), key=lambda index: memory[index]["total"])
+        problem = self.fit_rules().widths_problem(layout)
+        if problem is not None:
+            return problem
+        i = max(range(len(memory)), key=lambda index: memory[index]["total"])
         return (f"memory: stage {i} needs {memory[i]['total'] / 2**30:.4g} GiB per device, "
                 f"{self.device.memory_capacity / 2**30:.4g} GiB available")

@@ -108,9 +108,9 @@ def max_in_flight(resident, stash, memory: float, devices: int) -> np.ndarray:
     return np.where(fits_all, devices, np.where(resident > memory, 0, partial)).astype(np.int64)
 
 
-def sync_time(data_parallel_degree, parameter_bytes, bandwidth: float):
+def sync_time(data_parallel_width, parameter_bytes, bandwidth: float):
     """Data-parallel gradient all-reduce time: 4(d-1)/d · bytes / bandwidth (original's order)."""
-    return (((4.0 * (data_parallel_degree - 1)) * parameter_bytes) / bandwidth) / data_parallel_degree
+    return (((4.0 * (data_parallel_width - 1)) * parameter_bytes) / bandwidth) / data_parallel_width
 
 
 def pipeline_time(max_load, micro_batches, stages):
@@ -223,7 +223,7 @@ def evaluate(
     graph,
     stages: Sequence[Sequence[int]],
     stage_devices: Sequence[int],
-    data_parallel_degree: int,
+    data_parallel_width: int,
     step: OriginalStep,
 ) -> StepResult:
     """Time per batch of a 1F1B pipeline of `stages` (positions, first to last), replicated d times,
@@ -235,12 +235,12 @@ def evaluate(
     devices, batch = step.devices, step.micro_batches_per_batch
     if max(stage_devices) > devices:
         raise Infeasible(f"wrong number of devices for a stage: {max(stage_devices)} (cluster has {devices})")
-    if data_parallel_degree > min(devices, batch):
+    if data_parallel_width > min(devices, batch):
         raise Infeasible(
-            f"wrong data-parallel degree {data_parallel_degree}: at most {min(devices, batch)} "
+            f"wrong data-parallel degree {data_parallel_width}: at most {min(devices, batch)} "
             "(the devices and the micro-batches per batch)"
         )
-    used = sum(stage_devices) * data_parallel_degree
+    used = sum(stage_devices) * data_parallel_width
     if used > devices:
         raise Infeasible(f"too many devices used: {used} > {devices}")
     costs = stage_costs(graph, stages, step)
@@ -256,8 +256,8 @@ def evaluate(
         if cost.load(in_flight) > max_load:
             max_load, slowest = cost.load(in_flight), index
         memory.append(cost.memory_bytes(in_flight))
-    micro_batches = -(-batch // data_parallel_degree)
-    sync = sync_time(data_parallel_degree, costs[0].parameter_bytes, step.bandwidth)
+    micro_batches = -(-batch // data_parallel_width)
+    sync = sync_time(data_parallel_width, costs[0].parameter_bytes, step.bandwidth)
     time = pipeline_time(max_load, float(micro_batches), depth) + sync
     bottleneck = costs[slowest]
     collectives = sum(graph.collective[p] for p in stages[slowest]) if graph.collective else 0.0

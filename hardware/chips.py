@@ -1,5 +1,5 @@
-"""Known accelerators (`accelerator.preset=a100_80gb | h100_sxm | tpuv4`): chips that exist, with
-the public figures of arch_configs/known_chips.yaml, where every number names its source.
+"""Known accelerators (`chip=a100_80gb | h100_sxm | tpuv4`): chips that exist, one file each in
+hardware/chips/ with their public figures, where every number names its source.
 
 GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze's template
 (`cost_model: template`), priced by the estimator and the layer schedules like a searched chip.
@@ -16,14 +16,16 @@ matrices in phaze's unfused attention, so their rate hardly matters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 
 from omegaconf import OmegaConf
 
-from estimator.accelerator import AcceleratorConfig, named_accelerator
-from estimator.area import ARCH_CONFIGS
+from common.checks import InputError, unknown_fields
+from hardware.accelerator import AcceleratorConfig, named_accelerator
 
-KNOWN_CHIPS_FILE = ARCH_CONFIGS / "known_chips.yaml"
+#: The known chips, one file each (the file's name is the chip's).
+CHIPS = Path(__file__).resolve().parent / "chips"
 COST_MODELS = ("roofline", "template")
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
@@ -54,6 +56,7 @@ class KnownChip:
     precision: str = "16-bit"
     template: AcceleratorConfig | None = None
     template_name: str | None = None
+    names: tuple[str, ...] = ()  # how published runs name it
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def with_efficiencies(self, matrix: float | None = None, memory: float | None = None) -> KnownChip:
@@ -64,9 +67,9 @@ class KnownChip:
     def with_precision(self, precision: str) -> KnownChip:
         """The same chip pricing training in `precision` (module docstring)."""
         if precision not in PRECISIONS:
-            raise ValueError(f"precision: unknown {precision!r}; allowed: {', '.join(PRECISIONS)}")
+            raise InputError(f"precision: unknown {precision!r}; allowed: {', '.join(PRECISIONS)}")
         if precision == "fp8" and not self.fp8_peak_flops * self.fp8_matrix_efficiency:
-            raise ValueError(f"precision: {self.name} has no FP8 figures (fp8_peak_flops, fp8_matrix_efficiency); "
+            raise InputError(f"precision: {self.name} has no FP8 figures (fp8_peak_flops, fp8_matrix_efficiency); "
                              "allowed: 16-bit")
         return replace(self, precision=precision)
 
@@ -83,38 +86,36 @@ class KnownChip:
                 **{name: getattr(self, name) for name in FIGURES if name in self.sources}}
 
 
-def _figure(name: str, figure: str, entry: object) -> tuple[float, str]:
+def _figure(where: str, figure: str, entry: object) -> tuple[float, str]:
     if not isinstance(entry, dict) or set(entry) != {"value", "source"} or not str(entry["source"]).strip():
-        raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.{figure} must be {{value, source}} with a source")
+        raise InputError(f"{where}: {figure} must be {{value, source}} with a source")
     value = entry["value"]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.{figure}.value must be a positive number, got {value!r}")
+        raise InputError(f"{where}: {figure}.value must be a positive number, got {value!r}")
     return value, str(entry["source"])
 
 
-def _load() -> MappingProxyType:
-    chips = {}
-    for name, entry in OmegaConf.to_container(OmegaConf.load(KNOWN_CHIPS_FILE)).items():
-        cost_model = entry.pop("cost_model")
-        if cost_model not in COST_MODELS:
-            raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}.cost_model must be one of {COST_MODELS}")
-        template_name = entry.pop("template") if cost_model == "template" else None
-        template = named_accelerator(template_name) if template_name else None
-        figures = {figure: _figure(name, figure, value) for figure, value in entry.items()}
-        unknown = sorted(set(figures) - set(FIGURES))
-        if unknown:
-            raise ValueError(f"{KNOWN_CHIPS_FILE.name}: {name}: unknown field {unknown[0]!r}")
-        chips[name] = KnownChip(name, cost_model, template=template, template_name=template_name,
-                                sources=MappingProxyType({figure: source for figure, (_, source) in figures.items()}),
-                                **{figure: value for figure, (value, _) in figures.items()})
-    return MappingProxyType(chips)
+def read_chip(path: Path) -> KnownChip:
+    """The known chip of one data file (its name: the file's)."""
+    where, entry = path.name, OmegaConf.to_container(OmegaConf.load(path))
+    cost_model = entry.pop("cost_model", None)
+    if cost_model not in COST_MODELS:
+        raise InputError(f"{where}: cost_model must be one of {', '.join(COST_MODELS)}, got {cost_model!r}")
+    template_name = entry.pop("template") if cost_model == "template" else None
+    names = tuple(entry.pop("names", ()))
+    figures = {figure: _figure(where, figure, value) for figure, value in entry.items()}
+    unknown_fields(where, figures, FIGURES)
+    return KnownChip(path.stem, cost_model, template=named_accelerator(template_name) if template_name else None,
+                     template_name=template_name, names=names,
+                     sources=MappingProxyType({figure: source for figure, (_, source) in figures.items()}),
+                     **{figure: value for figure, (value, _) in figures.items()})
 
 
 #: The known chips by name (read-only).
-KNOWN_CHIPS = _load()
+KNOWN_CHIPS = MappingProxyType({path.stem: read_chip(path) for path in sorted(CHIPS.glob("*.yaml"))})
 
 
 def known_chip(name: str) -> KnownChip:
     if name not in KNOWN_CHIPS:
-        raise ValueError(f"accelerator.preset: unknown known chip {name!r}; known: {', '.join(KNOWN_CHIPS)}")
+        raise InputError(f"chip: unknown {name!r}; allowed: {', '.join(KNOWN_CHIPS)}")
     return KNOWN_CHIPS[name]

@@ -1,8 +1,8 @@
-"""Chip area: the exact linear model of the original (estimator_reference.md §4), vectorised.
+"""Chip area of the template: the linear model of the original program (msr-fiddle/phaze), vectorised.
 
 area = num_tc·w·d·A_mac + num_tc·A_sram(max(w·d/64, 1) KiB) + num_vc·w_vc·A_lane
        + num_vc·A_sram(max(w_vc/64, 1) KiB) + A_glb(GLB)            [µm²]
-The tables are data (arch_configs/area_model.yaml); sizes outside them are an error, not an
+The tables are data (hardware/area_model.yaml); sizes outside them are an error, not an
 extrapolation.
 """
 
@@ -12,11 +12,11 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+
+from common.checks import InputError
 from omegaconf import OmegaConf
 
-#: Where the data of the estimator lives (area tables, candidate space, named accelerators).
-ARCH_CONFIGS = Path(__file__).resolve().parent.parent / "arch_configs"
-AREA_MODEL = ARCH_CONFIGS / "area_model.yaml"
+AREA_MODEL = Path(__file__).resolve().parent / "area_model.yaml"
 MIB = 1024 * 1024
 
 
@@ -31,13 +31,13 @@ def _lookup(table: dict[int, float], keys: np.ndarray, field: str, unit: str) ->
     position = np.clip(np.searchsorted(known, keys), 0, len(known) - 1)
     bad = known[position] != keys
     if np.any(bad):
-        raise ValueError(f"{field}: no area data for {int(keys[bad].flat[0])} {unit}; "
+        raise InputError(f"{field}: no area data for {int(keys[bad].flat[0])} {unit}; "
                          f"the area model covers {known[0]}..{known[-1]} {unit} in powers of two")
     return values[position]
 
 
 def core_sram_kib(units_per_core: np.ndarray | int) -> np.ndarray:
-    """Per-core SRAM of the template: 16 bytes per unit, at least 1 KiB (spec §2.2)."""
+    """Per-core SRAM of the template: 16 bytes per unit, at least 1 KiB (the original's core buffer)."""
     return np.maximum(np.asarray(units_per_core, dtype=np.int64) // 64, 1)
 
 

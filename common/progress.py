@@ -1,18 +1,16 @@
-"""What a run shows while it works: the progress of its phases, its warnings, its summary.
+"""The progress of long work, in any layer: one `Progress` per phase (graph extraction, GEMM
+estimates, layer schedules, candidates, placement).
 
-A phase (graph extraction, GEMM estimates, layer schedules, candidates, placement) is one
-`Progress`. When stderr is a terminal it is a transient rich bar (and a log line where it starts and
+When stderr is a terminal a phase is a transient rich bar (and a log line where it starts and
 ends); otherwise, in a batch job, it is log lines only: one at the start, one at least every
-`interval` seconds while it runs (done/total, rate, ETA) and one at the end. Log lines go through
-`logging`, which hydra's job logging (conf/hydra/job_logging/phaze.yaml) sends to stderr and to
-phaze.log in the run directory. A phase run inside another one, or in a worker process (the layer
-schedules of one candidate), is a step of the outer one: it logs only once it has run for an
-interval, so short steps add no lines.
+`interval` seconds while it runs (done/total, rate, ETA) and one at the end. Lines go through
+`logging` (phaze's command sends them to stderr and to phaze.log in the run directory). A phase run
+inside another one, or in a worker process (the layer schedules of one candidate), is a step of the
+outer one: it logs only once it has run for an interval, so short steps add no lines.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os
@@ -24,18 +22,14 @@ from types import TracebackType
 
 import rich.progress
 from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
 
-from graph_extract.serialize import warn_once
+from common.log import warn_once
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two progress lines of a phase (overridden by INTERVAL_VARIABLE).
 INTERVAL = 30.0
 INTERVAL_VARIABLE = "PHAZE_PROGRESS_INTERVAL"
-#: The lines a run prints to stdout (its summary): kept in phaze.log, not repeated on stderr.
-SUMMARY = logging.getLogger("phaze.summary")
 
 #: The phases running in this process, outermost first.
 _running: list[Progress] = []
@@ -66,53 +60,6 @@ def mark_worker() -> None:
     a terminal (the driver shows its own)."""
     global _worker
     _worker = True
-
-
-def setup_logging() -> None:
-    """At the start of a run: warnings (`warnings.warn` too) go through logging, and a bad
-    INTERVAL_VARIABLE is reported once."""
-    logging.captureWarnings(True)
-    progress_interval()
-
-
-def show(text: str) -> None:
-    """Print summary lines to stdout as they are (no wrapping) and keep them in phaze.log."""
-    for line in text.splitlines():
-        print(line, flush=True)
-        SUMMARY.info(line)
-
-
-def show_table(table: Table) -> None:
-    """`show` a rich table as plain text, as wide as its widest row needs."""
-    measuring = Console(width=10**6)
-    text = io.StringIO()
-    console = Console(file=text, width=Measurement.get(measuring, measuring.options, table).maximum,
-                      color_system=None)
-    console.print(table)
-    show("\n".join(line.rstrip() for line in text.getvalue().splitlines()))
-
-
-class StderrHandler(logging.StreamHandler):
-    """The console handler: writes to what sys.stderr is when a record comes, so that on a terminal
-    rich's live display (which stands in for sys.stderr) puts the line above the bars."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-class NotSummary(logging.Filter):
-    """Drops the summary lines, which are printed to stdout (`show`), from the console handler."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name != SUMMARY.name
 
 
 def duration(seconds: float) -> str:

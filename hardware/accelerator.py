@@ -9,10 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from estimator.area import ARCH_CONFIGS, area_um2
+from common.checks import InputError, positive_integer, positive_number, power_of_two, unknown_fields
+from hardware.area import area_um2
+
+#: The named template chips (fields of AcceleratorConfig), one file each.
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 #: The named accelerator whose area is the default budget.
 DEFAULT_BUDGET = "tpuv4_like"
@@ -21,21 +26,11 @@ DEFAULT_BUDGET = "tpuv4_like"
 POWER_OF_TWO_FIELDS = ("num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes")
 
 
-def _is_power_of_two(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
-
-
-def _check_numbers(owner: object, prefix: str, may_be_zero: tuple[str, ...] = ()) -> None:
-    """Every numeric field of `owner` is a number > 0 (or >= 0 when named in `may_be_zero`)."""
+def _check_numbers(owner: object, prefix: str) -> None:
+    """Every numeric field of `owner` is a finite number > 0."""
     for item in fields(owner):
-        value = getattr(owner, item.name)
-        if item.name == "energy":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{prefix}.{item.name}: must be a number, got {value!r}")
-        if not (value > 0 or (item.name in may_be_zero and value == 0)):
-            bound = "zero or positive" if item.name in may_be_zero else "positive"
-            raise ValueError(f"{prefix}.{item.name}: must be {bound}, got {value!r}")
+        if item.name != "energy":
+            positive_number(f"{prefix}.{item.name}", getattr(owner, item.name))
 
 
 @dataclass(frozen=True)
@@ -91,8 +86,8 @@ class AcceleratorConfig:
     * The GLB <- DRAM boundary runs at `hbm_bandwidth` (the original: a fixed 128 words/cycle).
       The default 1.2 TB/s is the HBM2 bandwidth of a TPUv4 chip.
     * `clock_hz` is 1.05 GHz: latency = cycles / 1.05e9 seconds (the original divided by 1.05e6).
-    * The links between chips are not part of the chip: the cluster (`solver.training_step.Cluster`)
-      prices every collective and transfer.
+    * The links between chips are not part of the chip: the cluster (`hardware.Cluster`) prices
+      every collective and transfer.
     """
 
     num_tc: int
@@ -110,13 +105,10 @@ class AcceleratorConfig:
 
     def __post_init__(self) -> None:
         for name in POWER_OF_TWO_FIELDS:
-            value = getattr(self, name)
-            if not _is_power_of_two(value):
-                raise ValueError(f"accelerator.{name}: must be a positive power of two (1, 2, 4, ...), got {value!r}")
-        if not isinstance(self.bytes_per_element, int) or isinstance(self.bytes_per_element, bool):
-            raise ValueError(f"accelerator.bytes_per_element: must be a positive integer, got {self.bytes_per_element!r}")
+            power_of_two(f"accelerator.{name}", getattr(self, name))
+        positive_integer("accelerator.bytes_per_element", self.bytes_per_element)
         if not isinstance(self.energy, EnergyCosts):
-            raise ValueError(f"accelerator.energy: must be EnergyCosts, got {self.energy!r}")
+            raise InputError(f"accelerator.energy: must be EnergyCosts, got {self.energy!r}")
         _check_numbers(self, "accelerator")
 
     @property
@@ -129,7 +121,7 @@ class AcceleratorConfig:
 
     @property
     def area(self) -> float:
-        """Chip area [µm²] from the area model of the original (arch_configs/area_model.yaml)."""
+        """Chip area [µm²] from the area model of the original (hardware/area_model.yaml)."""
         return float(area_um2(self.num_tc, self.num_vc, self.tc_width, self.tc_depth, self.vc_width, self.glb_bytes))
 
     @property
@@ -148,33 +140,27 @@ class AcceleratorConfig:
     def from_dict(cls, values: Mapping) -> AcceleratorConfig:
         """Build from a mapping (a hydra `accelerator` node); unknown fields are an error."""
         values = dict(values)
-        allowed = [item.name for item in fields(cls)]
-        unknown = sorted(set(values) - set(allowed))
-        if unknown:
-            raise ValueError(f"accelerator: unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        unknown_fields("accelerator", values, [item.name for item in fields(cls)])
         energy = values.pop("energy", {})
         if isinstance(energy, Mapping):
-            energy_fields = [item.name for item in fields(EnergyCosts)]
-            unknown = sorted(set(energy) - set(energy_fields))
-            if unknown:
-                raise ValueError(f"accelerator.energy: unknown field {unknown[0]!r}; allowed: {', '.join(energy_fields)}")
+            unknown_fields("accelerator.energy", energy, [item.name for item in fields(EnergyCosts)])
             energy = EnergyCosts(**energy)
         missing = [name for name in POWER_OF_TWO_FIELDS if name not in values]
         if missing:
-            raise ValueError(f"accelerator.{missing[0]}: missing; required: {', '.join(POWER_OF_TWO_FIELDS)}")
+            raise InputError(f"accelerator.{missing[0]}: missing; required: {', '.join(POWER_OF_TWO_FIELDS)}")
         return cls(energy=energy, **values)
 
 
 def accelerator_names() -> tuple[str, ...]:
-    """Names of the accelerators defined in arch_configs/accelerators/."""
-    return tuple(sorted(path.stem for path in (ARCH_CONFIGS / "accelerators").glob("*.yaml")))
+    """Names of the template chips of hardware/templates/."""
+    return tuple(sorted(path.stem for path in TEMPLATES.glob("*.yaml")))
 
 
 @cache
 def _accelerator_file(name: str) -> dict:
-    path = ARCH_CONFIGS / "accelerators" / f"{name}.yaml"
+    path = TEMPLATES / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"accelerator: unknown name {name!r}; available: {', '.join(accelerator_names())}")
+        raise InputError(f"accelerator: unknown template {name!r}; allowed: {', '.join(accelerator_names())}")
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 

@@ -1,0 +1,231 @@
+"""A cluster: devices in nodes joined by tiers of links (a hierarchical network: NVLink inside a node,
+InfiniBand between nodes; or one tier, a TPU pod's ICI), and the time of the collectives and
+transfers of a group of its devices.
+
+A group is `size` devices `stride` ranks apart (`Group`; which ranks form the groups of a parallel
+layout is the layout's business: `solver.layout`). A group of n devices at stride σ puts
+g_k = min(n, max(1, N_k // σ)) members in each block of tier k (N_k devices per block: a node, the
+whole cluster). Collectives are hierarchical (NCCL's tree of rings): level k is a ring of
+f_k = g_k / g_{k-1} blocks of tier k-1 carrying 1/g_{k-1} of the data, so for two tiers
+
+    all_reduce(S) = 2(g−1)/g · S / B_intra + 2(k−1)/k · (S/g) / B_inter + 2(g−1)·λ_intra + 2(k−1)·λ_inter
+
+with B = bandwidth × efficiency per device per direction and λ the latency per ring step;
+reduce-scatter and all-gather are half of it. Simplification: a group is assumed to spread evenly
+over the blocks of each tier (exact when sizes and strides are powers of two).
+
+`Network` is what the training-step model asks of a cluster; `Cluster` is its hierarchical-tier
+shape. Another shape (a torus) is another class with the same methods, named by a system's
+`topology` (hardware/systems.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from common.checks import InputError, fraction, non_negative_number, positive_integer, positive_number, unknown_fields
+
+#: The fields of a tier in a system's data.
+TIER_FIELDS = ("name", "devices", "bandwidth", "latency", "efficiency")
+
+
+@dataclass(frozen=True)
+class Group:
+    """`size` devices `stride` ranks apart (ranks r, r + stride, ..., r + (size − 1)·stride): the
+    communicator of one dimension of a parallel layout."""
+
+    size: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One level of links: a group of this tier joins `devices` devices (a block)."""
+
+    name: str
+    devices: int
+    bandwidth: float  # bytes/s per device per direction
+    latency: float  # s per message (one ring step)
+    efficiency: float  # achievable fraction of the bandwidth
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.efficiency
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "devices": self.devices, "bandwidth": self.bandwidth, "latency": self.latency,
+                "efficiency": self.efficiency}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The time of one collective (or transfer) of a fixed group: per_byte · S + fixed, 0 for S = 0."""
+
+    per_byte: float  # s per byte
+    fixed: float  # s
+
+    def time(self, num_bytes):
+        """Seconds for `num_bytes` (a number or an array)."""
+        return np.where(np.asarray(num_bytes) > 0, self.per_byte * num_bytes + self.fixed, 0.0)
+
+    def scalar(self, num_bytes: float) -> float:
+        """Seconds for one number of bytes (the same arithmetic as `time`, without numpy)."""
+        return self.per_byte * num_bytes + self.fixed if num_bytes > 0 else 0.0
+
+
+NO_COMMUNICATION = Collective(0.0, 0.0)
+
+
+class Network(Protocol):
+    """What the training-step model asks of a cluster, whatever its shape."""
+
+    name: str
+    num_devices: int
+    tiers: tuple[Tier, ...]
+
+    def tier_joining(self, group: Group) -> int: ...
+
+    def all_reduce(self, group: Group) -> Collective: ...
+
+    def reduce_scatter(self, group: Group) -> Collective: ...
+
+    def all_gather(self, group: Group) -> Collective: ...
+
+    def all_to_all(self, group: Group) -> Collective: ...
+
+    def send(self, tier: int) -> Collective: ...
+
+    def size_ranges(self, stride: int, largest: int) -> list[tuple[int, int, int]]: ...
+
+    def to_dict(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`num_devices` accelerators in nodes of `node_size`, joined by `tiers` (innermost first).
+
+    Each tier's `devices` divides the next one's; the last tier joins all devices.
+    """
+
+    name: str
+    num_devices: int
+    node_size: int
+    tiers: tuple[Tier, ...]
+
+    def __post_init__(self) -> None:
+        positive_integer("num_devices", self.num_devices)
+        positive_integer("system.node_size", self.node_size)
+        if self.num_devices % self.node_size:
+            raise InputError(f"num_devices: {self.num_devices} is not a multiple of system.node_size="
+                             f"{self.node_size}; allowed: a multiple of {self.node_size} (or a node_size dividing it)")
+        if not self.tiers:
+            raise InputError("system.tiers: must list at least one tier of links")
+        previous = 1
+        for index, tier in enumerate(self.tiers):
+            where = f"system.tiers[{index}]"
+            positive_number(f"{where}.bandwidth", tier.bandwidth)
+            non_negative_number(f"{where}.latency", tier.latency)
+            fraction(f"{where}.efficiency", tier.efficiency)
+            if isinstance(tier.devices, bool) or not isinstance(tier.devices, int) or tier.devices % previous:
+                raise InputError(f"{where}.devices: must be a multiple of the previous tier's {previous}, "
+                                 f"got {tier.devices!r}")
+            previous = tier.devices
+        if self.tiers[-1].devices != self.num_devices:
+            raise InputError(f"system.tiers: the last tier must join all {self.num_devices} devices, "
+                             f"got {self.tiers[-1].devices}")
+
+    @classmethod
+    def build(cls, name: str, num_devices: int, node_size: int, tiers: list[Mapping]) -> Cluster:
+        """From a system's data: tiers without `devices` join a node (all but the last) or the cluster
+        (the last); latency defaults to 0, efficiency to 1."""
+        built = []
+        for index, tier in enumerate(tiers):
+            fields = dict(tier)
+            unknown_fields(f"system.tiers[{index}]", fields, TIER_FIELDS)
+            if fields.get("devices") is None:
+                fields["devices"] = num_devices if index == len(tiers) - 1 else node_size
+            fields.setdefault("latency", 0.0)
+            fields.setdefault("efficiency", 1.0)
+            if "bandwidth" not in fields:
+                raise InputError(f"system.tiers[{index}].bandwidth: missing (bytes/s per device per direction)")
+            built.append(Tier(name=str(fields.get("name", f"tier{index}")), devices=fields["devices"],
+                              bandwidth=fields["bandwidth"], latency=fields["latency"],
+                              efficiency=fields["efficiency"]))
+        return cls(name=name, num_devices=num_devices, node_size=node_size, tiers=tuple(built))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "num_devices": self.num_devices, "node_size": self.node_size,
+                "tiers": [tier.to_dict() for tier in self.tiers]}
+
+    def members_per_block(self, group: Group) -> tuple[int, ...]:
+        """g_k: members of the group inside one block of each tier."""
+        return tuple(min(group.size, max(1, tier.devices // group.stride)) for tier in self.tiers)
+
+    def tier_joining(self, group: Group) -> int:
+        """Index of the innermost tier whose blocks hold a whole group (its slowest link's tier); the
+        outermost for a group larger than the cluster."""
+        members = self.members_per_block(group)
+        return next((k for k, held in enumerate(members) if held >= group.size), len(self.tiers) - 1)
+
+    def all_reduce(self, group: Group) -> Collective:
+        """Hierarchical ring all-reduce of the group (module docstring)."""
+        if group.size <= 1:
+            return NO_COMMUNICATION
+        per_byte = fixed = 0.0
+        below = 1
+        for tier, members in zip(self.tiers, self.members_per_block(group)):
+            ring = members / below
+            if ring > 1:
+                per_byte += 2 * (ring - 1) / ring / below / tier.effective_bandwidth
+                fixed += 2 * (ring - 1) * tier.latency
+            below = members
+        return Collective(per_byte, fixed)
+
+    def reduce_scatter(self, group: Group) -> Collective:
+        """Half of an all-reduce (also the time of an all-gather of the same bytes)."""
+        whole = self.all_reduce(group)
+        return Collective(whole.per_byte / 2, whole.fixed / 2)
+
+    all_gather = reduce_scatter
+
+    def all_to_all(self, group: Group) -> Collective:
+        """All-to-all of the group, each device sending S bytes (S/size to each member): the share
+        S·(g_k − g_{k−1})/size that leaves its tier-(k−1) block but stays in its tier-k block crosses
+        tier k's links, one message per further block. Simplification: the tiers' shares are sent one
+        after the other (no overlap between the links of two tiers)."""
+        if group.size <= 1:
+            return NO_COMMUNICATION
+        per_byte = fixed = 0.0
+        below = 1
+        for tier, members in zip(self.tiers, self.members_per_block(group)):
+            if members > below:
+                per_byte += (members - below) / group.size / tier.effective_bandwidth
+                fixed += (members / below - 1) * tier.latency
+            below = members
+        return Collective(per_byte, fixed)
+
+    def send(self, tier: int) -> Collective:
+        """A point-to-point transfer on tier `tier`."""
+        link = self.tiers[tier]
+        return Collective(1.0 / link.effective_bandwidth, link.latency)
+
+    def size_ranges(self, stride: int, largest: int) -> list[tuple[int, int, int]]:
+        """(tier, fewest, most): the sizes up to `largest` of a group at `stride` whose slowest link is
+        on each tier (e.g. the pipeline depths whose slowest stage boundary is there)."""
+        ranges, low = [], 1
+        for index, tier in enumerate(self.tiers):
+            last = index == len(self.tiers) - 1
+            high = largest if last else min(largest, max(1, tier.devices // stride))
+            if high >= low:
+                ranges.append((index, low, high))
+                low = high + 1
+        return ranges
+
+    def spans(self, groups: Mapping[str, Group]) -> dict[str, str]:
+        """The name of the tier each group's slowest link is on (groups of one device: none)."""
+        return {name: self.tiers[self.tier_joining(group)].name if group.size > 1 else "none"
+                for name, group in groups.items()}

@@ -1,0 +1,93 @@
+"""The model of a run from its configuration: a zoo model, or `model=custom` with a model file or a
+factory (phaze.custom_model), with `model.overrides` on top, and its fixed Megatron baseline.
+ModelSpec checks every value itself; here the errors get the place they came from (the override's
+key, the file and its own key)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from common.checks import InputError, positive_integer
+from graph_extract import ModelSpec, get_spec
+from graph_extract.factory import is_factory_reference
+from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
+from phaze.custom_model import NAME_PATTERN, read_factory, read_model_file
+from solver.layout import Layout
+
+#: The ModelSpec fields a factory model (`model.config=MODULE:FUNCTION`) may override: the others are its module's.
+FACTORY_OVERRIDES = ("name", "num_layers", "default_sequence_length")
+#: The fields of `model.fixed_megatron`, the fixed Megatron-style baseline (p, t, d).
+FIXED_MEGATRON_FIELDS = ("pipeline_parallel_width", "tensor_parallel_width", "data_parallel_width")
+#: Largest width of the fixed baseline: a million devices.
+MAX_WIDTH = 1_048_576
+
+
+def checked_spec(base: ModelSpec | None, fields: Mapping, where: str,
+                 key: Callable[[str], str] = lambda field: field) -> ModelSpec:
+    """`base` with `fields` set (no base: a spec of `fields` alone), checked by ModelSpec. Errors start
+    with `where` and name a field by `key(field)` (a config.json's own key)."""
+    known = {field.name for field in dataclasses.fields(ModelSpec)}
+    for name in fields:
+        if name not in known:
+            raise unknown_key_error(f"{where}{name}", known)
+    if fields.get("factory") is not None:
+        raise InputError(f"{where}factory: set by model=custom model.config=MODULE:FUNCTION only")
+    try:
+        return ModelSpec(**fields) if base is None else base.with_overrides(**fields)
+    except TypeError as problem:  # a required field missing from a file
+        raise InputError(f"{where}{problem}") from None
+    except ValueError as problem:  # ModelSpec's own checks start with the field (num_kv_heads: ...)
+        field, _, rest = str(problem).partition(": ")
+        raise InputError(f"{where}{key(field)}: {rest}") from None
+
+
+def custom_spec(model: Mapping) -> ModelSpec:
+    """The spec of `model=custom`: the file or factory `model.config` names (phaze.custom_model)."""
+    reference = model.get("config")
+    if reference is None or reference == "???":  # hydra's mark of a value not given
+        raise InputError("model.config: missing; model=custom reads the model from a file: model.config=PATH "
+                         "(a ModelSpec .yaml or a Hugging Face config.json), or model.config=MODULE:FUNCTION (a Python "
+                         "nn.Module factory)")
+    if not isinstance(reference, str) or not reference:
+        raise InputError(f"model.config: must be the path of a .yaml or config.json file or a MODULE:FUNCTION, got "
+                         f"{reference!r}")
+    path = Path(reference)
+    where = f"model.config: {path}: "
+    try:
+        if is_factory_reference(reference):
+            return read_factory(reference)
+        model_file = read_model_file(path)
+    except (ValueError, OSError) as problem:
+        raise InputError(f"{where}{problem}") from None
+    name = model_file.fields.get("name")
+    if isinstance(name, str) and not NAME_PATTERN.fullmatch(name):
+        raise InputError(f"{where}name: {name!r} names files; allowed: letters, digits, '.', '_', '-'")
+    return checked_spec(None, model_file.fields, where, model_file.key)
+
+
+def model_spec(model: Mapping) -> ModelSpec:
+    """The spec of the `model` node: a zoo model or a custom one, with `overrides` applied."""
+    if error := model_name_error(model.get("name")):
+        raise error
+    if model["name"] != CUSTOM_MODEL and "config" in model:
+        raise InputError(MODEL_CONFIG_ONLY_CUSTOM)
+    overrides = model.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise InputError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
+    base = custom_spec(model) if model["name"] == CUSTOM_MODEL else get_spec(model["name"])
+    if base.factory is not None and (fixed := sorted(set(overrides) - set(FACTORY_OVERRIDES))):
+        raise InputError(f"model.overrides.{fixed[0]}: a factory's model has its module's shape; allowed: "
+                         f"{', '.join(FACTORY_OVERRIDES)}")
+    return checked_spec(base, overrides, "model.overrides.")
+
+
+def fixed_megatron(model: Mapping) -> Layout | None:
+    """The model's fixed Megatron baseline (p, t, d) as a layout, or None."""
+    fixed = model.get("fixed_megatron")
+    if fixed is None:
+        return None
+    p, t, d = (positive_integer(f"model.fixed_megatron.{name}", fixed.get(name), MAX_WIDTH)
+               for name in FIXED_MEGATRON_FIELDS)
+    return Layout(t, p, d)

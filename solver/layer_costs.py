@@ -1,0 +1,153 @@
+"""The cost of every layer of a model on one chip, per micro-batch: what the step model prices.
+
+On a template chip, per tensor-parallel width, the representative of each repeat group is scheduled
+forward and backward on the chip's cores (and its attention core forward, what selective
+recomputation re-runs); every layer of the group gets that cost. On a GPU the roofline gives them
+(`estimator.roofline`). Collectives take no core time here: the training-step model charges them on
+the cluster. `step_graphs` joins the costs with the layer graphs' facts for the step model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from estimator import EstimateTable, FusedLayer, layer_workload
+from estimator.roofline import layer_times
+from graph_extract import KernelOptions
+from graph_extract.trace import TRAINING_DTYPE_BYTES
+from hardware import AcceleratorConfig, KnownChip
+from solver.schedule import ScheduleProblem, ScheduleResult
+from solver.training_step.model import StepGraph, StepLayer
+
+DIRECTIONS = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer of one shard on one accelerator, per micro-batch [s, J].
+
+    `attention_core_forward` is the forward time of its attention core (0 without one). Busy
+    core-seconds (summed over forward and backward) give the utilisation over many layers.
+    """
+
+    forward: float
+    backward: float
+    attention_core_forward: float
+    energy: float
+    tc_busy: float
+    vc_busy: float
+    tc_peak: float
+    vc_peak: float
+    gap: float  # the largest relative optimality gap of its schedules
+
+
+#: width -> layer id -> cost
+LayerCosts = dict[int, dict[int, LayerCost]]
+
+#: A scheduler: problem -> result (e.g. a ScheduleCache's solve with fixed backend options).
+Scheduler = Callable[[ScheduleProblem], ScheduleResult]
+
+#: Costs of a layer that takes no time (the graph facts alone).
+NO_COST = LayerCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def schedule_problem(fused: FusedLayer, accelerator: AcceleratorConfig) -> ScheduleProblem:
+    """The scheduling problem of a fused layer on the accelerator's cores."""
+    return ScheduleProblem.from_workload(fused, accelerator.num_tc, accelerator.num_vc)
+
+
+def core_problem(fused: FusedLayer, core: frozenset[int], accelerator: AcceleratorConfig) -> ScheduleProblem | None:
+    """The scheduling problem of the attention-core operators of a forward layer, or None."""
+    keep = [index for index, op in enumerate(fused.ops) if op.members[0] in core]
+    if not keep:
+        return None
+    position = {old: new for new, old in enumerate(keep)}
+    edges = tuple((position[a], position[b]) for a, b in fused.edges if a in position and b in position)
+    part = FusedLayer(fused.layer, fused.direction, tuple(fused.ops[i] for i in keep), edges)
+    return schedule_problem(part, accelerator)
+
+
+def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable):
+    """(width, group, forward, backward, attention core or None) problems of every repeat group."""
+    for width, graphs in graphs_by_width.items():
+        for group in graphs.repeat_groups:
+            forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
+                                 for direction in DIRECTIONS)
+            yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
+                   core_problem(forward, graphs.attention_core, accelerator))
+
+
+def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
+                schedule: Scheduler, on_layer: Callable[[], None] = lambda: None) -> LayerCosts:
+    """Schedule each repeat group's representative on a template chip; its cost is the group's.
+    `on_layer` is called after each group (progress)."""
+    costs: LayerCosts = {}
+    for width, group, forward, backward, core in _layer_problems(kernels, graphs_by_width, accelerator, table):
+        results = [schedule(forward), schedule(backward)]
+        core_result = schedule(core) if core is not None else None
+        busy = [
+            sum(getattr(r, f"{kind}_utilisation").mean * r.makespan for r in results) * count
+            for kind, count in (("tc", accelerator.num_tc), ("vc", accelerator.num_vc))
+        ]
+        cost = LayerCost(
+            forward=results[0].makespan,
+            backward=results[1].makespan,
+            attention_core_forward=core_result.makespan if core_result else 0.0,
+            energy=results[0].energy + results[1].energy,
+            tc_busy=busy[0],
+            vc_busy=busy[1],
+            tc_peak=max(r.tc_utilisation.peak for r in results),
+            vc_peak=max(r.vc_utilisation.peak for r in results),
+            gap=max(r.gap for r in results + ([core_result] if core_result else [])),
+        )
+        costs.setdefault(width, {}).update({layer: cost for layer in group})
+        on_layer()
+    return costs
+
+
+def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> LayerCosts:
+    """Every layer's cost on a GPU (`estimator.roofline`), per width; a repeat group shares its
+    representative's."""
+    costs: LayerCosts = {}
+    for width, graphs in graphs_by_width.items():
+        for group in graphs.repeat_groups:
+            times = layer_times(graphs.op_graph, group[0], chip, kernels, graphs.attention_core)
+            cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            costs.setdefault(width, {}).update({layer: cost for layer in group})
+    return costs
+
+
+def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGraph]:
+    """The layer graph of every width with the layers' costs (positions: program order); without
+    `costs`, every layer takes no time."""
+    graphs = {}
+    for width, extracted in graphs_by_width.items():
+        layer_graph = extracted.layer_graph
+        position = {layer.id: index for index, layer in enumerate(layer_graph.layers)}
+        cost = {layer.id: costs[width][layer.id] if costs else NO_COST for layer in layer_graph.layers}
+        layers = tuple(
+            StepLayer(
+                id=layer.id,
+                forward=cost[layer.id].forward,
+                backward=cost[layer.id].backward,
+                attention_core_forward=cost[layer.id].attention_core_forward,
+                parameters=layer.parameter_bytes / TRAINING_DTYPE_BYTES,
+                activation_bytes=layer.activation_bytes,
+                replicated_activation_bytes=layer.replicated_activation_bytes,
+                attention_core_activation_bytes=layer.attention_core_activation_bytes,
+                input_bytes=layer.input_bytes,
+                replicated_input_bytes=layer.replicated_input_bytes,
+                is_block=layer.is_block,
+                forward_collective_bytes=layer.forward_collective_bytes,
+                backward_collective_bytes=layer.backward_collective_bytes,
+                expert_parameters=layer.expert_parameter_bytes / TRAINING_DTYPE_BYTES,
+                all_to_all_bytes=layer.all_to_all_bytes,
+            )
+            for layer in layer_graph.layers
+        )
+        edges = tuple((position[e.source], position[e.dest], float(e.bytes)) for e in layer_graph.edges)
+        if any(source >= dest for source, dest, _ in edges):
+            raise ValueError(f"layer graph of width {width}: an edge goes backwards in program order")
+        graphs[width] = StepGraph(width, layers, edges)
+    return graphs

@@ -1,0 +1,191 @@
+"""The parallel layout of a training run as one value, the rules a layout must follow (in this module
+only), the layouts a search enumerates, and the rank groups of each dimension.
+
+A layout is Megatron-Core's: t tensor-parallel ranks split each layer, c context-parallel ranks split
+the sequence, p pipeline stages (each holding v model chunks with interleaving) split the layers,
+and d data-parallel replicas split the batch, of which e consecutive ones split the experts of a
+mixture of experts (expert parallelism folded into data parallelism). Ranks are ordered
+tp-cp-ep-dp-pp (Megatron-Core's default `order`):
+
+    rank = tensor + t·(context + c·(data + d·pipeline)),  the expert rank = data mod e
+
+so a tensor-parallel group is t consecutive devices, a context-parallel group c devices t apart, an
+expert-parallel group e devices t·c apart, a data-parallel group d devices t·c apart (the replicas
+holding the same experts: d/e devices t·c·e apart), and consecutive pipeline stages t·c·d apart
+(`Layout.groups`; the cluster says which tier of links each group spans).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from common.checks import InputError, positive_integer
+from hardware import Group
+
+#: The dimensions of a layout's rank groups, innermost first (Megatron-Core's order), and the group of
+#: replicas that hold the same experts.
+DIMENSIONS = ("tensor", "context", "expert", "data", "pipeline")
+#: How a Megatron layout splits the blocks into p·v chunks: `any` (the placement DP: any convex
+#: split), `even` (p·v equal chunks), `even_or_ends` (also with the embedding and the loss counted as
+#: a block each: Megatron's --account-for-embedding-in-pipeline-split and
+#: --account-for-loss-in-pipeline-split).
+SPLITS = ("any", "even", "even_or_ends")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Widths of a parallel layout (each a positive integer; `devices` = t·c·p·d)."""
+
+    tensor_parallel_width: int = 1
+    pipeline_parallel_width: int = 1
+    data_parallel_width: int = 1
+    virtual_stages: int = 1
+    expert_parallel_width: int = 1
+    context_parallel_width: int = 1
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            positive_integer(field.name, getattr(self, field.name))
+
+    @property
+    def devices(self) -> int:
+        return (self.tensor_parallel_width * self.context_parallel_width * self.pipeline_parallel_width
+                * self.data_parallel_width)
+
+    @property
+    def shard(self) -> Layout:
+        """The widths that split each layer (t, e, c), with p = d = v = 1: what a device's share of a
+        layer depends on (one step model prices every p, d and v of it)."""
+        return Layout(self.tensor_parallel_width, expert_parallel_width=self.expert_parallel_width,
+                      context_parallel_width=self.context_parallel_width)
+
+    def replace(self, **widths: int) -> Layout:
+        return dataclasses.replace(self, **widths)
+
+    def groups(self) -> dict[str, Group]:
+        """The communicator of each dimension (module docstring), and `expert_data`: the replicas that
+        hold the same experts."""
+        t, c, e = self.tensor_parallel_width, self.context_parallel_width, self.expert_parallel_width
+        d, p = self.data_parallel_width, self.pipeline_parallel_width
+        return {"tensor": Group(t, 1), "context": Group(c, t), "expert": Group(e, t * c), "data": Group(d, t * c),
+                "expert_data": Group(max(d // e, 1), t * c * e), "pipeline": Group(p, t * c * d)}
+
+    def text(self) -> str:
+        """t=8 p=16 d=8 v=1 (and e, c when > 1)."""
+        text = (f"t={self.tensor_parallel_width} p={self.pipeline_parallel_width} d={self.data_parallel_width} "
+                f"v={self.virtual_stages}")
+        for letter, width in (("e", self.expert_parallel_width), ("c", self.context_parallel_width)):
+            text += f" {letter}={width}" if width > 1 else ""
+        return text
+
+
+@dataclass(frozen=True)
+class FitRules:
+    """What a layout must follow for one question, besides memory (the step model's): the cluster's
+    devices (all of them with `whole_cluster`: a given layout; a search may leave some idle), the
+    micro-batches per batch, the model's layers, blocks and experts, and how the blocks split."""
+
+    num_devices: int
+    micro_batches: int
+    layers: int
+    blocks: int
+    experts: int | None = 1  # None: checked elsewhere
+    whole_cluster: bool = False
+    split: str = "any"
+
+    def problem(self, layout: Layout) -> str | None:
+        """The first rule `layout` breaks, as one line naming the width, or None."""
+        return self.widths_problem(layout) or self.split_problem(layout)
+
+    def widths_problem(self, layout: Layout) -> str | None:
+        """The first rule of the widths `layout` breaks (all but how the blocks split into chunks: a
+        placement whose chunks are given has them split already), or None."""
+        t, c, p = layout.tensor_parallel_width, layout.context_parallel_width, layout.pipeline_parallel_width
+        d, v, e = layout.data_parallel_width, layout.virtual_stages, layout.expert_parallel_width
+        if self.experts is not None and self.experts % e:
+            return (f"expert_parallel_width: {e} does not divide the {self.experts} experts"
+                    if self.experts > 1 else f"expert_parallel_width: {e} with a model without experts; allowed: 1")
+        if self.whole_cluster and layout.devices != self.num_devices:
+            return (f"data_parallel_width: tensor x context x pipeline x data parallel = {t} x {c} x {p} x {d} = "
+                    f"{layout.devices}, must equal num_devices={self.num_devices}" if c > 1 else
+                    f"data_parallel_width: tensor x pipeline x data parallel = {t} x {p} x {d} = {layout.devices}, "
+                    f"must equal num_devices={self.num_devices}")
+        if layout.devices > self.num_devices:
+            return (f"devices: {p} stages x {t * c} x {d} replicas need {layout.devices}, the cluster has "
+                    f"{self.num_devices}")
+        if self.micro_batches % d:
+            return (f"data_parallel_width: {d} does not divide the {self.micro_batches} micro-batches per batch "
+                    "(global_batch_size / micro_batch_size)")
+        if d % e:
+            return (f"expert_parallel_width: {e} does not divide data_parallel_width={d} (the experts are split "
+                    "over data-parallel replicas)")
+        if v > 1 and p < 2:
+            return "virtual_stages: interleaving needs pipeline_parallel_width >= 2"
+        if v > 1 and (self.micro_batches // d) % p:
+            return (f"virtual_stages: the interleaved schedule needs the {self.micro_batches // d} micro-batches "
+                    f"per replica to be a multiple of pipeline_parallel_width={p}")
+        return None
+
+    def splits(self, chunks: int, virtual_stages: int = 1) -> bool:
+        """Whether `chunks` chunks hold the blocks (the rule `split`)."""
+        if self.split == "any" and virtual_stages == 1:
+            return True
+        return self.blocks % chunks == 0 or (self.split == "even_or_ends" and (self.blocks + 2) % chunks == 0)
+
+    def split_problem(self, layout: Layout) -> str | None:
+        """Why p stages of v chunks each cannot hold the model's blocks (`split`), or None."""
+        stages, virtual_stages = layout.pipeline_parallel_width, layout.virtual_stages
+        if stages > self.layers:
+            return f"pipeline_parallel_width: {stages} stages for {self.layers} layers; allowed: at most {self.layers}"
+        if self.splits(stages * virtual_stages, virtual_stages):
+            return None
+        what = (f"divide neither the {self.blocks} blocks nor {self.blocks} + 2 (embedding and loss counted)"
+                if self.split == "even_or_ends" else f"do not divide the {self.blocks} blocks")
+        if not self.splits(stages):
+            allowed = [p for p in range(1, self.blocks + 3) if self.splits(p)]
+            return f"pipeline_parallel_width: {stages} stages {what}; allowed: {', '.join(map(str, allowed))}"
+        allowed = [v for v in range(1, (self.blocks + 2) // stages + 1)
+                   if self.splits(stages * v, v) and (v == 1 or stages > 1)]
+        return (f"virtual_stages: {stages} stages x {virtual_stages} virtual stages {what}; allowed with "
+                f"pipeline_parallel_width={stages}: {', '.join(map(str, allowed))}")
+
+    def check(self, layout: Layout) -> Layout:
+        """`layout`, or InputError with the rule it breaks."""
+        problem = self.problem(layout)
+        if problem is not None:
+            raise InputError(problem)
+        return layout
+
+
+def data_parallel_widths(rules: FitRules, shard: Layout) -> list[int]:
+    """The data-parallel widths d a shard shape (t, e, c) allows with some pipeline: d divides the
+    micro-batches per batch, e divides d, t·c·d devices fit."""
+    room = rules.num_devices // (shard.tensor_parallel_width * shard.context_parallel_width)
+    return [d for d in range(1, min(room, rules.micro_batches) + 1)
+            if rules.micro_batches % d == 0 and d % shard.expert_parallel_width == 0]
+
+
+def allowed_virtual_stages(blocks: int) -> tuple[int, ...]:
+    """v values some pipeline of at least two stages can interleave: v divides the blocks, and
+    blocks / v ≥ 2 (with 1 for no interleaving)."""
+    return (1, *(v for v in range(2, blocks // 2 + 1) if blocks % v == 0))
+
+
+def layouts(rules: FitRules, shard: Layout, virtual_stages: tuple[int, ...] | None = None) -> Iterator[Layout]:
+    """The layouts of a shard shape (t, e, c) a search enumerates, per data-parallel width d:
+    the plain pipeline (v = 1) of the most stages that fit — every shallower one fits too, so the
+    placement DP takes each d with its largest p — then Megatron's interleaved layouts (v > 1, the
+    blocks in p·v equal chunks) whose v is among `virtual_stages` (None: every v)."""
+    t, c = shard.tensor_parallel_width, shard.context_parallel_width
+    plain = virtual_stages is None or 1 in virtual_stages
+    for degree in data_parallel_widths(rules, shard):
+        most = min(rules.layers, rules.num_devices // (t * c * degree))
+        if plain:
+            yield shard.replace(pipeline_parallel_width=most, data_parallel_width=degree)
+        for stages in range(2, min(rules.blocks // 2, most) + 1):
+            for v in range(2, rules.blocks // stages + 1):
+                if (virtual_stages is None or v in virtual_stages) and rules.blocks % (stages * v) == 0 and (
+                        rules.micro_batches // degree) % stages == 0:
+                    yield shard.replace(pipeline_parallel_width=stages, data_parallel_width=degree, virtual_stages=v)

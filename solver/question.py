@@ -1,0 +1,121 @@
+"""What a run is asked: the fixed question and the axes it sweeps.
+
+* `Question`: the model, its sequence and global batch, the cluster it trains on, how it trains (the
+  training and kernel options), the step model that prices it and the fixed layout compared against.
+  Nothing in it is searched.
+* `Axes`: what is swept — micro-batch sizes, HBM sizes, recomputation modes, tensor-parallel widths,
+  virtual stages, expert-parallel widths. A search over one micro-batch size and one HBM size is
+  `axes.at(micro_batch_size=..., memory_capacity=...)`; the placement search covers the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from common.checks import InputError, choice
+from graph_extract import KernelOptions, ModelSpec
+from hardware import Network
+from solver.layout import Layout
+from solver.training_step.memory import RECOMPUTE_MODES
+from solver.training_step.options import TrainingOptions
+
+
+@dataclass(frozen=True)
+class Question:
+    """The fixed question (module docstring); `step_model` names one of `solver.step_models`."""
+
+    model: ModelSpec
+    sequence_length: int
+    global_batch_size: int
+    cluster: Network
+    training: TrainingOptions = TrainingOptions()
+    kernels: KernelOptions = KernelOptions()
+    step_model: str = "training_step"
+    baseline: Layout | None = None  # the fixed Megatron layout a result is compared against
+
+    def micro_batches(self, micro_batch_size: int) -> int:
+        """Micro-batches per global batch."""
+        return self.global_batch_size // micro_batch_size
+
+    @property
+    def experts(self) -> int:
+        """Experts of each mixture-of-experts block (1: a dense model)."""
+        return self.model.num_experts or 1
+
+    def record(self) -> dict:
+        """The question as plain data (cache keys, results)."""
+        return {"model": dataclasses.asdict(self.model), "sequence_length": self.sequence_length,
+                "global_batch_size": self.global_batch_size, "cluster": self.cluster.to_dict(),
+                "training": self.training.record(), "kernels": self.kernels.record(), "step_model": self.step_model,
+                "baseline": None if self.baseline is None else dataclasses.asdict(self.baseline)}
+
+
+@dataclass(frozen=True)
+class Axes:
+    """The swept axes (module docstring); `virtual_stages` None: 1 and every v the blocks allow."""
+
+    micro_batch_sizes: tuple[int, ...]
+    memory_capacities: tuple[int, ...]  # bytes of HBM per device
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+    tensor_parallel_widths: tuple[int, ...] = (1,)
+    virtual_stages: tuple[int, ...] | None = None
+    expert_parallel_widths: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        for field in ("micro_batch_sizes", "memory_capacities", "recompute", "tensor_parallel_widths",
+                      "expert_parallel_widths"):
+            if not getattr(self, field):
+                raise InputError(f"{field}: must hold at least one value")
+        for mode in self.recompute:
+            choice("recompute", mode, RECOMPUTE_MODES)
+
+    def at(self, micro_batch_size: int | None = None, memory_capacity: int | None = None,
+           recompute: str | None = None) -> Axes:
+        """These axes at one micro-batch size, HBM size or recomputation mode."""
+        narrowed = {}
+        if micro_batch_size is not None:
+            narrowed["micro_batch_sizes"] = (micro_batch_size,)
+        if memory_capacity is not None:
+            narrowed["memory_capacities"] = (memory_capacity,)
+        if recompute is not None:
+            narrowed["recompute"] = (recompute,)
+        return dataclasses.replace(self, **narrowed)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """The micro-batch size of axes narrowed to one."""
+        (size,) = self.micro_batch_sizes
+        return size
+
+    @property
+    def memory_capacity(self) -> int:
+        """The HBM size [bytes] of axes narrowed to one."""
+        (capacity,) = self.memory_capacities
+        return capacity
+
+    def shards(self) -> list[Layout]:
+        """The shard shapes searched (t, e), by expert-parallel width, then tensor-parallel width."""
+        return [Layout(t, expert_parallel_width=e) for e in sorted(self.expert_parallel_widths)
+                for t in sorted(self.tensor_parallel_widths)]
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_micro_batches(question: Question, axes: Axes) -> None:
+    """InputError for a micro-batch size that does not divide the global batch."""
+    for size in axes.micro_batch_sizes:
+        if question.global_batch_size % size:
+            raise InputError(f"micro_batch_size: {size} does not divide global_batch_size={question.global_batch_size}")
+
+
+def check_expert_widths(question: Question, axes: Axes) -> None:
+    """InputError for an expert-parallel width that does not divide the model's experts."""
+    for width in axes.expert_parallel_widths:
+        if question.experts % width:
+            what = (f"the {question.experts} experts of {question.model.name}" if question.model.num_experts
+                    else f"{question.model.name} (no experts)")
+            allowed = [e for e in range(1, question.experts + 1) if question.experts % e == 0]
+            raise InputError(f"expert_parallel_width: {width!r} does not divide {what}; "
+                             f"allowed: {', '.join(map(str, allowed))}")
