@@ -50,8 +50,8 @@ RAY_CONNECT_TIMEOUT_S = 5.0
 MAX_TIME_LIMIT_S = 86_400.0
 #: Ranges of the template's technology fields (unit, largest value): 100 GHz, 1 PB/s.
 ACCELERATOR_NUMBERS = {"clock_hz": ("Hz", 1e11), "hbm_bandwidth": ("B/s", 1e15)}
-#: The package each MILP solver needs (CBC ships with PuLP).
-MILP_PACKAGES = {"cbc": "pulp", "highs": "highspy", "gurobi": "gurobipy"}
+#: The package each MILP solver needs besides PuLP (CBC's binary: cbcbox, PuLP's `cbc` extra).
+MILP_PACKAGES = {"cbc": "cbcbox", "highs": "highspy", "gurobi": "gurobipy"}
 #: The values a ModelSpec text field takes (see graph_extract.zoo.ModelSpec).
 SPEC_CHOICES = {
     "norm": ("layernorm", "rmsnorm"),

@@ -4,11 +4,14 @@ the cache and the Gantt chart. (Exactness against a brute force: test_schedule_e
 from __future__ import annotations
 
 import random
+import re
+import warnings
 
 import pytest
 
 from estimator.workload import FusedEstimate, FusedLayer
 from solver.schedule import (
+    MILP_SOLVERS,
     InvalidSchedule,
     LicenceLimitError,
     Op,
@@ -295,8 +298,30 @@ def _size_limited_gurobi() -> bool:
 def test_gurobi_size_limit_gives_a_clear_message() -> None:
     if not _size_limited_gurobi():
         pytest.skip("gurobipy has a full licence here")
-    with pytest.raises(LicenceLimitError, match="size-limited licence.*variables"):
+    with warnings.catch_warnings(), pytest.raises(LicenceLimitError, match="size-limited licence") as raised:
+        warnings.simplefilter("error")  # the message counts rows through PuLP's current API
         solve(hard_problem(16), "milp", time_limit=5.0, milp_solver="gurobi")
+    counts = re.search(r"has (\d+) variables and (\d+) constraints", str(raised.value))
+    variables, constraints = int(counts[1]), int(counts[2])
+    # 16 independent operators: at least the 16 x 15 x 14 transitivity rows (6) of the order variables
+    assert variables <= 2000 < 16 * 15 * 14 <= constraints
+
+
+# --- PuLP's current API ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("milp_solver", MILP_SOLVERS)
+def test_the_milp_backend_uses_no_deprecated_api(milp_solver: str) -> None:
+    """PuLP 3 warns of what PuLP 4.0 removes (PULP_CBC_CMD, LpProblem.constraints as a mapping,
+    ...): a solve through each MILP solver warns of nothing deprecated."""
+    if milp_solver == "gurobi":
+        pytest.importorskip("gurobipy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = solve(three_tc_ops(), "milp", milp_solver=milp_solver)
+    deprecated = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+    assert [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, deprecated)] == []
+    assert result.makespan == pytest.approx(1.6, rel=1e-4) and result.status == "optimal"
 
 
 # --- the cache ---------------------------------------------------------------------------------------

@@ -266,7 +266,7 @@ def test_a_model_without_blocks_on_the_command_line(layers, tmp_path):
 def installed(monkeypatch):
     """installed(*packages): find_spec finds exactly these of the solver packages."""
     real = importlib.util.find_spec
-    solvers = {"pulp", "highspy", "gurobipy"}
+    solvers = {"cbcbox", "highspy", "gurobipy"}
 
     def install(*packages):
         def find_spec(name, *rest):
@@ -280,21 +280,27 @@ def installed(monkeypatch):
 
 
 def test_gurobi_without_gurobipy(installed):
-    installed("pulp", "highspy")
+    installed("cbcbox", "highspy")
     assert error("schedule.backend=milp", "schedule.milp_solver=gurobi") == (
         "schedule.milp_solver: gurobi needs the gurobipy package (pip install gurobipy); available here: cbc, highs")
 
 
 def test_highs_without_highspy(installed):
-    installed("pulp", "gurobipy")
+    installed("cbcbox", "gurobipy")
     assert error("schedule.backend=milp", "schedule.milp_solver=highs") == (
         "schedule.milp_solver: highs needs the highspy package (pip install highspy); available here: cbc, gurobi")
 
 
+def test_cbc_without_cbcbox(installed):
+    installed("highspy", "gurobipy")
+    assert error("schedule.backend=milp") == (
+        "schedule.milp_solver: cbc needs the cbcbox package (pip install cbcbox); available here: highs, gurobi")
+
+
 def test_an_installed_solver_or_another_backend_is_taken(installed):
-    installed("pulp", "gurobipy")
+    installed("cbcbox", "gurobipy")
     check_command_line("run_solver", ["schedule.backend=milp", "schedule.milp_solver=gurobi"])
-    installed("pulp")
+    installed("cbcbox")
     check_command_line("run_solver", ["schedule.backend=cpsat", "schedule.milp_solver=gurobi"])
 
 

@@ -160,7 +160,7 @@ class _Model:
             if getattr(error, "errno", None) == 10010:  # gurobipy: model too large for the licence
                 raise LicenceLimitError(
                     f"milp_solver: gurobipy's size-limited licence allows 2000 variables and 2000 constraints; "
-                    f"this model has {len(self.lp.variables())} variables and {len(self.lp.constraints)} "
+                    f"this model has {self.lp.numVariables()} variables and {self.lp.numConstraints()} "
                     f"constraints; use backend='cpsat', milp_solver='cbc' or 'highs', or a full Gurobi licence"
                 ) from error
             raise
@@ -223,7 +223,14 @@ def _solver(name: str, time_limit: float, relative_gap: float, workers: int,
             stopping: threading.Event) -> pulp.LpSolver:
     gap = relative_gap or None
     if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, threads=workers)
+        try:
+            import cbcbox
+        except ImportError:
+            raise RuntimeError("milp_solver: 'cbc' needs cbcbox (pip install 'pulp[cbc]'); use 'highs'") from None
+        # COIN_CMD on cbcbox's binary, as PuLP 3.3 advises (PULP_CBC_CMD and the CBC bundled with
+        # PuLP are deprecated, to be removed in PuLP 4.0); the path, not PATH, finds it in any venv.
+        return pulp.COIN_CMD(path=cbcbox.cbc_bin_path(), msg=False, timeLimit=time_limit, gapRel=gap,
+                             warmStart=True, threads=workers)
     if name == "highs":
         if not pulp.HiGHS(msg=False).available():
             raise RuntimeError("milp_solver: 'highs' needs highspy, which does not import here; use 'cbc'")
