@@ -15,6 +15,7 @@ from solver.schedule import (
     InvalidSchedule,
     LicenceLimitError,
     Op,
+    Schedule,
     ScheduleCache,
     ScheduleProblem,
     heuristic_schedule,
@@ -24,6 +25,7 @@ from solver.schedule import (
     validate,
     violations,
 )
+from solver.schedule.milp import SOLVER_TOLERANCE, solve_milp
 
 # --- the problem -------------------------------------------------------------------------------
 
@@ -277,6 +279,25 @@ def test_time_limit_returns_the_best_schedule_with_its_gap(backend: str, time_li
     assert result.gap == pytest.approx((result.makespan - result.lower_bound) / result.makespan)
     assert 0 < result.gap < 0.2
     assert result.solve_time < time_limit + 5.0
+
+
+@pytest.mark.parametrize("milp_solver", MILP_SOLVERS)
+def test_a_milp_solver_stopped_by_its_time_limit_gives_its_own_schedule(milp_solver: str) -> None:
+    """PuLP tells a solution found before the time limit differently per solver (CBC: "Optimal" with
+    an integer-feasible solution; gurobipy: "Not Solved"): each solver's schedule comes back, not
+    the warm start. The warm start runs the 12 operators one after another, sum(latencies); on 4
+    TCs the optimum is at most max latency + sum / 4 (list scheduling), below half of that sum."""
+    if milp_solver == "gurobi":
+        pytest.importorskip("gurobipy")
+    problem = hard_problem(12)
+    latencies = [op.latency for op in problem.ops]
+    assert max(latencies) + sum(latencies) / 4 < sum(latencies) / 2
+    one_after_another = Schedule(tuple(sum(latencies[:i]) for i in range(12)), (False,) * 12)
+    outcome = solve_milp(problem, one_after_another, 2.0, milp_solver)  # HiGHS beat it after 0.6 s here
+    assert outcome.schedule is not None and not outcome.optimal
+    found = outcome.schedule
+    assert violations(problem, found.start, found.parallel, relative_tolerance=SOLVER_TOLERANCE) == []
+    assert outcome.lower_bound <= found.makespan(problem) < sum(latencies) / 2
 
 
 # --- gurobipy's size-limited licence -------------------------------------------------------------------

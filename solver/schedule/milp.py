@@ -156,6 +156,11 @@ class _Model:
         try:
             interruptible.run(lambda: self.lp.solve(backend), partial(self._stop, stopping))
             bound = self._bound(solver, relative_gap)
+            solution = self.lp.sol_status
+            if solver == "gurobi" and solution != pulp.LpSolutionOptimal and self.lp.solverModel.SolCount > 0:
+                # PuLP's GUROBI reads the incumbent after a time limit but reports no solution (its
+                # TIME_LIMIT maps to LpStatusNotSolved); HiGHS and CBC report it as integer feasible.
+                solution = pulp.LpSolutionIntegerFeasible
         except Exception as error:
             if getattr(error, "errno", None) == 10010:  # gurobipy: model too large for the licence
                 raise LicenceLimitError(
@@ -167,13 +172,13 @@ class _Model:
         finally:
             if solver == "gurobi":
                 backend.close()
-        if self.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        if solution not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             return BackendOutcome(None, bound, False)
         schedule = Schedule(
             tuple(max(0.0, var.value()) * self.unit for var in self.t),
             tuple(i in self.y and self.y[i].value() > 0.5 for i in range(len(self.t))),
         )
-        optimal = self.lp.sol_status == pulp.LpSolutionOptimal and relative_gap == 0.0
+        optimal = solution == pulp.LpSolutionOptimal and relative_gap == 0.0
         return BackendOutcome(schedule, bound, optimal)
 
     def _stop(self, stopping: threading.Event) -> None:
