@@ -34,6 +34,8 @@ MILP_SOLVERS = ("cbc", "highs", "gurobi")
 SOLVER_TOLERANCE = 1e-6
 _BIG_M = 1.0 + SOLVER_TOLERANCE
 _CAPACITY = {"tc_capacity": ("uses_tc", "num_tc"), "vc_capacity": ("uses_vc", "num_vc")}
+#: gurobipy's GRB.INTERRUPTED: the optimization was stopped (Model.terminate or a Ctrl-C).
+_GUROBI_INTERRUPTED = 11
 
 
 class LicenceLimitError(RuntimeError):
@@ -155,6 +157,10 @@ class _Model:
         backend = _solver(solver, time_limit, relative_gap, workers, stopping)
         try:
             interruptible.run(lambda: self.lp.solve(backend), partial(self._stop, stopping))
+            if solver == "gurobi" and self.lp.solverModel.Status == _GUROBI_INTERRUPTED and not stopping.is_set():
+                # Gurobi takes SIGINT itself while it optimizes and stops as if asked to; the Ctrl-C
+                # goes back to Python's handler (here, in the main thread, it raises at once).
+                signal.raise_signal(signal.SIGINT)
             bound = self._bound(solver, relative_gap)
             solution = self.lp.sol_status
             if solver == "gurobi" and solution != pulp.LpSolutionOptimal and self.lp.solverModel.SolCount > 0:
@@ -246,7 +252,10 @@ def _solver(name: str, time_limit: float, relative_gap: float, workers: int,
                       highspy.cb.HighsCallbackType.kCallbackMipInterrupt]
         return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=workers,
                           callbackTuple=(_highs_interrupt(stopping), None), callbacksToActivate=interrupts)
-    solver = pulp.GUROBI(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, OutputFlag=0, Threads=workers)
+    # An environment of its own (manageEnv), created with OutputFlag 0, prints nothing, not even the
+    # licence banner of gurobipy's default environment; `close` disposes of it and its licence.
+    solver = pulp.GUROBI(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, manageEnv=True,
+                         Threads=workers)
     if not solver.available():
         raise RuntimeError("milp_solver: 'gurobi' needs gurobipy installed and licensed; use 'cbc' or 'highs'")
     return solver
