@@ -304,9 +304,16 @@ def test_an_installed_solver_or_another_backend_is_taken(installed):
     check_command_line("run_solver", ["schedule.backend=cpsat", "schedule.milp_solver=gurobi"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gurobipy") is not None, reason="gurobipy is installed here")
+#: `python -m phaze` where gurobipy cannot be imported or found, installed or not (a None entry in
+#: sys.modules makes importlib.util.find_spec return None and an import raise ImportError).
+WITHOUT_GUROBIPY = "import runpy, sys; sys.modules['gurobipy'] = None; runpy.run_module('phaze', run_name='__main__')"
+
+
 def test_gurobi_without_gurobipy_on_the_command_line(tmp_path):
-    result = phaze("run_solver", "schedule.backend=milp", "schedule.milp_solver=gurobi", cwd=tmp_path)
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    result = subprocess.run([sys.executable, "-c", WITHOUT_GUROBIPY, "run_solver", "schedule.backend=milp",
+                             "schedule.milp_solver=gurobi"], cwd=tmp_path, capture_output=True, text=True,
+                            env=environment)
     assert "(pip install gurobipy)" in assert_rejected(result, tmp_path, "schedule.milp_solver")
 
 
