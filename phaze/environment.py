@@ -12,8 +12,8 @@ from common.checks import InputError
 
 #: Seconds to wait for a Ray cluster's GCS port to take a connection.
 RAY_CONNECT_TIMEOUT_S = 5.0
-#: The package each MILP solver needs (CBC ships with PuLP).
-MILP_PACKAGES = {"cbc": "pulp", "highs": "highspy", "gurobi": "gurobipy"}
+#: The package each MILP solver needs besides PuLP (CBC's binary: cbcbox, PuLP's `cbc` extra).
+MILP_PACKAGES = {"cbc": "cbcbox", "highs": "highspy", "gurobi": "gurobipy"}
 
 
 def cache_dir(value: object) -> Path:

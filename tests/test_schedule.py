@@ -4,14 +4,18 @@ the cache and the Gantt chart. (Exactness against a brute force: test_schedule_e
 from __future__ import annotations
 
 import random
+import re
+import warnings
 
 import pytest
 
 from estimator.workload import FusedEstimate, FusedLayer
 from solver.schedule import (
+    MILP_SOLVERS,
     InvalidSchedule,
     LicenceLimitError,
     Op,
+    Schedule,
     ScheduleCache,
     ScheduleProblem,
     heuristic_schedule,
@@ -21,6 +25,7 @@ from solver.schedule import (
     validate,
     violations,
 )
+from solver.schedule.milp import SOLVER_TOLERANCE, solve_milp
 
 # --- the problem -------------------------------------------------------------------------------
 
@@ -276,6 +281,25 @@ def test_time_limit_returns_the_best_schedule_with_its_gap(backend: str, time_li
     assert result.solve_time < time_limit + 5.0
 
 
+@pytest.mark.parametrize("milp_solver", MILP_SOLVERS)
+def test_a_milp_solver_stopped_by_its_time_limit_gives_its_own_schedule(milp_solver: str) -> None:
+    """PuLP tells a solution found before the time limit differently per solver (CBC: "Optimal" with
+    an integer-feasible solution; gurobipy: "Not Solved"): each solver's schedule comes back, not
+    the warm start. The warm start runs the 12 operators one after another, sum(latencies); on 4
+    TCs the optimum is at most max latency + sum / 4 (list scheduling), below half of that sum."""
+    if milp_solver == "gurobi":
+        pytest.importorskip("gurobipy")
+    problem = hard_problem(12)
+    latencies = [op.latency for op in problem.ops]
+    assert max(latencies) + sum(latencies) / 4 < sum(latencies) / 2
+    one_after_another = Schedule(tuple(sum(latencies[:i]) for i in range(12)), (False,) * 12)
+    outcome = solve_milp(problem, one_after_another, 2.0, milp_solver)  # HiGHS beat it after 0.6 s here
+    assert outcome.schedule is not None and not outcome.optimal
+    found = outcome.schedule
+    assert violations(problem, found.start, found.parallel, relative_tolerance=SOLVER_TOLERANCE) == []
+    assert outcome.lower_bound <= found.makespan(problem) < sum(latencies) / 2
+
+
 # --- gurobipy's size-limited licence -------------------------------------------------------------------
 
 
@@ -295,8 +319,30 @@ def _size_limited_gurobi() -> bool:
 def test_gurobi_size_limit_gives_a_clear_message() -> None:
     if not _size_limited_gurobi():
         pytest.skip("gurobipy has a full licence here")
-    with pytest.raises(LicenceLimitError, match="size-limited licence.*variables"):
+    with warnings.catch_warnings(), pytest.raises(LicenceLimitError, match="size-limited licence") as raised:
+        warnings.simplefilter("error")  # the message counts rows through PuLP's current API
         solve(hard_problem(16), "milp", time_limit=5.0, milp_solver="gurobi")
+    counts = re.search(r"has (\d+) variables and (\d+) constraints", str(raised.value))
+    variables, constraints = int(counts[1]), int(counts[2])
+    # 16 independent operators: at least the 16 x 15 x 14 transitivity rows (6) of the order variables
+    assert variables <= 2000 < 16 * 15 * 14 <= constraints
+
+
+# --- PuLP's current API ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("milp_solver", MILP_SOLVERS)
+def test_the_milp_backend_uses_no_deprecated_api(milp_solver: str) -> None:
+    """PuLP 3 warns of what PuLP 4.0 removes (PULP_CBC_CMD, LpProblem.constraints as a mapping,
+    ...): a solve through each MILP solver warns of nothing deprecated."""
+    if milp_solver == "gurobi":
+        pytest.importorskip("gurobipy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = solve(three_tc_ops(), "milp", milp_solver=milp_solver)
+    deprecated = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+    assert [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if issubclass(w.category, deprecated)] == []
+    assert result.makespan == pytest.approx(1.6, rel=1e-4) and result.status == "optimal"
 
 
 # --- the cache ---------------------------------------------------------------------------------------

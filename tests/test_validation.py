@@ -269,7 +269,7 @@ def test_a_model_without_blocks_on_the_command_line(layers, tmp_path):
 def installed(monkeypatch):
     """installed(*packages): find_spec finds exactly these of the solver packages."""
     real = importlib.util.find_spec
-    solvers = {"pulp", "highspy", "gurobipy"}
+    solvers = {"cbcbox", "highspy", "gurobipy"}
 
     def install(*packages):
         def find_spec(name, *rest):
@@ -283,27 +283,40 @@ def installed(monkeypatch):
 
 
 def test_gurobi_without_gurobipy(installed):
-    installed("pulp", "highspy")
+    installed("cbcbox", "highspy")
     assert error("schedule.backend=milp", "schedule.milp_solver=gurobi") == (
         "schedule.milp_solver: gurobi needs the gurobipy package (pip install gurobipy); available here: cbc, highs")
 
 
 def test_highs_without_highspy(installed):
-    installed("pulp", "gurobipy")
+    installed("cbcbox", "gurobipy")
     assert error("schedule.backend=milp", "schedule.milp_solver=highs") == (
         "schedule.milp_solver: highs needs the highspy package (pip install highspy); available here: cbc, gurobi")
 
 
+def test_cbc_without_cbcbox(installed):
+    installed("highspy", "gurobipy")
+    assert error("schedule.backend=milp") == (
+        "schedule.milp_solver: cbc needs the cbcbox package (pip install cbcbox); available here: highs, gurobi")
+
+
 def test_an_installed_solver_or_another_backend_is_taken(installed):
-    installed("pulp", "gurobipy")
+    installed("cbcbox", "gurobipy")
     check_command_line("run_solver", ["schedule.backend=milp", "schedule.milp_solver=gurobi"])
-    installed("pulp")
+    installed("cbcbox")
     check_command_line("run_solver", ["schedule.backend=cpsat", "schedule.milp_solver=gurobi"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gurobipy") is not None, reason="gurobipy is installed here")
+#: `python -m phaze` where gurobipy cannot be imported or found, installed or not (a None entry in
+#: sys.modules makes importlib.util.find_spec return None and an import raise ImportError).
+WITHOUT_GUROBIPY = "import runpy, sys; sys.modules['gurobipy'] = None; runpy.run_module('phaze', run_name='__main__')"
+
+
 def test_gurobi_without_gurobipy_on_the_command_line(tmp_path):
-    result = phaze("run_solver", "schedule.backend=milp", "schedule.milp_solver=gurobi", cwd=tmp_path)
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    result = subprocess.run([sys.executable, "-c", WITHOUT_GUROBIPY, "run_solver", "schedule.backend=milp",
+                             "schedule.milp_solver=gurobi"], cwd=tmp_path, capture_output=True, text=True,
+                            env=environment)
     assert "(pip install gurobipy)" in assert_rejected(result, tmp_path, "schedule.milp_solver")
 
 

@@ -34,6 +34,8 @@ MILP_SOLVERS = ("cbc", "highs", "gurobi")
 SOLVER_TOLERANCE = 1e-6
 _BIG_M = 1.0 + SOLVER_TOLERANCE
 _CAPACITY = {"tc_capacity": ("uses_tc", "num_tc"), "vc_capacity": ("uses_vc", "num_vc")}
+#: gurobipy's GRB.INTERRUPTED: the optimization was stopped (Model.terminate or a Ctrl-C).
+_GUROBI_INTERRUPTED = 11
 
 
 class LicenceLimitError(RuntimeError):
@@ -155,25 +157,34 @@ class _Model:
         backend = _solver(solver, time_limit, relative_gap, workers, stopping)
         try:
             interruptible.run(lambda: self.lp.solve(backend), partial(self._stop, stopping))
+            if solver == "gurobi" and self.lp.solverModel.Status == _GUROBI_INTERRUPTED and not stopping.is_set():
+                # Gurobi takes SIGINT itself while it optimizes and stops as if asked to; the Ctrl-C
+                # goes back to Python's handler (here, in the main thread, it raises at once).
+                signal.raise_signal(signal.SIGINT)
             bound = self._bound(solver, relative_gap)
+            solution = self.lp.sol_status
+            if solver == "gurobi" and solution != pulp.LpSolutionOptimal and self.lp.solverModel.SolCount > 0:
+                # PuLP's GUROBI reads the incumbent after a time limit but reports no solution (its
+                # TIME_LIMIT maps to LpStatusNotSolved); HiGHS and CBC report it as integer feasible.
+                solution = pulp.LpSolutionIntegerFeasible
         except Exception as error:
             if getattr(error, "errno", None) == 10010:  # gurobipy: model too large for the licence
                 raise LicenceLimitError(
                     f"milp_solver: gurobipy's size-limited licence allows 2000 variables and 2000 constraints; "
-                    f"this model has {len(self.lp.variables())} variables and {len(self.lp.constraints)} "
+                    f"this model has {self.lp.numVariables()} variables and {self.lp.numConstraints()} "
                     f"constraints; use backend='cpsat', milp_solver='cbc' or 'highs', or a full Gurobi licence"
                 ) from error
             raise
         finally:
             if solver == "gurobi":
                 backend.close()
-        if self.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        if solution not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             return BackendOutcome(None, bound, False)
         schedule = Schedule(
             tuple(max(0.0, var.value()) * self.unit for var in self.t),
             tuple(i in self.y and self.y[i].value() > 0.5 for i in range(len(self.t))),
         )
-        optimal = self.lp.sol_status == pulp.LpSolutionOptimal and relative_gap == 0.0
+        optimal = solution == pulp.LpSolutionOptimal and relative_gap == 0.0
         return BackendOutcome(schedule, bound, optimal)
 
     def _stop(self, stopping: threading.Event) -> None:
@@ -223,7 +234,14 @@ def _solver(name: str, time_limit: float, relative_gap: float, workers: int,
             stopping: threading.Event) -> pulp.LpSolver:
     gap = relative_gap or None
     if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, threads=workers)
+        try:
+            import cbcbox
+        except ImportError:
+            raise RuntimeError("milp_solver: 'cbc' needs cbcbox (pip install 'pulp[cbc]'); use 'highs'") from None
+        # COIN_CMD on cbcbox's binary, as PuLP 3.3 advises (PULP_CBC_CMD and the CBC bundled with
+        # PuLP are deprecated, to be removed in PuLP 4.0); the path, not PATH, finds it in any venv.
+        return pulp.COIN_CMD(path=cbcbox.cbc_bin_path(), msg=False, timeLimit=time_limit, gapRel=gap,
+                             warmStart=True, threads=workers)
     if name == "highs":
         if not pulp.HiGHS(msg=False).available():
             raise RuntimeError("milp_solver: 'highs' needs highspy, which does not import here; use 'cbc'")
@@ -234,7 +252,10 @@ def _solver(name: str, time_limit: float, relative_gap: float, workers: int,
                       highspy.cb.HighsCallbackType.kCallbackMipInterrupt]
         return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=gap, threads=workers,
                           callbackTuple=(_highs_interrupt(stopping), None), callbacksToActivate=interrupts)
-    solver = pulp.GUROBI(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, OutputFlag=0, Threads=workers)
+    # An environment of its own (manageEnv), created with OutputFlag 0, prints nothing, not even the
+    # licence banner of gurobipy's default environment; `close` disposes of it and its licence.
+    solver = pulp.GUROBI(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=True, manageEnv=True,
+                         Threads=workers)
     if not solver.available():
         raise RuntimeError("milp_solver: 'gurobi' needs gurobipy installed and licensed; use 'cbc' or 'highs'")
     return solver
