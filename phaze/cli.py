@@ -47,7 +47,8 @@ SWEEP = sweep.Sweep()
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
     "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
-    "       phaze validate FILE   (predict published measured runs and compare)"
+    "       phaze validate FILE [cache_dir=PATH]   (predict published measured runs and compare; graphs "
+    "cached in $XDG_CACHE_HOME/phaze or ~/.cache/phaze)"
 )
 
 

@@ -24,14 +24,19 @@ file that is not a list of runs, a run without one of its sections, a field stat
 cannot take (a count that is not a positive integer, a measured time or tokens/s that is not a
 positive finite number), t·p·d·cp differing from the devices or a global batch not a multiple of
 micro-batch × d is one line `phaze: error: FILE: run 'id': field: ...` and status 2. A field that is
-absent or null is not stated: the run is left out when phaze needs it.
+absent or null is not stated: the run is left out when phaze needs it. The traced graphs are cached
+in `cache_dir=PATH`, by default the per-user cache folder $XDG_CACHE_HOME/phaze (else ~/.cache/phaze),
+never in the working directory unasked.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -502,15 +507,77 @@ def read_runs(name: str) -> list[dict]:
     return checked_runs(data, name)
 
 
+#: `phaze validate`'s overrides (key=value after FILE): what each sets.
+OVERRIDES = {"cache_dir": "the folder extracted graphs are cached in"}
+SYNOPSIS = "phaze validate FILE [cache_dir=PATH]"
+USAGE = (f"usage: {SYNOPSIS}   (FILE: a calibration set of measured runs, e.g. arch_configs/calibration/runs.json; "
+         "cache_dir: where extracted graphs are kept, by default $XDG_CACHE_HOME/phaze or ~/.cache/phaze)")
+
+
+def parse_arguments(arguments: list[str]) -> tuple[str, dict[str, str]]:
+    """(FILE, overrides) of `phaze validate FILE [key=value ...]` (InputError naming the argument)."""
+    files, overrides = [], {}
+    for argument in arguments:
+        key, equals, value = argument.partition("=")
+        if not equals or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+            if argument.startswith("-") and argument != "-":
+                raise InputError(f"{argument}: unknown option; {SYNOPSIS}")
+            files.append(argument)
+            continue
+        if key not in OVERRIDES:
+            allowed = ", ".join(f"{name} ({what})" for name, what in OVERRIDES.items())
+            raise InputError(f"{key}: unknown override; allowed keys: {allowed}")
+        if key in overrides:
+            raise InputError(f"{key}: given twice ({overrides[key]!r} and {value!r})")
+        if not value:
+            raise InputError(f"{key}: must be a folder path, got an empty value")
+        overrides[key] = value
+    if not files:
+        raise InputError(f"FILE: missing; {SYNOPSIS}")
+    if len(files) > 1:
+        raise InputError(f"FILE: one file, got {len(files)} ({', '.join(files)}); {SYNOPSIS}")
+    return files[0], overrides
+
+
+def default_cache_dir() -> Path:
+    """The per-user cache folder: $XDG_CACHE_HOME/phaze, or ~/.cache/phaze where XDG_CACHE_HOME is not
+    set to an absolute path (the XDG Base Directory specification's default)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            raise InputError("cache_dir: no per-user cache folder (neither XDG_CACHE_HOME nor HOME is set); "
+                             "give cache_dir=PATH") from None
+    return Path(base) / "phaze"
+
+
+def usable_cache_dir(path: Path) -> Path:
+    """`path`, made if absent, once a file can be written in it (InputError naming cache_dir otherwise)."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"cache_dir: {path} is not a folder; give cache_dir=PATH, a folder phaze can write to")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise InputError(f"cache_dir: cannot write to {path} ({error.strerror or error}); give cache_dir=PATH, "
+                         "a folder phaze can write to") from None
+    return path
+
+
 def main(arguments: list[str]) -> int:
-    if len(arguments) != 1:
-        print("usage: phaze validate FILE   (a calibration set of measured runs, e.g. "
-              "arch_configs/calibration/runs.json)", file=sys.stderr)
+    if not arguments:
+        print(USAGE, file=sys.stderr)
         return 2
-    name = arguments[0]
+    if "-h" in arguments or "--help" in arguments:
+        print(USAGE)
+        return 0
     try:  # every input checked before any prediction: a wrong one is one line and status 2
+        name, overrides = parse_arguments(arguments)
+        cache_dir = Path(overrides["cache_dir"]).expanduser() if "cache_dir" in overrides else default_cache_dir()
         cases = run_cases(read_runs(name))
-        predicted, left_out = predictions(cases, Path("outputs/cache"))
+        predicted, left_out = predictions(cases, usable_cache_dir(cache_dir))
     except InputError as problem:
         print(f"phaze: error: {problem}", file=sys.stderr)
         return 2

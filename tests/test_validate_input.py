@@ -1,5 +1,6 @@
-"""`phaze validate FILE` refuses bad input: one line `phaze: error: ...` naming FILE, the run and the
-field, status 2, before any prediction and without writing anything."""
+"""`phaze validate FILE [cache_dir=PATH]` refuses bad input: one line `phaze: error: ...` naming FILE,
+the run and the field, status 2, before any prediction and without writing anything; it caches its
+graphs in the per-user cache folder (or cache_dir), never in the working directory."""
 
 import copy
 import json
@@ -214,6 +215,76 @@ def test_an_absent_or_null_field_leaves_the_run_out(value, cwd, tmp_path, capsys
     assert list(cwd.iterdir()) == []
 
 
+# Overrides and the cache folder -------------------------------------------------------------------
+
+@pytest.mark.parametrize("arguments, line", [
+    (["foo=1"], "foo: unknown override; allowed keys: cache_dir (the folder extracted graphs are "
+                  "cached in)"),
+    (["outputs.dir=x"], "outputs.dir: unknown override; allowed keys: cache_dir (the folder "
+                          "extracted graphs are cached in)"),
+    (["cache_dir="], "cache_dir: must be a folder path, got an empty value"),
+    (["cache_dir=a", "cache_dir=b"], "cache_dir: given twice ('a' and 'b')"),
+    (["other.json"], "FILE: one file, got 2 ({path}, other.json); phaze validate FILE [cache_dir=PATH]"),
+    (["--cache", "x"], "--cache: unknown option; phaze validate FILE [cache_dir=PATH]"),
+])
+def test_a_wrong_argument(arguments, line, cwd, tmp_path, capsys):
+    status = validate_file(tmp_path, [run(TPU)], *arguments)
+    assert_refused(status, capsys, cwd, line.format(path=tmp_path / "runs.json"))
+
+
+def test_no_file(cwd, capsys):
+    assert_refused(main(["cache_dir=here"]), capsys, cwd, "FILE: missing; phaze validate FILE [cache_dir=PATH]")
+
+
+def test_a_cache_folder_that_is_not_usable(cwd, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    status = validate_file(tmp_path, [run(TPU)], f"cache_dir={tmp_path / 'a_file'}")
+    assert_refused(status, capsys, cwd, f"cache_dir: {tmp_path / 'a_file'} is not a folder; give cache_dir=PATH, a "
+                                        "folder phaze can write to")
+    status = validate_file(tmp_path, [run(TPU)], f"cache_dir={tmp_path / 'a_file' / 'cache'}")
+    assert_refused(status, capsys, cwd, f"cache_dir: cannot write to {tmp_path / 'a_file' / 'cache'} (Not a "
+                                        "directory); give cache_dir=PATH, a folder phaze can write to")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_a_read_only_cache_folder(cwd, tmp_path, capsys):
+    (tmp_path / "read_only").mkdir(mode=0o555)
+    status = validate_file(tmp_path, [run(TPU)], f"cache_dir={tmp_path / 'read_only'}")
+    assert_refused(status, capsys, cwd, f"cache_dir: cannot write to {tmp_path / 'read_only'} (Permission denied); "
+                                        "give cache_dir=PATH, a folder phaze can write to")
+
+
+#: A GPT of two small blocks on one DGX A100 node: predicted in a few seconds.
+SMALL = run(GPT, model__num_layers=2, model__hidden_size=256, model__num_attention_heads=8,
+            model__ffn_hidden_size=1024, model__vocab_size=1000, model__seq_length_tokens=128,
+            hardware__num_devices=8, parallelism__data_parallel=8, batch__micro_batch_size_seqs=1,
+            batch__global_batch_size_seqs=8)
+SMALL["run_id"] = "small"
+
+
+def test_graphs_are_cached_in_the_user_cache_folder_by_default(cwd, tmp_path, capsys):
+    status = validate_file(tmp_path, [SMALL])
+    captured = capsys.readouterr()
+    assert (status, captured.err) == (0, "")
+    assert "small" in captured.out and "left out (0)" in captured.out
+    assert list(cwd.iterdir()) == []
+    assert list((tmp_path / "xdg" / "phaze" / "graphs").glob("megatrongpt3_mbs1_seq128_tp1_*.json"))
+
+
+def test_graphs_are_cached_in_cache_dir(cwd, tmp_path, capsys):
+    status = validate_file(tmp_path, [SMALL], f"cache_dir={tmp_path / 'graphs_here'}")
+    assert (status, capsys.readouterr().err) == (0, "")
+    assert list(cwd.iterdir()) == [] and not (tmp_path / "xdg" / "phaze").exists()
+    assert list((tmp_path / "graphs_here" / "graphs").glob("megatrongpt3_mbs1_seq128_tp1_*.json"))
+
+
+def test_without_xdg_cache_home_the_cache_is_under_home(cwd, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert validate_file(tmp_path, [run(TPU)]) == 0
+    assert (tmp_path / "home" / ".cache" / "phaze").is_dir() and list(cwd.iterdir()) == []
+
+
 # Through the command --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("content, arguments, line", [
@@ -221,6 +292,8 @@ def test_an_absent_or_null_field_leaves_the_run_out(value, cwd, tmp_path, capsys
                                         f"about {sys.getrecursionlimit()} levels deep)"),
     (json.dumps([run(model__num_layers=-2)]), [],
      f"FILE: run '{GPT}': model.num_layers: must be a positive integer, got -2"),
+    (json.dumps([RUNS[TPU]]), ["colour=red"], "colour: unknown override; allowed keys: cache_dir (the folder "
+                                              "extracted graphs are cached in)"),
 ])
 def test_the_command_refuses_with_one_line(content, arguments, line, tmp_path):
     cwd = tmp_path / "cwd"
@@ -232,3 +305,10 @@ def test_the_command_refuses_with_one_line(content, arguments, line, tmp_path):
     assert (result.returncode, result.stderr, result.stdout) == (2, f"phaze: error: {line}\n", "")
     assert [path.name for path in cwd.iterdir()] == ["runs.json"] and not (tmp_path / "xdg" / "phaze").exists()
 
+
+def test_usage(cwd, capsys):
+    assert main([]) == 2 and capsys.readouterr().err.startswith("usage: phaze validate FILE [cache_dir=PATH]   (")
+    assert main(["runs.json", "--help"]) == 0
+    captured = capsys.readouterr()
+    assert "by default $XDG_CACHE_HOME/phaze or ~/.cache/phaze" in captured.out and captured.err == ""
+    assert list(cwd.iterdir()) == []
