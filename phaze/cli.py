@@ -39,7 +39,8 @@ OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN, use_cache=True, 
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
     "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
-    "       phaze validate FILE   (predict published measured runs and compare)"
+    "       phaze validate FILE [cache_dir=PATH]   (predict published measured runs and compare; graphs "
+    "cached in $XDG_CACHE_HOME/phaze or ~/.cache/phaze)"
 )
 
 

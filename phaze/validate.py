@@ -18,19 +18,35 @@ second (marked). FP8 runs price their GEMMs at the chip's FP8 rate and all else 
 Llama 2 shapes, recomputation, sequence parallelism, distributed optimizer, gradient-sync overlap) is
 taken from that release's published recipe (`RECIPES`, `LLAMA2_SHAPES`; marked); d, when not
 stated, is devices / (t·p·cp).
+
+Every field phaze reads is checked before any prediction (`read_runs`, `run_error`, `run_cases`): a
+file that is not a list of runs, a run without one of its sections, a field stated with a value it
+cannot take (a count that is not a positive integer, a measured time or tokens/s that is not a
+positive finite number), t·p·d·cp differing from the devices or a global batch not a multiple of
+micro-batch × d is one line `phaze: error: FILE: run 'id': field: ...` and status 2. A field that is
+absent or null is not stated: the run is left out when phaze needs it. The traced graphs are cached
+in `cache_dir=PATH`, by default the per-user cache folder $XDG_CACHE_HOME/phaze (else ~/.cache/phaze),
+never in the working directory unasked.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from common.checks import InputError
 from graph_extract import KernelOptions, ModelSpec, extract, get_spec
+from graph_extract.extraction import check_request
 from graph_extract.zoo import LLAMA_FAMILY
 from hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
 from solver.codesign import chip_costs
@@ -38,7 +54,7 @@ from solver.layer_costs import step_graphs
 from solver.layout import Layout
 from solver.predict import Prediction, predict
 from solver.question import Axes, Question
-from solver.training_step import TrainingOptions
+from solver.training_step import RECOMPUTE_MODES, TrainingOptions
 
 GIB = 2**30
 #: How published runs name the chips phaze predicts them on (the GPUs: priced by their roofline).
@@ -140,7 +156,7 @@ def llama2_shape(model: dict) -> dict:
 def run_recipe(run: dict) -> str | None:
     """The RECIPES entry of a Llama run's framework release or of an MoE run's source, if phaze knows it."""
     if is_moe(run["model"]):
-        return next((name for name in RECIPES if run["source_group"].startswith(name)), None)
+        return next((name for name in RECIPES if (run["source_group"] or "").startswith(name)), None)
     if not is_llama(run["model"]):
         return None
     framework = run["training"]["framework"] or ""
@@ -240,7 +256,8 @@ def case(run: dict) -> Case | str:
     if is_llama(model):
         needed["model.ffn_hidden_size"] = model["ffn_hidden_size"]
     if is_moe(model):
-        needed.update({"model.moe_num_experts": model["moe_num_experts"], "model.moe_top_k": model["moe_top_k"],
+        needed.update({"model.name": model["name"], "model.moe_num_experts": model["moe_num_experts"],
+                       "model.moe_top_k": model["moe_top_k"],
                        "model.moe_ffn_hidden_size": model["moe_ffn_hidden_size"],
                        "parallelism.expert_parallel": parallel["expert_parallel"]})
     missing = [name for name, value in needed.items() if value is None]
@@ -285,33 +302,289 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     return predict(question, axes, layout, graphs, step_graphs({item.width: graphs}, costs)[item.width], chip)
 
 
-def validate(runs: list[dict], cache_dir: Path) -> tuple[list[tuple[Case, Prediction]], list[tuple[str, str]]]:
-    """(predicted cases with their predictions, (run id, why left out))."""
-    predicted, left_out = [], []
+def run_cases(runs: list[dict]) -> list[tuple[dict, Case | str]]:
+    """Each run with its Case or why it is left out, before any prediction: a run whose shape or layout
+    phaze refuses (key/value heads not dividing the heads, t not dividing them, devices not filling
+    nodes) is an InputError naming it."""
+    found = []
     for run in runs:
-        found = case(run)
+        try:
+            item = case(run)
+            if isinstance(item, Case):
+                check_request(item.spec, item.micro_batch_size, item.sequence_length, item.width)
+                SYSTEMS[item.system].cluster(item.devices)
+        except ValueError as problem:
+            raise InputError(f"FILE: run {run['run_id']!r}: {' '.join(str(problem).split())}") from None
+        found.append((run, item))
+    return found
+
+
+def predictions(cases: list[tuple[dict, Case | str]], cache_dir: Path
+                ) -> tuple[list[tuple[Case, Prediction]], list[tuple[str, str]]]:
+    """(predicted cases with their predictions, (run id, why left out)) of `run_cases`'s answer."""
+    predicted, left_out = [], []
+    for run, found in cases:
         if isinstance(found, str):
             left_out.append((run["run_id"], found))
-        else:
+            continue
+        try:
             predicted.append((found, prediction(found, cache_dir)))
+        except ValueError as problem:  # a layout only the graphs refuse (p·v not splitting the blocks)
+            raise InputError(f"FILE: run {found.run_id!r}: {' '.join(str(problem).split())}") from None
     return predicted, left_out
 
 
-def main(arguments: list[str]) -> int:
-    if len(arguments) != 1:
-        print("usage: phaze validate FILE   (a calibration set of measured runs, e.g. "
-              "arch_configs/calibration/runs.json)", file=sys.stderr)
-        return 2
-    if not Path(arguments[0]).is_file():
-        print(f"phaze: error: FILE: no such file: {arguments[0]}", file=sys.stderr)
-        return 2
+def validate(runs: list[dict], cache_dir: Path) -> tuple[list[tuple[Case, Prediction]], list[tuple[str, str]]]:
+    """(predicted cases with their predictions, (run id, why left out))."""
+    return predictions(run_cases(runs), cache_dir)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a run's field holds when stated: `allowed` in words, `accepts` the test."""
+
+    allowed: str
+    accepts: Callable[[object], bool]
+
+
+def _positive_integer(value: object) -> bool:
+    return type(value) is int and value > 0
+
+
+def _positive_number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
+
+
+COUNT = Kind("a positive integer", _positive_integer)
+SECONDS = Kind("a positive finite number of seconds", _positive_number)
+TOKENS = Kind("a positive finite number of tokens/s", _positive_number)
+TEXT = Kind("a string", lambda value: isinstance(value, str))
+FLAG = Kind("true or false", lambda value: isinstance(value, bool))
+RECOMPUTE = Kind(f"one of {', '.join(map(json.dumps, RECOMPUTE_MODES))}", lambda value: value in RECOMPUTE_MODES)
+ANY = Kind("any value", lambda value: True)
+
+#: The fields of a run phaze reads, by section, and what each holds. A field may be absent or null
+#: (not stated: the run is left out when phaze needs it) except the REQUIRED ones; fields not listed
+#: here (sources, notes, other figures) are not read.
+RUN_FIELDS: dict[str, dict[str, Kind]] = {
+    "model": {"name": TEXT, "architecture": TEXT, "hidden_size": COUNT, "num_layers": COUNT,
+              "num_attention_heads": COUNT, "num_kv_heads": COUNT, "head_dim": COUNT, "ffn_hidden_size": COUNT,
+              "vocab_size": COUNT, "seq_length_tokens": COUNT, "moe_num_experts": COUNT, "moe_top_k": COUNT,
+              "moe_ffn_hidden_size": COUNT},
+    "hardware": {"device_type": TEXT, "num_devices": COUNT},
+    "parallelism": {"tensor_parallel": COUNT, "pipeline_parallel": COUNT, "data_parallel": COUNT,
+                    "context_parallel": COUNT, "sequence_parallel": FLAG, "virtual_pipeline_chunks_per_device": COUNT,
+                    "expert_parallel": COUNT, "expert_tensor_parallel": COUNT, "fsdp_parallel": ANY},
+    "batch": {"micro_batch_size_seqs": COUNT, "global_batch_size_seqs": COUNT},
+    "training": {"precision": TEXT, "activation_recompute": RECOMPUTE, "optimizer_sharding": TEXT, "framework": TEXT,
+                 "other_settings": TEXT},
+    "measured": {"seconds_per_iteration": SECONDS, "seconds_per_iteration_derived": SECONDS,
+                 "tokens_per_sec_per_device": TOKENS, "tokens_per_sec_total": TOKENS},
+}
+#: Top-level fields of a run phaze reads besides its sections.
+RUN_TOP_FIELDS: dict[str, Kind] = {"run_id": Kind("a non-empty string", lambda value: isinstance(value, str)
+                                                   and value != ""), "source_group": TEXT}
+#: The fields every run states.
+REQUIRED = {"run_id", "hardware.device_type", "hardware.num_devices"}
+
+
+def shown(value: object) -> str:
+    """A value as the message quotes it, in JSON's words (null, true, NaN), short."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def field_error(name: str, value: object, kind: Kind) -> str | None:
+    """Why a stated field's value is not of its kind, or None; a required field must be stated."""
+    if value is None and name not in REQUIRED:
+        return None
+    if value is None or not kind.accepts(value):
+        return f"{name}: must be {kind.allowed}, got {shown(value)}"
+    return None
+
+
+def layout_error(run: dict) -> str | None:
+    """Why the run's t, p, d and context parallel width do not make its devices, or its d replicas of
+    micro-batches its global batch, or None. Checked where t and p are stated and FSDP is not (an
+    FSDP width counts devices its framework's way: MaxText's multiplies t·p·d, Megatron's lies within
+    d); where d is not stated, t·p·cp must divide the devices (d is then devices / (t·p·cp))."""
+    parallel, batch, devices = run["parallelism"], run["batch"], run["hardware"]["num_devices"]
+    t, p, d = parallel.get("tensor_parallel"), parallel.get("pipeline_parallel"), parallel.get("data_parallel")
+    context = parallel.get("context_parallel") or 1
+    if t is None or p is None or parallel.get("fsdp_parallel") is not None:
+        return None
+    names, widths = (["t", "p", "d"], [t, p, d]) if d is not None else (["t", "p"], [t, p])
+    if context > 1:
+        names, widths = names + ["cp"], widths + [context]
+    product = math.prod(widths)
+    formula = f"{'·'.join(names)} = {'·'.join(map(str, widths))} = {product}"
+    if d is not None and product != devices:
+        return f"parallelism: {formula} must equal hardware.num_devices, {devices}"
+    if d is None and devices % product:
+        return f"parallelism: {formula} must divide hardware.num_devices, {devices} (d = devices / {'·'.join(names)})"
+    degree = d if d is not None else devices // product
+    micro, size = batch.get("micro_batch_size_seqs"), batch.get("global_batch_size_seqs")
+    if micro is not None and size is not None and size % (micro * degree):
+        return (f"batch.global_batch_size_seqs: {size} must be a multiple of micro_batch_size_seqs × d = "
+                f"{micro}·{degree} = {micro * degree}")
+    return None
+
+
+def run_error(run: object) -> str | None:
+    """Why a run cannot be read, naming the field and what it allows, or None. Every field phaze reads
+    is checked here, before any prediction."""
+    if not isinstance(run, dict):
+        return f"must be an object with {', '.join(['run_id', *RUN_FIELDS])}, got {shown(run)}"
+    if "run_id" not in run:
+        return f"run_id: missing; a run has {', '.join(['run_id', *RUN_FIELDS])}"
+    for name, kind in RUN_TOP_FIELDS.items():
+        if problem := field_error(name, run.get(name), kind):
+            return problem
+    for section, fields in RUN_FIELDS.items():
+        if section not in run:
+            return f"{section}: missing; a run has {', '.join(['run_id', *RUN_FIELDS])}"
+        if not isinstance(run[section], dict):
+            return f"{section}: must be an object, got {shown(run[section])}"
+        for name, kind in fields.items():
+            if f"{section}.{name}" in REQUIRED and name not in run[section]:
+                return f"{section}.{name}: missing; must be {kind.allowed}"
+            if problem := field_error(f"{section}.{name}", run[section].get(name), kind):
+                return problem
+    return layout_error(run)
+
+
+def stated(run: dict) -> dict:
+    """A checked run with every field phaze reads present: an absent one is null (not stated)."""
+    return {**run, **{name: run.get(name) for name in RUN_TOP_FIELDS},
+            **{section: {**dict.fromkeys(fields), **run[section]} for section, fields in RUN_FIELDS.items()}}
+
+
+def checked_runs(data: object, name: str) -> list[dict]:
+    """The runs of a calibration file's JSON, every field phaze reads checked (InputError naming the
+    run and the field otherwise)."""
+    if not isinstance(data, list):
+        kind = {dict: "an object", str: "a string", bool: "true or false", type(None): "null"}.get(
+            type(data), "a number")
+        raise InputError(f"FILE: {name}: must be a JSON list of runs, got {kind}")
+    if not data:
+        raise InputError(f"FILE: {name}: the list of runs is empty")
+    seen: dict[str, int] = {}
+    for index, run in enumerate(data):
+        named = isinstance(run, dict) and isinstance(run.get("run_id"), str) and run["run_id"]
+        where = f"run {run['run_id']!r}" if named else f"runs[{index}]"
+        if problem := run_error(run):
+            raise InputError(f"FILE: {where}: {problem}")
+        if run["run_id"] in seen:
+            raise InputError(f"FILE: {where}: run_id: given twice, by runs[{seen[run['run_id']]}] and runs[{index}]; "
+                             "run ids must be unique")
+        seen[run["run_id"]] = index
+    return [stated(run) for run in data]
+
+
+def read_runs(name: str) -> list[dict]:
+    """The checked runs of the calibration file `name` (InputError naming FILE otherwise)."""
+    path = Path(name)
     try:
-        runs = json.loads(Path(arguments[0]).read_text())
-        predicted, left_out = validate(runs, Path("outputs/cache"))
-    except (ValueError, KeyError, TypeError) as problem:
-        print(f"phaze: error: FILE: {problem}", file=sys.stderr)
+        data = json.loads(path.read_bytes())  # bytes: UTF-8 (with or without a BOM), UTF-16 or UTF-32
+    except FileNotFoundError:
+        raise InputError(f"FILE: no such file: {name}") from None
+    except IsADirectoryError:
+        raise InputError(f"FILE: {name} is a folder, not a file") from None
+    except OSError as error:
+        raise InputError(f"FILE: cannot read {name}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"FILE: {name}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"FILE: {name}: not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    except RecursionError:
+        raise InputError(f"FILE: {name}: JSON nested too deep to read (arrays or objects more than about "
+                         f"{sys.getrecursionlimit()} levels deep)") from None
+    except MemoryError:
+        raise InputError(f"FILE: {name}: too large to read into memory") from None
+    except ValueError as error:  # json's other refusals (an integer of more than 4,300 digits)
+        raise InputError(f"FILE: {name}: not JSON phaze can read ({' '.join(str(error).split())})") from None
+    return checked_runs(data, name)
+
+
+#: `phaze validate`'s overrides (key=value after FILE): what each sets.
+OVERRIDES = {"cache_dir": "the folder extracted graphs are cached in"}
+SYNOPSIS = "phaze validate FILE [cache_dir=PATH]"
+USAGE = (f"usage: {SYNOPSIS}   (FILE: a calibration set of measured runs, e.g. arch_configs/calibration/runs.json; "
+         "cache_dir: where extracted graphs are kept, by default $XDG_CACHE_HOME/phaze or ~/.cache/phaze)")
+
+
+def parse_arguments(arguments: list[str]) -> tuple[str, dict[str, str]]:
+    """(FILE, overrides) of `phaze validate FILE [key=value ...]` (InputError naming the argument)."""
+    files, overrides = [], {}
+    for argument in arguments:
+        key, equals, value = argument.partition("=")
+        if not equals or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+            if argument.startswith("-") and argument != "-":
+                raise InputError(f"{argument}: unknown option; {SYNOPSIS}")
+            files.append(argument)
+            continue
+        if key not in OVERRIDES:
+            allowed = ", ".join(f"{name} ({what})" for name, what in OVERRIDES.items())
+            raise InputError(f"{key}: unknown override; allowed keys: {allowed}")
+        if key in overrides:
+            raise InputError(f"{key}: given twice ({overrides[key]!r} and {value!r})")
+        if not value:
+            raise InputError(f"{key}: must be a folder path, got an empty value")
+        overrides[key] = value
+    if not files:
+        raise InputError(f"FILE: missing; {SYNOPSIS}")
+    if len(files) > 1:
+        raise InputError(f"FILE: one file, got {len(files)} ({', '.join(files)}); {SYNOPSIS}")
+    return files[0], overrides
+
+
+def default_cache_dir() -> Path:
+    """The per-user cache folder: $XDG_CACHE_HOME/phaze, or ~/.cache/phaze where XDG_CACHE_HOME is not
+    set to an absolute path (the XDG Base Directory specification's default)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            raise InputError("cache_dir: no per-user cache folder (neither XDG_CACHE_HOME nor HOME is set); "
+                             "give cache_dir=PATH") from None
+    return Path(base) / "phaze"
+
+
+def usable_cache_dir(path: Path) -> Path:
+    """`path`, made if absent, once a file can be written in it (InputError naming cache_dir otherwise)."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"cache_dir: {path} is not a folder; give cache_dir=PATH, a folder phaze can write to")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise InputError(f"cache_dir: cannot write to {path} ({error.strerror or error}); give cache_dir=PATH, "
+                         "a folder phaze can write to") from None
+    return path
+
+
+def main(arguments: list[str]) -> int:
+    if not arguments:
+        print(USAGE, file=sys.stderr)
         return 2
-    table = Table(title=f"phaze validate {arguments[0]}")
+    if "-h" in arguments or "--help" in arguments:
+        print(USAGE)
+        return 0
+    try:  # every input checked before any prediction: a wrong one is one line and status 2
+        name, overrides = parse_arguments(arguments)
+        cache_dir = Path(overrides["cache_dir"]).expanduser() if "cache_dir" in overrides else default_cache_dir()
+        cases = run_cases(read_runs(name))
+        predicted, left_out = predictions(cases, usable_cache_dir(cache_dir))
+    except InputError as problem:
+        print(f"phaze: error: {problem}", file=sys.stderr)
+        return 2
+    table = Table(title=f"phaze validate {name}")
     for header in ("run", "chip", "precision", "devices", "t p d v", "mbs", "batch", "recompute", "measured s",
                    "predicted s", "error", "fits"):
         table.add_column(header, justify="left" if header in ("run", "chip", "precision", "recompute") else "right",

@@ -135,7 +135,8 @@ def test_the_dense_16_bit_predictions_are_unchanged():
 def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps([RUNS["sc21_t1_1.7B"], RUNS["nemo2407_LLAMA2-7B_8gpu"],
                                                     RUNS["nemo2407_LLAMA3-8B_8gpu"]]))
-    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "COLUMNS": "200"}
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "COLUMNS": "200",
+                   "XDG_CACHE_HOME": str(tmp_path / "xdg")}  # its graphs cached under tmp_path
     run = subprocess.run([sys.executable, "-m", "phaze", "validate", "runs.json"], cwd=tmp_path, capture_output=True,
                          text=True, env=environment)
     assert run.returncode == 0, run.stderr
