@@ -83,11 +83,13 @@ def model_spec(model: Mapping) -> ModelSpec:
     return checked_spec(base, overrides, "model.overrides.")
 
 
-def fixed_megatron(model: Mapping) -> Layout | None:
-    """The model's fixed Megatron baseline (p, t, d) as a layout, or None."""
+def fixed_megatron(model: Mapping, devices: int) -> Layout | None:
+    """The model's fixed Megatron baseline as a layout on `devices` devices, or None: its (t, p) with
+    the data-parallel width that fills the cluster (its file's d when t·p·d is the cluster's devices:
+    the published layouts are for 1,024), so that the search and the baseline use the same devices."""
     fixed = model.get("fixed_megatron")
     if fixed is None:
         return None
     p, t, d = (positive_integer(f"model.fixed_megatron.{name}", fixed.get(name), MAX_WIDTH)
                for name in FIXED_MEGATRON_FIELDS)
-    return Layout(t, p, d)
+    return Layout(t, p, d if t * p * d == devices or t * p > devices else devices // (t * p))

@@ -245,7 +245,9 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     hbm = config["hbm_size"]
     if hbm is None:
         hbm = known.hbm_capacity / GIB if known else TEMPLATE_HBM_GIB
-    hbm_sizes = tuple(positive_number("hbm_size", size, "GiB", MAX_HBM_GIB) for size in values("hbm_size", hbm))
+    largest = known.hbm_capacity / GIB if known else MAX_HBM_GIB  # a chip that exists has the HBM it has
+    hbm_sizes = tuple(positive_number("hbm_size", size, f"GiB (the HBM of {known.name})" if known else "GiB", largest)
+                      for size in values("hbm_size", hbm))
     global_batch_size = positive_integer("global_batch_size", config["global_batch_size"], MAX_BATCH)
     cluster, step_model = _system(config["system"],
                                   positive_integer("num_devices", config["num_devices"], MAX_DEVICES))
@@ -259,7 +261,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  boolean("overlap_grad_reduce", config["overlap_grad_reduce"])),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"])),
         step_model=step_model,
-        baseline=fixed_megatron(config["model"]),
+        baseline=fixed_megatron(config["model"], cluster.num_devices),
     )
     STEP_MODELS[step_model].check(question)
     axes = Axes(

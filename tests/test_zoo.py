@@ -2,7 +2,7 @@
 
 import pytest
 
-from graph_extract import MODELS, extract, get_spec
+from graph_extract import MODELS, ModelSpec, extract, get_spec
 
 
 def bert_block(h: int, f: int) -> int:
@@ -50,3 +50,25 @@ def test_every_model_extracts_and_has_one_block_group():
 def test_unknown_model_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"model: unknown 'gpt5'; allowed: bertbase, bertlarge, gpt2"):
         get_spec("gpt5")
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(num_heads=7), "num_heads: 7 heads do not divide hidden_size=64; allowed: a divisor of 64"),
+    (dict(num_heads=32, position_embedding="rotary"), ""),  # 64 / 32 = 2: an even head size is fine
+    (dict(hidden_size=96, num_heads=32, position_embedding="rotary"),
+     "num_heads: rotary positions need an even head size, got hidden_size / num_heads = 96 / 32 = 3"),
+    (dict(num_layers=0), "num_layers: must be a positive integer at most 16,777,216, got 0"),
+    (dict(norm="batchnorm"), "norm: unknown 'batchnorm'; allowed: layernorm, rmsnorm"),
+    (dict(dropout=1.0), "dropout: must be a number in [0, 1), got 1.0"),
+    (dict(bias="yes"), "bias: must be true or false, got 'yes'"),
+])
+def test_a_spec_built_in_code_is_checked_like_a_config(fields, message):
+    """ModelSpec checks itself: a spec made in a notebook is held to the rules a model file is."""
+    base = dict(name="m", num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256, vocab_size=100,
+                max_position_embeddings=32, default_sequence_length=32)
+    if not message:
+        ModelSpec(**{**base, **fields})
+        return
+    with pytest.raises(ValueError) as raised:
+        ModelSpec(**{**base, **fields})
+    assert str(raised.value) == message

@@ -1,0 +1,100 @@
+"""The Python API: `phaze.predict` and `phaze.search` take the command line's keys, check them the same
+way, and give what `phaze predict` and `phaze run_solver` give."""
+
+import json
+
+import pytest
+
+import phaze
+import phaze.api
+from common.checks import InputError
+from tests.test_predict import TINY, TINY_ARGUMENTS, phaze as phaze_command
+
+#: the tiny GPT of test_predict on 16 A100 (t 2, p 2, d 4), as keywords
+KEYS = dict(model="megatrongpt3", chip="a100_80gb", system="dgx_a100", num_devices=16, global_batch_size=16,
+            micro_batch_size=2, sequence_length=128, recompute="selective", tensor_parallel_width=2,
+            pipeline_parallel_width=2, data_parallel_width=4,
+            **{"model.overrides": {"num_layers": 2, "hidden_size": 256, "num_heads": 8, "ffn_hidden_size": 1024,
+                                   "vocab_size": 1024, "max_position_embeddings": 128}})
+
+
+@pytest.fixture
+def keys(tmp_path):
+    return dict(KEYS, cache_dir=str(tmp_path / "cache"))
+
+
+def test_predict_gives_what_the_command_gives(keys, tmp_path):
+    prediction = phaze.predict(**keys)
+    run = phaze_command("predict", *TINY_ARGUMENTS, "num_devices=16", "tensor_parallel_width=2",
+                        "pipeline_parallel_width=2", "data_parallel_width=4", f"hydra.run.dir={tmp_path / 'run'}",
+                        f"cache_dir={tmp_path / 'cache'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert prediction.time_per_batch_s == record["time_per_batch_s"]
+    assert prediction.breakdown_s == record["breakdown_s"] and prediction.memory_bytes == record["memory_bytes"]
+    assert (prediction.tokens_per_s, prediction.mfu, prediction.fits) == (record["tokens_per_s"], record["mfu"], True)
+    assert sum(prediction.breakdown_s.values()) == pytest.approx(prediction.time_per_batch_s, rel=1e-12)
+    assert prediction.layout.text() == "t=2 p=2 d=4 v=1" and prediction.reason is None
+
+
+def test_a_model_spec_is_a_model(keys):
+    by_name = phaze.predict(**keys)
+    spec = TINY.with_overrides(vocab_size=1024)
+    by_spec = phaze.predict(**{**{key: value for key, value in keys.items() if key != "model.overrides"},
+                               "model": spec})
+    assert by_spec.time_per_batch_s == by_name.time_per_batch_s and by_spec.memory_bytes == by_name.memory_bytes
+
+
+def test_a_warm_prediction_reuses_what_the_process_holds(keys, monkeypatch):
+    first = phaze.predict(**keys)
+
+    def traced_again(*arguments, **options):
+        raise AssertionError("extracted again instead of kept in the process")
+
+    monkeypatch.setattr(phaze.api, "extract", traced_again)
+    assert phaze.predict(**keys) == first
+    other = phaze.predict(**{**keys, "pipeline_parallel_width": 1, "data_parallel_width": 8})  # another layout
+    assert other.layout.pipeline_parallel_width == 1 and other.time_per_batch_s != first.time_per_batch_s
+
+
+def test_a_layout_that_does_not_fit_is_a_prediction(keys):
+    prediction = phaze.predict(**{**keys, "hbm_size": 0.001})
+    assert not prediction.fits and prediction.reason.startswith("memory: stage")
+    assert prediction.memory_bytes["total"] > 0.001 * 2**30
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tensor_parallel_widht": 2}, "tensor_parallel_widht: unknown key; did you mean tensor_parallel_width?"),
+    ({"data_parallel_width": 2}, "data_parallel_width: tensor x pipeline x data parallel = 2 x 2 x 2 = 8, must "
+                                 "equal num_devices=16"),
+    ({"model": "gpt5"}, "model: unknown 'gpt5'; allowed: bertbase"),
+    ({"system": "dgx_a200"}, "system: unknown 'dgx_a200'; allowed: dgx_a100"),
+    ({"chip": "tpuv4_like"}, "chip: predict prices a chip that exists; allowed: a100_80gb, h100_sxm, tpuv4"),
+    ({"hbm_size": 1000}, "hbm_size: must be a finite number in (0, 80] GiB (the HBM of a100_80gb), got 1000"),
+    ({"schedule": {"backend": "magic"}}, "schedule.backend: unknown 'magic'; allowed: cpsat, milp, heuristic"),
+])
+def test_bad_keywords_are_the_command_lines_one_line(keys, change, message):
+    with pytest.raises(InputError) as raised:
+        phaze.predict(**{**keys, **change})
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+
+
+def test_the_system_names_its_chip(keys):
+    assert phaze.predict(**{key: value for key, value in keys.items() if key != "chip"}) == phaze.predict(**keys)
+
+
+def test_search_gives_what_run_solver_gives_and_a_table(keys, tmp_path):
+    search = {key: value for key, value in keys.items()
+              if key not in ("tensor_parallel_width", "pipeline_parallel_width", "data_parallel_width", "recompute",
+                             "micro_batch_size")}
+    found = phaze.search(**search, micro_batch_size=[1, 2], n_jobs=1, directory=tmp_path / "api")
+    run = phaze_command("run_solver", *TINY_ARGUMENTS[:-2], "micro_batch_size=[1,2]", "num_devices=16",
+                        "n_jobs=1", f"cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}",
+                        cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert found.throughput == best["throughput"] > 0 and found.best["placement"] == best["placement"]
+    table = found.to_pandas()
+    assert len(table) == 2 * 3  # two micro-batch sizes x three recomputation modes on the one chip
+    assert table["throughput"].max() == best["throughput"]
+    assert (tmp_path / "api" / "best.json").exists()
