@@ -20,7 +20,7 @@ from phaze.validate import case, prediction
 from solver.layout import Layout, data_parallel_widths
 from solver.placement.capped import place_capped
 from solver.placement.layouts import megatron_chunks
-from solver.placement.search import best_placement, state_space
+from solver.placement.best import best_placement, state_space
 from solver.training_step import Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
 from graph_extract import KernelOptions
 from hardware import Cluster, Group

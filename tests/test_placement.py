@@ -17,7 +17,7 @@ from solver.placement import (
     PlacementGraph,
     PlacementLayer,
     PlacementSettings,
-    solve,
+    place_original,
 )
 from solver.placement.__main__ import main
 from solver.placement.candidates import chain_space
@@ -54,7 +54,7 @@ def test_cli_writes_the_original_bytes(case, tmp_path):
 def test_breakdown_of_the_worked_example_sums_to_its_time():
     # ex1: d=2, m=8, 4 stages, bottleneck load 7 (fw 2 + bw 4 of layer 1, plus two 0.5 receives)
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
-    result = solve(graphs, settings)
+    result = place_original(graphs, settings)
     assert result.breakdown == {"compute": 8 * 6.0, "recompute": 0.0, "tensor_parallel": 0.0, "expert_parallel": 0.0, "bubble": 3 * 7.0,
                                 "pipeline_transfer": 8 * 1.0, "data_parallel_sync": 2.0, "optimizer": 0.0}
     assert sum(result.breakdown.values()) == result.time_per_batch == 79.0
@@ -150,15 +150,15 @@ def test_baseline_with_an_empty_stage_counts_it_in_the_bubble():
     # Memory never binds: max load 9.5 (§13), d=1, m=16: 9.5 × (16 + 3 - 1) = 171.
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
     settings = replace(settings, memory_per_device=1e9, fixed_baseline=FixedStrategy(3, 1, 1, 4))
-    assert solve(graphs, settings).fixed_baseline_time == 171.0
-    too_long = solve(graphs, replace(settings, fixed_baseline=FixedStrategy(3, 1, 1, 5)))
+    assert place_original(graphs, settings).fixed_baseline_time == 171.0
+    too_long = place_original(graphs, replace(settings, fixed_baseline=FixedStrategy(3, 1, 1, 5)))
     assert too_long.fixed_baseline_time is None and "exceeds" in too_long.fixed_baseline_infeasible_reason
 
 
 def test_no_width_fits_gives_an_infeasible_result():
     graph = PlacementGraph((layer(0, size=100.0), layer(1, size=100.0)), (PlacementEdge(0, 1, 1.0),))
     settings = PlacementSettings(4, 50.0, 1.0, 4, fixed_baseline=FixedStrategy(1, 1, 1, 2))
-    result = solve({1: graph}, settings)
+    result = place_original({1: graph}, settings)
     assert not result.feasible and result.stages == () and result.time_per_batch == math.inf
     assert result.fixed_baseline_time is None
     assert result.fixed_baseline_infeasible_reason.startswith("memory usage too high")
@@ -167,7 +167,7 @@ def test_no_width_fits_gives_an_infeasible_result():
 def test_memory_per_stage_counts_the_micro_batches_in_flight():
     # ex1's optimum: 4 single-layer stages; stage q-th from the end holds 2P + A + (q-1)·A bytes
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
-    result = solve(graphs, settings)
+    result = place_original(graphs, settings)
     assert [stage.memory_bytes for stage in result.stages] == [200 + 300 * 4, 400 + 300 * 3, 400 + 300 * 2, 200 + 100]
     assert [stage.memory["weights"] for stage in result.stages] == [100, 200, 200, 100]
     assert [stage.memory["activations"] for stage in result.stages] == [300 * 4, 300 * 3, 300 * 2, 100]
@@ -225,6 +225,6 @@ def test_table_size_does_not_depend_on_the_cluster_size():
     # d=8 (m=2) at best gives 7·5 + 3.5 = 38.5.
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
     settings = replace(settings, devices=10_000, memory_per_device=1e12)
-    result = solve(graphs, settings)
+    result = place_original(graphs, settings)
     assert result.time_per_batch == 30.25 and result.layout.data_parallel_width == 16
     assert [stage.layer_ids for stage in result.stages] == [(0, 1), (2, 3)]

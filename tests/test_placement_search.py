@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings, solve
+from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings, place_original
 from solver.placement.candidates import chain_space, downset_space
 from solver.placement.first_stage import candidates, place
 from solver.placement.layer_graph import topological_order, width_graph
@@ -102,7 +102,7 @@ def test_dp_equals_brute_force_on_small_dags(seed):
     rng = random.Random(seed)
     graphs = random_graphs(rng, rng.randint(2, 7), chain=seed % 4 == 0)
     settings = random_settings(rng)
-    result = solve(graphs, settings)
+    result = place_original(graphs, settings)
     assert result.time_per_batch == brute_force(graphs, settings)
     if result.feasible:
         # the stages returned really achieve the reported time

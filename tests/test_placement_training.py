@@ -15,7 +15,7 @@ from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.capped import place_capped
 from solver.placement.candidates import downset_space
 from solver.placement.layouts import interleaved, megatron_chunks
-from solver.placement.search import best_placement, fixed_megatron, state_space
+from solver.placement.best import best_placement, fixed_megatron, state_space
 from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, StepLayer, TrainingOptions, TrainingStep
 
 from tests.test_placement_search import ordered_partitions

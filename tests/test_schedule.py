@@ -22,7 +22,7 @@ from solver.schedule import (
     lower_bound,
     plot_gantt,
     solve,
-    validate,
+    check_schedule,
     violations,
 )
 from solver.schedule.milp import SOLVER_TOLERANCE, solve_milp
@@ -136,7 +136,7 @@ def test_hand_calculated_optimum(backend: str) -> None:
     assert result.status == "optimal"
     assert sorted(result.parallel) == [False, False, True]
     assert result.energy == pytest.approx(2.0 + 2.0 + 3.0)
-    validate(problem, result.start, result.parallel, result.makespan)
+    check_schedule(problem, result.start, result.parallel, result.makespan)
 
 
 def test_lower_bound_by_hand() -> None:
@@ -188,7 +188,7 @@ def test_zero_latency_operators_hold_no_core() -> None:
     problem = ScheduleProblem([Op("TC", 0.0, 0.0), Op("TC", 2.0, 2.0), Op("TC", 0.0, 0.0)], [(0, 2)], 1, 1)
     result = solve(problem)
     assert result.makespan == pytest.approx(2.0)
-    validate(problem, result.start, result.parallel, result.makespan)
+    check_schedule(problem, result.start, result.parallel, result.makespan)
 
 
 def test_empty_problem() -> None:
@@ -205,7 +205,7 @@ def test_solved_from_nops_as_original_graph() -> None:
 def test_heuristic_is_feasible_and_above_the_bound() -> None:
     problem = three_tc_ops()
     schedule = heuristic_schedule(problem)
-    validate(problem, schedule.start, schedule.parallel)
+    check_schedule(problem, schedule.start, schedule.parallel)
     assert schedule.makespan(problem) >= lower_bound(problem)
 
 
@@ -226,7 +226,7 @@ def test_validator_accepts_a_valid_schedule() -> None:
     # TC0 and TC1 side by side [0, 2); VC [2, 3); TCandVC parallel [3, 3.5); collective [0, 3)
     start, parallel = (0.0, 0.0, 2.0, 3.0, 0.0), (False, False, False, True, False)
     assert kinds(mixed_problem(), start, parallel, 3.5) == set()
-    validate(mixed_problem(), start, parallel, 3.5)
+    check_schedule(mixed_problem(), start, parallel, 3.5)
 
 
 @pytest.mark.parametrize(
@@ -247,7 +247,7 @@ def test_validator_catches_each_violation(start, parallel, makespan, kind: str) 
     problem = mixed_problem()
     assert kind in kinds(problem, start, parallel, makespan)
     with pytest.raises(InvalidSchedule, match=kind):
-        validate(problem, start, parallel, makespan)
+        check_schedule(problem, start, parallel, makespan)
 
 
 def test_validator_tolerates_rounding_but_not_more() -> None:
@@ -274,7 +274,7 @@ def hard_problem(n: int = 30, seed: int = 1) -> ScheduleProblem:
 def test_time_limit_returns_the_best_schedule_with_its_gap(backend: str, time_limit: float) -> None:
     problem = hard_problem(30 if backend == "cpsat" else 12)
     result = solve(problem, backend, time_limit=time_limit)
-    validate(problem, result.start, result.parallel, result.makespan)
+    check_schedule(problem, result.start, result.parallel, result.makespan)
     assert result.status == "feasible"
     assert result.gap == pytest.approx((result.makespan - result.lower_bound) / result.makespan)
     assert 0 < result.gap < 0.2
@@ -384,9 +384,9 @@ def test_a_cached_schedule_fits_the_problem_the_cache_solved(tmp_path) -> None:
     result = cache.solve(problem, backend="heuristic")
     solved = cache.problem_solved(problem)
     assert result.start == (0.0, 1e-5) and solved.ops[0].latency == 1e-5
-    validate(solved, result.start, result.parallel, result.makespan)
+    check_schedule(solved, result.start, result.parallel, result.makespan)
     with pytest.raises(InvalidSchedule):
-        validate(problem, result.start, result.parallel, result.makespan)
+        check_schedule(problem, result.start, result.parallel, result.makespan)
     assert plot_gantt(solved, result, tmp_path / "gantt.png").exists()
 
 

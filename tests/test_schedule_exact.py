@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from solver.schedule import Op, ScheduleProblem, lower_bound, solve, validate
+from solver.schedule import Op, ScheduleProblem, check_schedule, lower_bound, solve
 from solver.schedule.cpsat import TICKS_PER_HORIZON
 from solver.schedule.milp import SOLVER_TOLERANCE
 
@@ -111,7 +111,7 @@ def brute_force_makespan(problem: ScheduleProblem) -> float:
 
 def _check_exact(problem: ScheduleProblem, optimum: float, backend: str, **options) -> None:
     result = solve(problem, backend, time_limit=30.0, **options)
-    validate(problem, result.start, result.parallel, result.makespan)
+    check_schedule(problem, result.start, result.parallel, result.makespan)
     assert result.status == "optimal"
     # What each backend may lose to integer time: CP-SAT rounds every duration up to whole ticks of
     # (heuristic makespan) / TICKS_PER_HORIZON, less than one tick per operator; the MILP solvers
@@ -129,7 +129,7 @@ def test_backends_match_brute_force(seed: int) -> None:
     _check_exact(problem, optimum, "cpsat")
     _check_exact(problem, optimum, "milp", milp_solver="cbc")
     heuristic = solve(problem, "heuristic")
-    validate(problem, heuristic.start, heuristic.parallel, heuristic.makespan)
+    check_schedule(problem, heuristic.start, heuristic.parallel, heuristic.makespan)
     assert heuristic.makespan >= optimum * (1 - 1e-9)
     assert lower_bound(problem) <= optimum * (1 + 1e-9)
 

@@ -1,13 +1,13 @@
-"""Placement DP: pipeline stages × tensor-parallel width × data-parallel degree for a layer graph.
-
-Call `solve(graphs, settings)` with one `PlacementGraph` per tensor-parallel width; or run
-`python -m solver.placement INPUT.json OUTPUT.json` on the original program's JSON files.
+"""Placement: the exact placement search under the training-step model (best.py: the DP with caps,
+capped.py; Megatron's layouts, layouts.py) and the original program's placement DP
+(`place_original(graphs, settings)` with one `PlacementGraph` per tensor-parallel width, or
+`python -m solver.placement INPUT.json OUTPUT.json` on the original program's JSON files).
 See README.md in this folder for the cost model and what differs from the original.
 """
 
 from .inputs import FixedStrategy, PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings
+from .original_dp import place_original
 from .result import PlacedStage, PlacementResult
-from .solve import solve
 
 __all__ = [
     "FixedStrategy",
@@ -17,5 +17,5 @@ __all__ = [
     "PlacementLayer",
     "PlacementResult",
     "PlacementSettings",
-    "solve",
+    "place_original",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.training_step.original import OriginalStep, StageCostTable, evaluate, pipeline_time, stage_cost_table, sync_time
+from solver.training_step.original import OriginalStep, StageCostTable, pipeline_time, price, stage_cost_table, sync_time
 
 from .candidates import DeviceModel, StateSpace, device_model
 from .dp import INFTY, StageTable, backtrace, fill_tables
@@ -126,5 +126,5 @@ def placement(candidates: Candidates, tables: np.ndarray, graph: WidthGraph, ste
                                       int(space.rest[choice.pair]), choice.depth - 1, budget)
     stages = tuple(tuple(space.stage_positions(pair)) for pair in pairs)
     devices = tuple(int(costs.devices[pair]) for pair in pairs)
-    scored = evaluate(graph, stages, devices, choice.data_parallel_width, step)
+    scored = price(graph, stages, devices, choice.data_parallel_width, step)
     return WidthPlacement(graph.width, scored.time_per_batch, choice.data_parallel_width, stages, devices)

@@ -1,4 +1,4 @@
-"""The original program's JSON interface (spec placement_dp.md §2 and §12) over `solve`.
+"""The original program's JSON interface (spec placement_dp.md §2 and §12) over `place_original`.
 
 Differences on purpose: an infeasible fixed baseline gives "fixedStrategyTimePerBatch": null and
 a "fixedStrategyInfeasibleReason" key (the DP result is still written); if no width fits, the
@@ -17,7 +17,7 @@ from pathlib import Path
 from .dp import INFTY
 from .inputs import FixedStrategy, PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings
 from .result import PlacementResult
-from .solve import solve
+from .original_dp import place_original
 
 _FIXED_FIELDS = ("fixedPP", "fixedTMPC", "fixedDP", "numTransformerLayers")
 #: JSON key of each typed field, to name the key in error messages.
@@ -42,7 +42,7 @@ _JSON_KEYS = {
 def solve_document(document: object) -> dict:
     """Solve a parsed input document; return the output document."""
     graphs, settings = parse_document(document)
-    return output_document(solve(graphs, settings))
+    return output_document(place_original(graphs, settings))
 
 
 def parse_document(document: object) -> tuple[dict[int, PlacementGraph], PlacementSettings]:

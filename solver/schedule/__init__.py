@@ -1,6 +1,6 @@
 """Per-layer operator scheduling: the shortest schedule of a layer's fused operators on the TC and
 VC cores of one accelerator (exact CP-SAT and MILP backends, a list-scheduling heuristic, bounds,
-an independent validator, a cache of solved layers and a Gantt chart)."""
+an independent checker, a cache of solved layers and a Gantt chart)."""
 
 #: Version of the scheduling model (the problem's semantics and the solvers); part of the key of
 #: every cached schedule. Bump when the same problem would get a different schedule.
@@ -14,7 +14,7 @@ from solver.schedule.milp import MILP_SOLVERS, LicenceLimitError
 from solver.schedule.problem import CORE_TYPES, Op, ScheduleProblem
 from solver.schedule.result import CoreUtilisation, ScheduleResult
 from solver.schedule.solve import BACKENDS, solve
-from solver.schedule.validate import InvalidSchedule, Violation, validate, violations
+from solver.schedule.check import InvalidSchedule, Violation, check_schedule, violations
 
 __all__ = [
     "MODEL_VERSION",
@@ -34,6 +34,6 @@ __all__ = [
     "lower_bound",
     "plot_gantt",
     "solve",
-    "validate",
+    "check_schedule",
     "violations",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
-from solver.schedule.validate import RELATIVE_TOLERANCE
+from solver.schedule.check import RELATIVE_TOLERANCE
 
 
 def lanes(intervals: list[tuple[float, float]], tolerance: float) -> list[int]:

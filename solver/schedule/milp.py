@@ -27,7 +27,7 @@ from solver.schedule.cores import assign_cores
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import BackendOutcome
-from solver.schedule.validate import violations
+from solver.schedule.check import violations
 
 MILP_SOLVERS = ("cbc", "highs", "gurobi")
 #: A solver's objective may exceed the true optimum by its feasibility tolerance (in time units).

@@ -11,7 +11,7 @@ from solver.schedule.listsched import retime
 from solver.schedule.milp import MILP_SOLVERS, solve_milp
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import PROOF_TOLERANCE, ScheduleResult, make_result
-from solver.schedule.validate import validate
+from solver.schedule.check import check_schedule
 
 BACKENDS = ("cpsat", "milp", "heuristic")
 #: An exact backend gets at least this long [s], even when the heuristic used up the time limit.
@@ -65,5 +65,5 @@ def solve(
     result = make_result(
         problem, best, bound, "optimal" if proven else "feasible", backend, time.perf_counter() - began
     )
-    validate(problem, result.start, result.parallel, result.makespan)
+    check_schedule(problem, result.start, result.parallel, result.makespan)
     return result

@@ -219,7 +219,7 @@ def _incoming_bytes(graph, members: np.ndarray) -> np.ndarray:
     return total
 
 
-def evaluate(
+def price(
     graph,
     stages: Sequence[Sequence[int]],
     stage_devices: Sequence[int],

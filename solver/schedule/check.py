@@ -84,7 +84,7 @@ def _capacity_violations(problem, start, end, parallel, running, tol) -> list[Vi
     return found
 
 
-def validate(
+def check_schedule(
     problem: ScheduleProblem,
     start: Sequence[float],
     parallel: Sequence[bool],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from solver.training_step.original import Infeasible, OriginalStep, evaluate
+from solver.training_step.original import Infeasible, OriginalStep, price
 
 from .inputs import FixedStrategy
 from .layer_graph import WidthGraph
@@ -29,4 +29,4 @@ def baseline_time(graphs: dict[int, WidthGraph], strategy: FixedStrategy, step: 
             f"num_transformer_layers {strategy.num_transformer_layers} exceeds the {graphs[width].n} layers of the graph"
         )
     stages = baseline_stages(graphs[width].n, strategy)
-    return evaluate(graphs[width], stages, [width] * len(stages), strategy.data_parallel_width, step).time_per_batch
+    return price(graphs[width], stages, [width] * len(stages), strategy.data_parallel_width, step).time_per_batch

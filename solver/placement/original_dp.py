@@ -1,24 +1,24 @@
 """`solve`: the original program's best pipeline × tensor-parallel × data-parallel placement over all
-widths (`system=original`; `solver.placement.search` places with the faithful training step)."""
+widths (`system=original`; `solver.placement.best` places with the faithful training step)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 
-from solver.training_step.original import Infeasible, evaluate
+from solver.training_step.original import Infeasible, price
 
 from solver.layout import Layout
 
 from .candidates import chain_space, downset_space
-from .evaluate import baseline_time
+from .original_baseline import baseline_time
 from .first_stage import WidthPlacement, candidates, place
 from .inputs import PlacementGraph, PlacementSettings
 from .layer_graph import checked_widths, topological_order, width_graph
 from .result import PlacedStage, PlacementResult
 
 
-def solve(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> PlacementResult:
+def place_original(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> PlacementResult:
     """Place the layer graph (one PlacementGraph per tensor-parallel width) on the cluster.
 
     Widths are tried in ascending order and a larger width wins only if strictly faster. Chains
@@ -47,7 +47,7 @@ def solve(graphs: Mapping[int, PlacementGraph], settings: PlacementSettings) -> 
         return PlacementResult((), None, math.inf, recompute, fixed_baseline_time=baseline,
                                fixed_baseline_infeasible_reason=reason)
     graph = by_width[best.width]
-    scored = evaluate(graph, best.stages, best.stage_devices, best.data_parallel_width, settings)
+    scored = price(graph, best.stages, best.stage_devices, best.data_parallel_width, settings)
     stages = tuple(
         PlacedStage(tuple(order[p] for p in positions), devices, parameters, memory)
         for positions, devices, parameters, memory in zip(best.stages, best.stage_devices, scored.parameters,
