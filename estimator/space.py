@@ -59,8 +59,10 @@ class CandidateSpace(Sequence[AcceleratorConfig]):
     def __getitem__(self, index: int) -> AcceleratorConfig:  # type: ignore[override]
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return self.template.with_dimensions(int(self.num_tc[index]), int(self.num_vc[index]), int(self.width[index]),
-                                             int(self.depth[index]), int(self.glb_bytes[index]))
+        width = int(self.width[index])  # the vector cores' width is the tensor cores' (the original's space)
+        return self.template.with_dimensions(num_tc=int(self.num_tc[index]), num_vc=int(self.num_vc[index]),
+                                             tc_width=width, tc_depth=int(self.depth[index]), vc_width=width,
+                                             glb_bytes=int(self.glb_bytes[index]))
 
     def __iter__(self) -> Iterator[AcceleratorConfig]:
         return (self[i] for i in range(len(self)))

@@ -22,7 +22,8 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The named accelerator whose area is the default budget.
 DEFAULT_BUDGET = "tpuv4_like"
 
-#: Fields that must be positive powers of two: the template is built from them.
+#: Fields that must be positive powers of two: the template is built from them. They are also the
+#: dimensions candidates of the architecture search differ in (`AcceleratorConfig.dimensions`).
 POWER_OF_TWO_FIELDS = ("num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes")
 
 
@@ -128,10 +129,14 @@ class AcceleratorConfig:
     def dram_words_per_cycle(self) -> float:
         return self.hbm_bandwidth / (self.bytes_per_element * self.clock_hz)
 
-    def with_dimensions(self, num_tc: int, num_vc: int, width: int, depth: int, glb_bytes: int) -> AcceleratorConfig:
-        """A candidate of the template: these core counts and sizes (vector width = tensor width)."""
-        return replace(self, num_tc=num_tc, num_vc=num_vc, tc_width=width, tc_depth=depth, vc_width=width,
-                       glb_bytes=glb_bytes)
+    def with_dimensions(self, **dimensions: int) -> AcceleratorConfig:
+        """A candidate of the template: these of its `dimensions()` changed."""
+        unknown_fields("accelerator", dimensions, POWER_OF_TWO_FIELDS)
+        return replace(self, **dimensions)
+
+    def dimensions(self) -> dict[str, int]:
+        """The dimensions the candidates of the architecture search differ in."""
+        return {name: getattr(self, name) for name in POWER_OF_TWO_FIELDS}
 
     def to_dict(self) -> dict:
         return asdict(self)

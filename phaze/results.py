@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -13,10 +14,13 @@ from common.files import atomic_write
 from hardware import AcceleratorConfig, KnownChip
 from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation
+from solver.layout import Layout
 from solver.question import Axes, Question
 from solver.training_step import BREAKDOWN_KEYS
 
 GIB = 1024**3
+#: The widths of a layout, as best.json's placement names them.
+LAYOUT_FIELDS = tuple(field.name for field in dataclasses.fields(Layout))
 
 
 def gibibytes(num_bytes: int) -> float:
@@ -32,16 +36,7 @@ def accelerator_record(accelerator: AcceleratorConfig | KnownChip, index: int) -
     """A candidate chip's dimensions and area, or a known chip's name and figures."""
     if isinstance(accelerator, KnownChip):
         return {"candidate_index": index, **accelerator.record()}
-    return {
-        "candidate_index": index,
-        "num_tc": accelerator.num_tc,
-        "num_vc": accelerator.num_vc,
-        "tc_width": accelerator.tc_width,
-        "tc_depth": accelerator.tc_depth,
-        "vc_width": accelerator.vc_width,
-        "glb_bytes": accelerator.glb_bytes,
-        "area": accelerator.area,
-    }
+    return {"candidate_index": index, **accelerator.dimensions(), "area": accelerator.area}
 
 
 def question_record(question: Question) -> dict:
@@ -55,14 +50,11 @@ def question_record(question: Question) -> dict:
 
 
 def placement_record(evaluation: Evaluation) -> dict:
+    """The placement's layout (every width; none when nothing fits), recomputation and stages."""
     result = evaluation.placement
-    layout = result.layout
+    widths = dataclasses.asdict(result.layout) if result.layout else dict.fromkeys(LAYOUT_FIELDS)
     return {
-        "pipeline_parallel_width": layout.pipeline_parallel_width if layout else len(result.stages),
-        "tensor_parallel_width": layout.tensor_parallel_width if layout else None,
-        "data_parallel_width": layout.data_parallel_width if layout else None,
-        "virtual_stages": layout.virtual_stages if layout else 1,
-        "expert_parallel_width": layout.expert_parallel_width if layout else 1,
+        **widths,
         "recompute": result.recompute,
         "stages": [
             {"layers": list(stage.layer_ids), "devices": stage.devices, "parameters": stage.parameters,

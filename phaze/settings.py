@@ -23,8 +23,8 @@ from common.checks import (InputError, boolean, choice, integer, is_integer, is_
 from estimator import candidate_space
 from graph_extract import KernelOptions, ModelSpec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
-from hardware import (DEFAULT_BUDGET, KNOWN_CHIPS, AcceleratorConfig, Cluster, KnownChip, Network, accelerator_names,
-                      named_accelerator)
+from hardware import DEFAULT_BUDGET, KNOWN_CHIPS, AcceleratorConfig, KnownChip, Network, accelerator_names, named_accelerator
+from hardware.systems import TOPOLOGIES
 from phaze import environment
 from phaze.model_config import fixed_megatron, model_spec
 from solver.codesign import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
@@ -105,8 +105,8 @@ def _system(system: Mapping, devices: int) -> tuple[Network, str]:
     tiers = system.get("tiers")
     if not isinstance(tiers, list) or not all(isinstance(tier, dict) for tier in tiers):
         raise InputError(f"system.tiers: must be a list of tiers (name, bandwidth, latency, efficiency), got {tiers!r}")
-    choice("system.topology", system.get("topology", "tiers"), ("tiers",))
-    return Cluster.build(str(system.get("name", "custom")), devices, node_size, tiers), step_model
+    topology = choice("system.topology", system.get("topology", "tiers"), tuple(TOPOLOGIES))
+    return TOPOLOGIES[topology].build(str(system.get("name", "custom")), devices, node_size, tiers), step_model
 
 
 def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip | None]:

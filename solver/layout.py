@@ -27,6 +27,10 @@ from hardware import Group
 #: The dimensions of a layout's rank groups, innermost first (Megatron-Core's order), and the group of
 #: replicas that hold the same experts.
 DIMENSIONS = ("tensor", "context", "expert", "data", "pipeline")
+#: The letter of each width in text (the field's order), and those always shown.
+LETTERS = {"tensor_parallel_width": "t", "pipeline_parallel_width": "p", "data_parallel_width": "d",
+           "virtual_stages": "v", "expert_parallel_width": "e", "context_parallel_width": "c"}
+SHOWN = ("tensor_parallel_width", "pipeline_parallel_width", "data_parallel_width", "virtual_stages")
 #: How a Megatron layout splits the blocks into p·v chunks: `any` (the placement DP: any convex
 #: split), `even` (p·v equal chunks), `even_or_ends` (also with the embedding and the loss counted as
 #: a block each: Megatron's --account-for-embedding-in-pipeline-split and
@@ -73,12 +77,9 @@ class Layout:
                 "expert_data": Group(max(d // e, 1), t * c * e), "pipeline": Group(p, t * c * d)}
 
     def text(self) -> str:
-        """t=8 p=16 d=8 v=1 (and e, c when > 1)."""
-        text = (f"t={self.tensor_parallel_width} p={self.pipeline_parallel_width} d={self.data_parallel_width} "
-                f"v={self.virtual_stages}")
-        for letter, width in (("e", self.expert_parallel_width), ("c", self.context_parallel_width)):
-            text += f" {letter}={width}" if width > 1 else ""
-        return text
+        """t=8 p=16 d=8 v=1 (and the others when > 1: e=4)."""
+        return " ".join(f"{letter}={getattr(self, name)}" for name, letter in LETTERS.items()
+                        if name in SHOWN or getattr(self, name) > 1)
 
 
 @dataclass(frozen=True)

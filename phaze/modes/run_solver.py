@@ -27,6 +27,7 @@ from solver.codesign import (CandidateOutcome, Resources, Search, accelerator_co
                              evaluate_accelerator, worker_pool)
 from solver.evaluate import evaluate_placements, fixed_baseline
 from solver.layer_costs import LayerCosts, schedule_problem
+from solver.layout import Layout
 from solver.question import Axes
 from solver.schedule import plot_gantt
 from solver.strategies import SearchResult
@@ -174,8 +175,7 @@ def plot_best(settings: Settings, summary: dict, directory: Path) -> None:
     """The best placement's stages and the Gantt chart of its largest repeated layer, forward."""
     res = Resources.build(settings.search_context(summary["micro_batch_size"]))
     accelerator = settings.accelerator.with_dimensions(
-        *(summary["accelerator"][k] for k in ("num_tc", "num_vc", "tc_width", "tc_depth", "glb_bytes"))
-    )
+        **{name: summary["accelerator"][name] for name in settings.accelerator.dimensions()})
     width = summary["placement"]["tensor_parallel_width"]
     plot_stages(settings, summary, accelerator_costs(res, accelerator), directory)
     graphs = res.graphs[width]
@@ -317,11 +317,9 @@ def report(summary: dict, directory: Path) -> None:
         chip = accelerator.get("name") or (
             f"{accelerator['num_tc']} TC {accelerator['tc_width']}x{accelerator['tc_depth']}, {accelerator['num_vc']} VC, "
             f"{accelerator['glb_bytes'] // 2**20} MiB ({accelerator['area'] / 1e6:.1f} mm²)")
-        line = (f"{head}: {setting['throughput']:.1f} samples/s on {chip}; "
-                f"p={placement['pipeline_parallel_width']} t={placement['tensor_parallel_width']} "
-                f"d={placement['data_parallel_width']} v={placement['virtual_stages']}"
-                + (f" e={placement['expert_parallel_width']}" if placement.get("expert_parallel_width", 1) > 1 else "")
-                + f", recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")
+        layout = Layout(**{name: placement[name] for name in results.LAYOUT_FIELDS})
+        line = (f"{head}: {setting['throughput']:.1f} samples/s on {chip}; {layout.text()}, "
+                f"recompute={placement['recompute']}; {setting['architectures_evaluated']} architectures evaluated")
         time = setting["time_per_batch_s"]
         line += "\n  time per batch " + f"{time:.4g} s = " + " + ".join(
             f"{name.replace('_', ' ')} {seconds:.3g}" for name, seconds in setting["breakdown_s"].items() if seconds)
