@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from graph_extract import ModelSpec, extract
-from graph_extract.factory import factory_spec, source_digest
+from graph_extract.factory import exit_call, factory_spec, source_digest
 from graph_extract.zoo import LLAMA_FAMILY
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -194,5 +194,7 @@ def read_factory(reference: str) -> ModelSpec:
             if not isinstance(error, ValueError):
                 text = f"tracing the model with torch.fx failed ({type(error).__name__}{': ' if text else ''}{text})"
             raise ValueError(text) from None
+        except SystemExit as stop:  # the user's code (graph_extract turns its forward's into a ValueError)
+            raise ValueError(f"tracing the model with torch.fx: its forward called {exit_call(stop)}") from None
         _FACTORY_SPECS[key] = spec
     return _FACTORY_SPECS[key]
