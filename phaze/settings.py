@@ -20,7 +20,7 @@ from estimator.known import KNOWN_CHIPS, KnownChip
 from graph_extract import MODELS, ModelSpec, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
 from graph_extract.factory import is_factory_reference
-from phaze.custom_model import NAME_PATTERN, read_factory, read_model_file
+from phaze.custom_model import NAME_PATTERN, folder_error, read_factory, read_model_file
 from phaze.results import GIB
 from solver.codesign import EXECUTORS, STRATEGIES, ScheduleSettings
 from solver.job import STEP_MODELS, Job
@@ -360,6 +360,8 @@ def _custom_spec(cfg: DictConfig) -> ModelSpec:
                           f"{cfg.model.config!r}")
     path = Path(cfg.model.config)
     where = f"model.config: {path}: "
+    if not is_factory_reference(cfg.model.config) and path.is_dir():
+        raise ConfigError(folder_error(path))
     try:
         if is_factory_reference(cfg.model.config):
             return read_factory(cfg.model.config)
