@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from phaze import interrupt, sweep
+from phaze import interrupt, rundir, sweep
 from phaze.settings import (
     MODES,
     ConfigError,
@@ -111,8 +111,10 @@ def _composition_error(job: list[str], schema: dict, error: Exception) -> Config
     return ConfigError(f"{max(named, key=len, default='config')}: {' '.join(lines[:2])}")
 
 
-def check_command_line(mode: str, arguments: list[str]) -> None:
-    """Compose the config of every job the arguments describe and validate it (ConfigError)."""
+def check_command_line(mode: str, arguments: list[str]) -> tuple[str, Path] | None:
+    """Compose the config of every job the arguments describe and validate it (ConfigError); the
+    run's directory key (hydra.run.dir, or hydra.sweep.dir for -m) and path, checked writable, or
+    None when no job runs (--help, --cfg, ...)."""
     parsed, _ = split_command_line(arguments)
     parser = OverridesParser.create()
     overrides = []
@@ -132,7 +134,7 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
             raise ConfigError(f"{override.key_or_group}: {override.input_line!r} sweeps several values; add -m "
                               "for one job per value, or give a list as [a,b]")
     if parsed.help or parsed.hydra_help:
-        return
+        return None
     for override in overrides:
         if override.key_or_group == "hydra/launcher" and (error := launcher_error(override.value())):
             raise error
@@ -144,10 +146,12 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
     if parsed.resolve and not parsed.cfg:
         raise ConfigError("--resolve: goes with --cfg or --help only")
     if commands and commands[0] not in ("--run", "--multirun"):
-        return
+        return None
     user_overrides = [o for o in overrides if not o.key_or_group.startswith("hydra")]
+    hydra_overrides = [o.input_line for o in overrides if o.key_or_group.startswith("hydra")]
     jobs = BasicSweeper.split_arguments(user_overrides, None)[0] if user_overrides else [[]]
     schemas: dict[tuple[str, ...], dict] = {}
+    directory = None
     with hydra.initialize_config_module(config_module="phaze.conf", version_base="1.3"):
         for job in jobs:
             groups = tuple(o for o in job if _override_key(o) in ("model", "system"))
@@ -166,11 +170,31 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
                 raise _composition_error(job, schemas[groups], error) from None
             if error := config_key_error(OmegaConf.to_container(cfg), schemas[groups]):
                 raise error
+            if directory is None:  # before the settings: a cache_dir under the same file is named after it
+                directory = output_directory(mode, parsed.multirun, [*hydra_overrides, *job])
             try:
                 settings_from_config(cfg)
             except OmegaConfBaseException as error:
                 key = getattr(error, "full_key", None) or "config"
                 raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
+    return directory
+
+
+def output_directory(mode: str, multirun: bool, overrides: list[str]) -> tuple[str, Path]:
+    """The run's directory as hydra resolves it (hydra.run.dir, or hydra.sweep.dir for -m; inside
+    an initialized hydra), checked: it exists or can be created, and can be written in (ConfigError
+    naming the key and the path in the way)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        cfg = hydra.compose(config_name="config", overrides=[*overrides, f"mode={mode}"], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)  # ${hydra:...} in the directory reads it
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(f"{key}: cannot be resolved ({str(error).strip().splitlines()[0]})") from None
+    path = Path(str(value))
+    if problem := rundir.directory_problem(path):
+        raise ConfigError(f"{key}: {problem}")
+    return key, path
 
 
 def launcher_error(name: object) -> ConfigError | None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -86,3 +87,60 @@ def test_concurrent_sweeps_with_the_default_directories(tmp_path):
     assert all(re.fullmatch(TIMESTAMP, str(sweep.relative_to(tmp_path / "outputs/multirun"))) for sweep in sweeps)
     jobs = {tuple(model_of(sweep / job) for job in ("0", "1")) for sweep in sweeps}
     assert jobs == {("bertbase", "gpt2"), ("opt", "bertlarge")}
+
+
+# --- a run directory phaze cannot write in: one line before any work --------------------------------
+
+WRITABLE = "allowed: a folder phaze can create or write in"
+DEFAULT_RUN = r"outputs/runs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-[0-9a-f]{8}"
+DEFAULT_SWEEP = r"outputs/multirun/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-[0-9a-f]{8}"
+
+
+def phaze(*arguments, cwd: Path) -> subprocess.CompletedProcess:
+    """`phaze ARGUMENTS` in `cwd`, waited for."""
+    return subprocess.run([sys.executable, "-m", "phaze", *arguments], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` and its bytes (None for a folder)."""
+    return {str(path.relative_to(folder)): None if path.is_dir() else path.read_bytes()
+            for path in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["hydra.run.dir=a_file/run"], f"hydra.run.dir: a_file/run: a_file is a file; {WRITABLE}"),
+    (["hydra.run.dir=a_file"], f"hydra.run.dir: a_file is a file; {WRITABLE}"),
+    (["-m", "model=bertbase,gpt2", "hydra.sweep.dir=a_file/sweep"],
+     f"hydra.sweep.dir: a_file/sweep: a_file is a file; {WRITABLE}"),
+    (["hydra.run.dir=/proc/sys/phaze-run"], f"hydra.run.dir: /proc/sys/phaze-run: /proc/sys is not writable; {WRITABLE}"),
+], ids=["under-a-file", "a-file", "sweep-under-a-file", "proc"])
+def test_a_run_directory_phaze_cannot_create_is_one_line_exit_2(tmp_path, arguments, message):
+    (tmp_path / "a_file").write_text("mine\n")
+    result = phaze("extract_graph", *arguments, cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"phaze: error: {message}\n")
+    assert tree(tmp_path) == {"a_file": b"mine\n"}
+
+
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "sweep"])
+def test_outputs_a_file_is_one_line_naming_the_run_directory(tmp_path, multirun):
+    """The default directories are under outputs/ (so is cache_dir: the run directory is named first)."""
+    (tmp_path / "outputs").write_text("")
+    result = phaze("extract_graph", *(["-m", "model=bertbase,gpt2"] if multirun else []), cwd=tmp_path)
+    key, directory = ("hydra.sweep.dir", DEFAULT_SWEEP) if multirun else ("hydra.run.dir", DEFAULT_RUN)
+    assert result.returncode == 2 and result.stdout == ""
+    assert re.fullmatch(rf"phaze: error: {key}: {directory}: outputs is a file; {WRITABLE}\n", result.stderr), \
+        result.stderr
+    assert tree(tmp_path) == {"outputs": b""}
+
+
+def test_a_read_only_outputs_or_run_directory_is_one_line_exit_2(tmp_path, read_only):
+    (tmp_path / "outputs").mkdir()
+    read_only(tmp_path / "outputs")
+    result = phaze("extract_graph", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert re.fullmatch(rf"phaze: error: hydra.run.dir: {DEFAULT_RUN}: outputs is not writable; {WRITABLE}\n",
+                        result.stderr), result.stderr
+    result = phaze("extract_graph", "-m", "model=bertbase,gpt2", "hydra.sweep.dir=outputs", cwd=tmp_path)
+    assert result.stderr == f"phaze: error: hydra.sweep.dir: outputs is not writable; {WRITABLE}\n"
+    assert result.returncode == 2 and tree(tmp_path) == {"outputs": None}
