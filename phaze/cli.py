@@ -46,7 +46,7 @@ OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN, use_cache=True, 
 SWEEP = sweep.Sweep()
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
-    "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
+    "       phaze report DIR [--out FOLDER]   (summarise the run_solver runs under DIR)\n"
     "       phaze validate FILE   (predict published measured runs and compare)"
 )
 
