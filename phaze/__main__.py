@@ -8,7 +8,7 @@ import sys
 import threading
 import traceback
 
-from phaze import interrupt
+from phaze import interrupt, rundir
 
 
 def main() -> None:
@@ -58,7 +58,8 @@ def finish(code: int) -> None:
     kept), then reset the handlers and tear the modules down, where the signal kills the process
     (143 for SIGTERM, no line). Here the exit functions run with signals held, the streams are
     flushed, and os._exit ends the process without the teardown; from the last check on, the
-    signals are blocked."""
+    signals are blocked. The run directory's marker then says whether the run finished (status 0;
+    phaze.rundir)."""
     with interrupt.held(raise_after=False) as arrived:
         _flush()
         threading_shutdown = getattr(threading, "_shutdown", None)  # non-daemon threads, as Python's exit
@@ -69,6 +70,7 @@ def finish(code: int) -> None:
         interrupt.block()
     if arrived and code != interrupt.EXIT_CODE:
         code = stopped(KeyboardInterrupt())
+    rundir.release(finished=code == 0)
     _flush()
     os._exit(code)
 

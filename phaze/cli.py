@@ -1,7 +1,8 @@
 """The `phaze` command: `phaze <mode> [overrides]`, one hydra application for the three modes.
 
 Every job of the command line (each point of a `-m` sweep) is checked before hydra starts, so a
-wrong input prints one line, exits with code 2 and writes nothing.
+wrong input prints one line, exits with code 2 and writes nothing. The run's directory is then
+claimed for this process (phaze.rundir) and given to hydra as resolved.
 """
 
 from __future__ import annotations
@@ -287,13 +288,23 @@ def main() -> None:
         sys.exit(2)
     mode, rest = arguments[0], arguments[1:]
     try:
-        check_command_line(mode, rest)
+        directory = check_command_line(mode, rest)
         parsed, flags = split_command_line(rest)
     except ConfigError as error:
         _fail(str(error))
+    overrides = list(parsed.overrides)
+    if directory is not None:
+        key, path = directory
+        directories = ("hydra.run.dir", "hydra.sweep.dir")
+        command = [mode, *(["-m"] if parsed.multirun else []),
+                   *sorted(o for o in overrides if _override_key(o) not in directories)]
+        if problem := rundir.claim(path, command):
+            _fail(f"{key}: {problem}")
+        # hydra resolves the directory again (`${now:}` a moment later): it gets the one claimed
+        overrides = [o for o in overrides if _override_key(o) != key] + [f"{key}={_quoted(str(path))}"]
     # hydra reads its flags and overrides with argparse, which takes the overrides as one run:
     # the overrides (and the mode) first, then the flags (`--help`, `--cfg job`, `-m`) wherever given.
-    overrides = remote_overrides(parsed.overrides, Path.cwd()) if parsed.multirun else parsed.overrides
+    overrides = remote_overrides(overrides, Path.cwd()) if parsed.multirun else overrides
     sys.argv = [f"phaze-{mode}", *overrides, f"mode={mode}", *flags]
     _run()
     if SWEEP.failures:
