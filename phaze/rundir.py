@@ -31,6 +31,15 @@ ALLOWED = ("allowed: a new or empty folder, or an unfinished run's folder with t
 _CLAIMED: list[int] = []
 
 
+def _forget_in_child() -> None:
+    """A forked worker does not keep its parent's markers open (the lock would outlive the run)."""
+    while _CLAIMED:
+        os.close(_CLAIMED.pop())
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def folder_problem(path: Path) -> str | None:
     """Why phaze cannot write in the folder `path` (created if need be): a file in the way, a folder
     that is not writable; or None. Nothing is created."""
