@@ -184,7 +184,12 @@ def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: 
     else:
         model, blocks = factory.build(spec.factory, sequence_length, width, traced.num_layers)
         inputs = factory.model_inputs(model, micro_batch_size, sequence_length)
-    module = trace(model, inputs)
+    try:
+        module = trace(model, inputs)
+    except SystemExit as stop:  # a factory's forward: the command would end without a word
+        if spec.factory is None:
+            raise
+        raise ValueError(f"tracing the model with torch.fx: its forward called {factory.exit_call(stop)}") from None
     op_graph = to_op_graph(module, traced.num_layers, width, blocks)
     layer_graph = _named_layers(build_layer_graph(op_graph, TRAINING_DTYPE_BYTES), traced.num_layers)
     groups = find_repeat_groups(op_graph)

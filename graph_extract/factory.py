@@ -104,6 +104,11 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
+def exit_call(stop: SystemExit) -> str:
+    """The `sys.exit(...)` call that raised `stop`, as the user wrote it."""
+    return "sys.exit()" if stop.code is None else f"sys.exit({stop.code!r})"
+
+
 def _module(reference: str) -> ModuleType:
     """The factory's module, imported (a file: loaded again when its bytes changed)."""
     location, _ = _split(reference)
@@ -126,6 +131,8 @@ def _module(reference: str) -> ModuleType:
         return _LOADED[key]
     except Exception as error:  # the user's code: any error is theirs
         raise ValueError(f"importing {location} raised {_first_line(error)}") from None
+    except SystemExit as stop:  # not phaze's exit: the command would end without a word
+        raise ValueError(f"importing {location} called {exit_call(stop)}") from None
 
 
 def factory_function(reference: str) -> Callable[..., object]:
@@ -180,6 +187,8 @@ def call_factory(reference: str, sequence_length: int, width: int = 1, rank: int
             model = function(**{name: value for name, value in given.items() if name in parameters})
     except Exception as error:  # the user's code
         raise ValueError(f"{reference.rpartition(':')[2]} raised {_first_line(error)}") from None
+    except SystemExit as stop:
+        raise ValueError(f"{reference.rpartition(':')[2]} called {exit_call(stop)}") from None
     if not isinstance(model, nn.Module):
         raise ValueError(f"{reference.rpartition(':')[2]} returned {type(model).__name__} {model!r:.40}, not a torch.nn.Module")
     if "input_ids" not in _parameters(model.forward):

@@ -1,7 +1,8 @@
 """The `phaze` command: `phaze <mode> [overrides]`, one hydra application for the three modes.
 
 Every job of the command line (each point of a `-m` sweep) is checked before hydra starts, so a
-wrong input prints one line, exits with code 2 and writes nothing.
+wrong input prints one line, exits with code 2 and writes nothing. The run's directory is then
+claimed for this process (phaze.rundir) and given to hydra as resolved.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.checks import InputError
-from phaze import interrupt, sweep
+from phaze import interrupt, rundir, sweep
 from phaze.config_keys import (config_key_error, config_schema, model_name_error, override_key_error,
                                system_name_error)
 from phaze.settings import MODES, settings_from_config
@@ -38,7 +39,7 @@ OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN, use_cache=True, 
 
 USAGE = (
     f"usage: phaze {{{','.join(MODES)}}} [-m] [key=value ...]   (phaze <mode> --help for the options)\n"
-    "       phaze report DIR   (summarise the run_solver runs under DIR)\n"
+    "       phaze report DIR [--out FOLDER]   (summarise the run_solver runs under DIR)\n"
     "       phaze validate FILE [cache_dir=PATH]   (predict published measured runs and compare; graphs "
     "cached in $XDG_CACHE_HOME/phaze or ~/.cache/phaze)"
 )
@@ -104,8 +105,10 @@ def _composition_error(job: list[str], schema: dict, error: Exception) -> InputE
     return InputError(f"{max(named, key=len, default='config')}: {' '.join(lines[:2])}")
 
 
-def check_command_line(mode: str, arguments: list[str]) -> None:
-    """Compose the config of every job the arguments describe and validate it (InputError)."""
+def check_command_line(mode: str, arguments: list[str]) -> tuple[str, Path] | None:
+    """Compose the config of every job the arguments describe and validate it (InputError); the
+    run's directory key (hydra.run.dir, or hydra.sweep.dir for -m) and path, checked writable, or
+    None when no job runs (--help, --cfg, ...)."""
     parsed, _ = split_command_line(arguments)
     parser = OverridesParser.create()
     overrides = []
@@ -125,7 +128,7 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
             raise InputError(f"{override.key_or_group}: {override.input_line!r} sweeps several values; add -m "
                               "for one job per value, or give a list as [a,b]")
     if parsed.help or parsed.hydra_help:
-        return
+        return None
     for override in overrides:
         if override.key_or_group == "hydra/launcher" and (error := launcher_error(override.value())):
             raise error
@@ -137,10 +140,12 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
     if parsed.resolve and not parsed.cfg:
         raise InputError("--resolve: goes with --cfg or --help only")
     if commands and commands[0] not in ("--run", "--multirun"):
-        return
+        return None
     user_overrides = [o for o in overrides if not o.key_or_group.startswith("hydra")]
+    hydra_overrides = [o.input_line for o in overrides if o.key_or_group.startswith("hydra")]
     jobs = BasicSweeper.split_arguments(user_overrides, None)[0] if user_overrides else [[]]
     schemas: dict[tuple[str, ...], dict] = {}
+    directory = None
     with hydra.initialize_config_module(config_module="phaze.conf", version_base="1.3"):
         for job in jobs:
             groups = tuple(o for o in job if _override_key(o) in ("model", "system"))
@@ -159,11 +164,31 @@ def check_command_line(mode: str, arguments: list[str]) -> None:
                 raise _composition_error(job, schemas[groups], error) from None
             if error := config_key_error(OmegaConf.to_container(cfg), schemas[groups]):
                 raise error
+            if directory is None:  # before the settings: a cache_dir under the same file is named after it
+                directory = output_directory(mode, parsed.multirun, [*hydra_overrides, *job])
             try:
                 settings_from_config(cfg)
             except OmegaConfBaseException as error:
                 key = getattr(error, "full_key", None) or "config"
                 raise InputError(f"{key}: {str(error).splitlines()[0]}") from None
+    return directory
+
+
+def output_directory(mode: str, multirun: bool, overrides: list[str]) -> tuple[str, Path]:
+    """The run's directory as hydra resolves it (hydra.run.dir, or hydra.sweep.dir for -m; inside
+    an initialized hydra), checked: it exists or can be created, and can be written in (InputError
+    naming the key and the path in the way)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        cfg = hydra.compose(config_name="config", overrides=[*overrides, f"mode={mode}"], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)  # ${hydra:...} in the directory reads it
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise InputError(f"{key}: cannot be resolved ({str(error).strip().splitlines()[0]})") from None
+    path = Path(str(value))
+    if problem := rundir.directory_problem(path):
+        raise InputError(f"{key}: {problem}")
+    return key, path
 
 
 def launcher_error(name: object) -> InputError | None:
@@ -256,13 +281,23 @@ def main() -> None:
         sys.exit(2)
     mode, rest = arguments[0], arguments[1:]
     try:
-        check_command_line(mode, rest)
+        directory = check_command_line(mode, rest)
         parsed, flags = split_command_line(rest)
     except InputError as error:
         _fail(str(error))
+    overrides = list(parsed.overrides)
+    if directory is not None:
+        key, path = directory
+        directories = ("hydra.run.dir", "hydra.sweep.dir")
+        command = [mode, *(["-m"] if parsed.multirun else []),
+                   *sorted(o for o in overrides if _override_key(o) not in directories)]
+        if problem := rundir.claim(path, command):
+            _fail(f"{key}: {problem}")
+        # hydra resolves the directory again (`${now:}` a moment later): it gets the one claimed
+        overrides = [o for o in overrides if _override_key(o) != key] + [f"{key}={_quoted(str(path))}"]
     # hydra reads its flags and overrides with argparse, which takes the overrides as one run:
     # the overrides (and the mode) first, then the flags (`--help`, `--cfg job`, `-m`) wherever given.
-    overrides = remote_overrides(parsed.overrides, Path.cwd()) if parsed.multirun else parsed.overrides
+    overrides = remote_overrides(overrides, Path.cwd()) if parsed.multirun else overrides
     sys.argv = [f"phaze-{mode}", *overrides, f"mode={mode}", *flags]
     _run()
     if sweep.SWEEP.failures:

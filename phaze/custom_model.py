@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from graph_extract import ModelSpec, extract
-from graph_extract.factory import factory_spec, source_digest
+from graph_extract.factory import exit_call, factory_spec, source_digest
 from graph_extract.zoo import LLAMA_FAMILY
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -76,6 +77,15 @@ class ModelFile:
         return self.keys.get(field, field)
 
 
+def folder_error(path: Path) -> str:
+    """Why a folder given as `model.config` is not a model file, and what to give instead."""
+    if (path / "config.json").is_file():
+        return f"model.config: {path} is a folder; give its config.json: {path / 'config.json'}"
+    return (f"model.config: {path} is a folder without a config.json; allowed: a ModelSpec YAML "
+            f"({', '.join(YAML_SUFFIXES)}), a Hugging Face config.json (.json) or a Python factory "
+            "(path/to/file.py:function or package.module:function)")
+
+
 def read_model_file(path: Path) -> ModelFile:
     """The ModelSpec fields a model file gives; ValueError naming the field."""
     suffix = path.suffix.lower()
@@ -87,8 +97,41 @@ def read_model_file(path: Path) -> ModelFile:
         raise ValueError("no such file" if not path.exists() else "not a file")
     text = path.read_text(encoding="utf-8", errors="replace")
     if suffix in JSON_SUFFIXES:
-        return ModelFile(spec_fields_from_hf(_mapping(text, json.loads, json.JSONDecodeError, "JSON"), path), HF_KEYS)
-    return ModelFile(spec_fields_from_yaml(_mapping(text, yaml.safe_load, yaml.YAMLError, "YAML")), {})
+        load_json = functools.partial(json.loads, object_pairs_hook=_unique_json_keys)
+        return ModelFile(spec_fields_from_hf(_mapping(text, load_json, json.JSONDecodeError, "JSON"), path), HF_KEYS)
+    load_yaml = functools.partial(yaml.load, Loader=_UniqueKeyLoader)
+    return ModelFile(spec_fields_from_yaml(_mapping(text, load_yaml, yaml.YAMLError, "YAML")), {})
+
+
+def _unique_json_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's mapping; ValueError for a key given twice (json keeps the last)."""
+    mapping: dict = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise ValueError(f"{key}: given twice; a key may appear once")
+        mapping[key] = value
+    return mapping
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with a ValueError for a key given twice in one mapping (PyYAML keeps the
+    last); merge keys (`<<: *anchor`) are taken as PyYAML takes them."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                given = lines.get(key)
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                continue
+            line = key_node.start_mark.line + 1
+            if given is not None:
+                raise ValueError(f"{key}: given twice (lines {given} and {line}); a key may appear once")
+            lines[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def _mapping(text: str, load, error: type[Exception], kind: str) -> dict:
@@ -98,6 +141,8 @@ def _mapping(text: str, load, error: type[Exception], kind: str) -> dict:
     except error as problem:
         first = str(problem).strip().splitlines()[0] if str(problem).strip() else type(problem).__name__
         raise ValueError(f"not valid {kind} ({first})") from None
+    except RecursionError:
+        raise ValueError(f"not valid {kind} (nested too deeply to read)") from None
     if not isinstance(data, dict):
         raise ValueError(f"must be a {kind} mapping of model fields, got {type(data).__name__}")
     return data
@@ -194,5 +239,7 @@ def read_factory(reference: str) -> ModelSpec:
             if not isinstance(error, ValueError):
                 text = f"tracing the model with torch.fx failed ({type(error).__name__}{': ' if text else ''}{text})"
             raise ValueError(text) from None
+        except SystemExit as stop:  # the user's code (graph_extract turns its forward's into a ValueError)
+            raise ValueError(f"tracing the model with torch.fx: its forward called {exit_call(stop)}") from None
         _FACTORY_SPECS[key] = spec
     return _FACTORY_SPECS[key]

@@ -47,17 +47,23 @@ def ignore() -> None:
         signal.signal(number, signal.SIG_IGN)
 
 
+def block() -> None:
+    """From now on SIGINT and SIGTERM stay pending, undelivered (the process is ending: phaze/__main__.py)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
 @contextmanager
-def held(raise_after: bool = True) -> Iterator[None]:
+def held(raise_after: bool = True) -> Iterator[list[int]]:
     """Run the block (writing the files) with SIGINT and SIGTERM held; one that arrived is raised
-    as KeyboardInterrupt after the block when `raise_after` (else dropped: already stopping)."""
+    as KeyboardInterrupt after the block when `raise_after` (else dropped: already stopping). The
+    block gets the list of the signals that arrive."""
     arrived: list[int] = []
     previous = {number: signal.getsignal(number) for number in SIGNALS}
     for number, handler in previous.items():
         if handler is not signal.SIG_IGN:
             signal.signal(number, lambda signum, frame: arrived.append(signum))
     try:
-        yield
+        yield arrived
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

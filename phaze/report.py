@@ -21,7 +21,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from phaze import plots, results, sweep
+from phaze import plots, results, rundir, sweep
 
 COLUMNS = {
     "run": "run",
@@ -175,13 +175,55 @@ def print_report(directory: Path, found: Collected) -> None:
         console.print(note, soft_wrap=True, markup=False)
 
 
+def write(found: Collected, out: Path) -> list[Path]:
+    """report.csv, report.parquet and the plot of throughput against area in `out`; the files written."""
+    results.write_frame(out, "report", found.summary)
+    written = [out / "report.csv", out / "report.parquet"]
+    evaluations = found.evaluations
+    if "area" in evaluations:  # known chips have no area to plot against
+        evaluations = evaluations[evaluations["area"].notna()]
+        if len(evaluations):
+            evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
+            plots.plot_throughput_vs_area(evaluations, {}, out / "report_throughput_vs_area.png",
+                                          f"{len(found.shown)} settings")
+            written.append(out / "report_throughput_vs_area.png")
+    return written
+
+
+USAGE = ("usage: phaze report DIR [--out FOLDER]   (DIR: a run or multirun directory of phaze run_solver; "
+         "report.csv and its plot go to FOLDER, by default DIR)")
+
+
+def _arguments(arguments: list[str]) -> tuple[Path, Path | None] | None:
+    """DIR and --out's FOLDER (None: DIR), or None if the arguments are not those."""
+    rest, out = list(arguments), None
+    for index, argument in enumerate(rest):
+        if argument == "--out" and index + 1 < len(rest):
+            out = Path(rest[index + 1])
+            del rest[index:index + 2]
+            break
+        if argument.startswith("--out="):
+            out = Path(argument.removeprefix("--out="))
+            del rest[index]
+            break
+    if len(rest) != 1 or rest[0].startswith("-") or out == Path(""):
+        return None
+    return Path(rest[0]), out
+
+
 def main(arguments: list[str]) -> int:
-    if len(arguments) != 1:
-        print("usage: phaze report DIR   (a run or multirun directory of phaze run_solver)", file=sys.stderr)
+    parsed = _arguments(arguments)
+    if parsed is None:
+        print(USAGE, file=sys.stderr)
         return 2
-    directory = Path(arguments[0])
+    directory, out = parsed
     if not directory.is_dir():
         print(f"phaze: error: DIR: {directory} is not a directory", file=sys.stderr)
+        return 2
+    option, out = ("DIR", directory) if out is None else ("--out", out)
+    if problem := rundir.folder_problem(out):
+        print(f"phaze: error: {option}: {problem}; report.csv cannot be written there, give another folder with "
+              "--out FOLDER", file=sys.stderr)
         return 2
     found = collect(directory)
     if found.summary.empty:
@@ -191,16 +233,12 @@ def main(arguments: list[str]) -> int:
         print_report(directory, found)
         print(f"phaze: error: DIR: none of the {len(found.skipped)} runs under {directory} can be read", file=sys.stderr)
         return 2
-    results.write_frame(directory, "report", found.summary)
-    written = [directory / "report.csv", directory / "report.parquet"]
-    evaluations = found.evaluations
-    if "area" in evaluations:  # known chips have no area to plot against
-        evaluations = evaluations[evaluations["area"].notna()]
-        if len(evaluations):
-            evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
-            plots.plot_throughput_vs_area(evaluations, {}, directory / "report_throughput_vs_area.png",
-                                          f"{len(found.shown)} settings")
-            written.append(directory / "report_throughput_vs_area.png")
+    try:
+        written = write(found, out)
+    except OSError as error:  # the folder changed meanwhile, or is full; each file is written whole or not at all
+        print(f"phaze: error: {option}: cannot write {error.filename or 'in ' + str(out)} ({error.strerror}); give "
+              "another folder with --out FOLDER", file=sys.stderr)
+        return 2
     print_report(directory, found)
     print(f"wrote {', '.join(str(path) for path in written)}")
     return 0

@@ -1,4 +1,7 @@
-"""Shared test helpers: a tiny GPT-3-shaped configuration of phaze."""
+"""Shared test helpers: a tiny GPT-3-shaped configuration of phaze, read-only folders."""
+
+import os
+import subprocess
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -35,3 +38,31 @@ def tiny_settings():
         return settings_from_config(cfg)
 
     return make
+
+
+@pytest.fixture
+def read_only():
+    """make(path): the folder `path` made read-only for this user (mode 555; for root, whom modes do
+    not stop, also the immutable attribute, chattr +i), undone after the test; the test is skipped
+    where neither stops this process from writing there."""
+    made = []
+
+    def make(path):
+        path.chmod(0o555)
+        made.append(path)
+        if os.access(path, os.W_OK):
+            try:
+                subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=True)
+            except (OSError, subprocess.CalledProcessError):
+                pytest.skip("cannot make a folder read-only for this user (root without chattr)")
+            if os.access(path, os.W_OK):
+                pytest.skip("cannot make a folder read-only for this user (root, chattr +i ignored)")
+        return path
+
+    yield make
+    for path in made:
+        try:
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        except OSError:  # no chattr: the mode alone made it read-only
+            pass
+        path.chmod(0o755)

@@ -253,7 +253,8 @@ def test_a_file_that_is_not_a_model_file(tmp_path):
     assert file_error(write(tmp_path / "c.json", "{\"a\": ")).startswith("not valid JSON (")
     assert file_error(write(tmp_path / "l.yaml", "- 1\n- 2\n")) == "must be a YAML mapping of model fields, got list"
     (tmp_path / "folder.yaml").mkdir()
-    assert file_error(tmp_path / "folder.yaml") == "not a file"
+    assert error("model=custom", f"model.config={tmp_path / 'folder.yaml'}").startswith(
+        f"model.config: {tmp_path / 'folder.yaml'} is a folder without a config.json; allowed: a ModelSpec YAML")
 
 
 def test_model_config_goes_with_model_custom_only():
@@ -277,6 +278,42 @@ def test_the_command_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert result.stderr == ("phaze: error: model.config: m.yaml: unknown field hidden_sise; did you mean "
                              "hidden_size?\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["m.yaml"]
+
+
+ALLOWED_FILES = ("allowed: a ModelSpec YAML (.yaml, .yml), a Hugging Face config.json (.json) or a Python factory "
+                 "(path/to/file.py:function or package.module:function)")
+
+
+@pytest.mark.parametrize("make, config, message", [
+    (lambda root: write(root / "models/Llama-3.2-1B/config.json", LLAMA3_8B_CONFIG), "models/Llama-3.2-1B",
+     "model.config: models/Llama-3.2-1B is a folder; give its config.json: models/Llama-3.2-1B/config.json"),
+    (lambda root: (root / "models/empty").mkdir(parents=True), "models/empty",
+     f"model.config: models/empty is a folder without a config.json; {ALLOWED_FILES}"),
+    (lambda root: write(root / "m.yaml", "name: small\nnum_layers: 2\nhidden_size: 256\nnum_layers: 4\n"), "m.yaml",
+     "model.config: m.yaml: num_layers: given twice (lines 2 and 4); a key may appear once"),
+    (lambda root: write(root / "config.json", json.dumps(LLAMA3_8B_CONFIG)[:-1] + ', "hidden_size": 2048}'),
+     "config.json", "model.config: config.json: hidden_size: given twice; a key may appear once"),
+    (lambda root: write(root / "config.json", '{"model_type": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+     "config.json", "model.config: config.json: not valid JSON (nested too deeply to read)"),
+    (lambda root: write(root / "config.json", "[" * 100_000 + "]" * 100_000), "config.json",
+     "model.config: config.json: not valid JSON (nested too deeply to read)"),
+    (lambda root: write(root / "m.yaml", "name: " + "[" * 100_000 + "]" * 100_000 + "\n"), "m.yaml",
+     "model.config: m.yaml: not valid YAML (nested too deeply to read)"),
+], ids=["folder-with-config-json", "folder-without", "yaml-duplicate-key", "json-duplicate-key", "json-deep",
+        "json-deep-top-level", "yaml-deep"])
+def test_a_model_file_phaze_cannot_take_is_one_line_exit_2(tmp_path, make, config, message):
+    make(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    result = phaze("extract_graph", "model=custom", f"model.config={config}", "cache_dir=cache", cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"phaze: error: {message}\n")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_yaml_merge_key_is_not_a_duplicate(tmp_path):
+    """`<<: *anchor` brings keys the mapping may set again (YAML's merge): read as PyYAML reads it, so
+    the error is the unknown field, not a duplicate."""
+    merged = "base: &b\n  hidden_size: 128\nmodel:\n  <<: *b\n  hidden_size: 256\n"
+    assert file_error(write(tmp_path / "m.yaml", merged)) == "unknown field base; did you mean bias?"
 
 
 def test_run_solver_on_a_custom_model_has_no_fixed_baseline(tmp_path):

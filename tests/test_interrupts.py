@@ -241,3 +241,82 @@ def test_a_signal_a_library_turns_into_another_error_still_exits_130(tmp_path):
     run = subprocess.run([sys.executable, "-c", failing], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
     assert run.returncode == 1 and "AttributeError: save_nargs" in run.stderr
+
+
+#: `phaze extract_graph` on a one-block BERT in the working directory, through phaze's entry point,
+#: with a slow step added where the run's files are written and the process is ending: an exit
+#: function (as torch's finalizers, logging's flush or Ray's shutdown are), or an object torn down
+#: with the modules. The step prints a line when it starts.
+AFTER_THE_RUN = textwrap.dedent("""
+    import atexit, sys, time
+    import phaze.__main__ as entry
+
+    def slow_exit_function():
+        print("exit functions", flush=True)
+        time.sleep(1.0)
+
+    class SlowTeardown:
+        def __del__(self):
+            print("teardown", flush=True)
+            time.sleep(3.0)
+
+    if sys.argv[1] == "exit-function":
+        atexit.register(slow_exit_function)
+    else:
+        keep = SlowTeardown()
+    sys.argv = ["phaze", "extract_graph", "model=bertbase", "+model.overrides.num_layers=1", "hydra.run.dir=run",
+                "cache_dir=cache"]
+    entry.main()
+""")
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_signal_while_the_exit_functions_run_exits_130_with_one_line(tmp_path, number):
+    """The run's files are written; the signal lands in an exit function: it finishes, then one line
+    and 130 (Python would print the KeyboardInterrupt as ignored and exit 0)."""
+    process = start([sys.executable, "-c", AFTER_THE_RUN, "exit-function"], tmp_path)
+    while (line := process.stdout.readline()) not in ("exit functions\n", ""):
+        pass
+    assert line == "exit functions\n", process.communicate()
+    assert (tmp_path / "run" / "extract_summary.csv").exists()
+    assert send(process, number) < STOP_WITHIN
+    output, errors = process.communicate()
+    assert process.returncode == 130, errors
+    assert errors.strip().splitlines()[-1] == INTERRUPTED and "Traceback" not in errors and "Exception" not in errors
+
+
+def test_a_signal_while_the_interpreter_would_tear_down_never_kills_phaze(tmp_path):
+    """After the exit functions Python resets the signal handlers and tears the modules down (torch's
+    take a second), where SIGTERM would kill the process (status -15, no line): phaze ends without
+    the teardown, so the signal finds it gone or exits it with 130 and the line."""
+    process = start([sys.executable, "-c", AFTER_THE_RUN, "teardown"], tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "extract_summary.csv").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.01)
+    time.sleep(0.3)
+    send(process, signal.SIGTERM)
+    output, errors = process.communicate()
+    assert "teardown" not in output
+    assert process.returncode in (0, 130), errors
+    assert process.returncode == 0 or errors.strip().splitlines()[-1] == INTERRUPTED
+
+
+def test_a_signal_just_after_the_run_is_written_exits_0_or_130_with_one_line(tmp_path):
+    """A real run, signalled at once and a moment after its summary file appears: never killed by
+    the signal, never a traceback."""
+    for delay in (0.0, 0.05, 0.2):
+        run = tmp_path / str(delay)
+        process = start([sys.executable, "-m", "phaze", "extract_graph", "model=bertbase", "+model.overrides.num_layers=1",
+                         f"hydra.run.dir={run}", f"cache_dir={tmp_path / 'cache'}"], tmp_path)
+        deadline = time.monotonic() + 120
+        while not (run / "extract_summary.csv").exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.001)
+        time.sleep(delay)
+        send(process, signal.SIGTERM)
+        output, errors = process.communicate()
+        assert process.returncode in (0, 130), (delay, errors)
+        assert "Traceback" not in errors and "Exception ignored" not in errors, (delay, errors)
+        if process.returncode == 130:
+            assert errors.strip().splitlines()[-1] == INTERRUPTED, (delay, errors)

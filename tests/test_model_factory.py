@@ -208,3 +208,20 @@ def test_a_bad_factory_exits_2_with_one_line(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "phaze: error: model.config: bad.py:raises: raises raised RuntimeError: out of ideas\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.py"]
+
+
+@pytest.mark.parametrize("reference, message", [
+    ("bad.py:exits", "exits called sys.exit(3)"),
+    ("bad.py:exits_without_a_code", "exits_without_a_code called sys.exit()"),
+    ("bad.py:exits_in_its_forward", "tracing the model with torch.fx: its forward called sys.exit('stop here')"),
+    ("exits_on_import.py:build", "importing exits_on_import.py called sys.exit(0)"),
+], ids=["in-the-factory", "without-a-code", "in-the-forward", "on-import"])
+def test_a_factory_that_calls_sys_exit_exits_2_with_one_line(tmp_path, reference, message):
+    """sys.exit in the user's code is the user's code failing, not the end of phaze (which would exit
+    with the factory's status, 0 or 3, and say nothing)."""
+    shutil.copy(BAD, tmp_path / "bad.py")
+    (tmp_path / "exits_on_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    result = phaze("extract_graph", "model=custom", f"model.config={reference}", "cache_dir=cache", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"phaze: error: model.config: {reference}: {message}\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.py", "exits_on_import.py"]

@@ -63,10 +63,10 @@ def runs(real_runs, tmp_path):
     return Path(shutil.copytree(real_runs, tmp_path / "runs"))
 
 
-def report(directory) -> subprocess.CompletedProcess:
+def report(directory, *options) -> subprocess.CompletedProcess:
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
-    return subprocess.run([sys.executable, "-m", "phaze", "report", str(directory)], capture_output=True, text=True,
-                          env=environment)
+    return subprocess.run([sys.executable, "-m", "phaze", "report", str(directory), *map(str, options)],
+                          capture_output=True, text=True, env=environment)
 
 
 def best_of(directory: Path) -> dict:
@@ -199,3 +199,24 @@ def test_only_damaged_runs_lists_them_and_fails(runs):
     assert result.stdout.count("\n") == 1
     assert result.stderr == f"phaze: error: DIR: none of the 1 runs under {runs} can be read\n"
     assert not (runs / "report.csv").exists()
+
+
+def test_a_read_only_dir_is_one_line_and_out_writes_elsewhere(runs, read_only, tmp_path):
+    """report.csv and the plot go in DIR unless --out names another folder (created if need be)."""
+    read_only(runs)
+    result = report(runs)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"phaze: error: DIR: {runs} is not writable; report.csv cannot be written there, give "
+                             "another folder with --out FOLDER\n")
+    assert not list(runs.glob("report*"))
+    elsewhere = tmp_path / "reports" / "first"
+    result = report(runs, "--out", elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["report.csv", "report.parquet",
+                                                                 "report_throughput_vs_area.png"]
+    assert set(read_report(elsewhere)["run"]) == {"complete", "interrupted", "failed", "a100"}
+    assert not list(runs.glob("report*"))
+    result = report(runs, f"--out={elsewhere / 'report.csv' / 'x'}")
+    assert result.returncode == 2
+    assert result.stderr == (f"phaze: error: --out: {elsewhere / 'report.csv' / 'x'}: {elsewhere / 'report.csv'} is a "
+                             "file; report.csv cannot be written there, give another folder with --out FOLDER\n")

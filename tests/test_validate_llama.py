@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from estimator.fusion import fuse_layers
-from estimator.known import known_chip
+from hardware import known_chip
 from estimator.roofline import op_seconds
 from graph_extract import extract, get_spec
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec

@@ -1,5 +1,7 @@
 """Factories that phaze must refuse with one line naming model.config (tests/test_model_factory.py)."""
 
+import sys
+
 import torch
 from torch import nn
 
@@ -57,3 +59,20 @@ def with_an_unsupported_operator() -> Model:
 
 def without_a_head() -> Model:
     return Model(head=False)
+
+
+def exits(sequence_length: int = 32) -> Model:
+    sys.exit(3)
+
+
+def exits_without_a_code() -> Model:
+    sys.exit()
+
+
+class ExitingModel(Model):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        sys.exit("stop here")
+
+
+def exits_in_its_forward() -> Model:
+    return ExitingModel()
