@@ -1,4 +1,5 @@
-"""Operator fusion within one layer (spec §5.4), on our op graph.
+"""Operator fusion within one layer, on our op graph: the rules of the original program
+(msr-fiddle/phaze at fed7cde, `third_party_for_phaze/wham/op_fusion/fusion.py`, `fusion.fuse`).
 
 Free operators (views, embeddings, gathers) are made transparent first: they vanish and the
 precedence they carried is kept. Then, in program order, a group grows while
@@ -7,8 +8,10 @@ precedence they carried is kept. Then, in program order, a group grows while
 * rule B: the head is injective, its single successor is injective, a reduction or a dropout, and
   that successor is fed only by the group.
 A GEMM group with fused ops is a TCandVC operator; the fused elementwise work is costed at its
-real size on the vector cores (the original added a constant, Q13, and dropped the chain head's own
-cycles, Q11).
+real size on the vector cores. The original adds the fused ops' per-element cycles once, as a
+constant, to the GEMM's latency (`wham/perf_wrappers/tensor_core_wrapper.py` lines 776-793), and
+costs a fused vector chain by its fused-in ops only, without the head's own cycles
+(`wham/perf_wrappers/vector_core_estimator.py` lines 101-127).
 """
 
 from __future__ import annotations

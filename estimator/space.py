@@ -1,4 +1,5 @@
-"""The accelerator candidate space: the original's generation loops under an area budget (spec §3).
+"""The accelerator candidate space: the original's generation loops under an area budget
+(msr-fiddle/phaze at fed7cde, `Estimator/architecture.py` `generate_all_cores_to_explore`).
 
 With the TPUv4-like budget it holds 29,360 candidates in the original's order, which use 4,186
 distinct tensor-core configurations and 697 distinct vector-core configurations.

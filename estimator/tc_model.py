@@ -1,9 +1,14 @@
-"""Tensor-core latency: the tiling cost model of the reference mapper (spec §6.4), vectorised.
+"""Tensor-core latency: the tiling cost model of Sunstone, the original program's mapper, vectorised.
+
+Sunstone: Olyaiy et al., "Sunstone: A Scalable and Versatile Scheduler for Mapping Tensor Algebra on
+Spatial Accelerators", ISPASS 2023; the copy the original runs is in msr-fiddle/phaze at fed7cde
+(`third_party_for_phaze/sunstone/src/tiling.py` `get_accesses`, `src/optimization_utils.py`
+`get_cost_edp_bypass`), driven by `Estimator/utils/tc_estimator.py`.
 
 A GEMM [N x C]·[C x K] (N rows, C reduced, K columns) is tiled at four levels: a register tile per
 MAC, the PE array (spatial), a per-core tile held in the core buffer, the core array (spatial) and
-a tile held in the global buffer (GLB). Every word that crosses a boundary is counted as the
-reference mapper (Sunstone) counts it: a tensor is re-fetched once per step of its "full-reuse"
+a tile held in the global buffer (GLB). Every word that crosses a boundary is counted as Sunstone
+counts it: a tensor is re-fetched once per step of its "full-reuse"
 dimension (K for inputs, N for weights, C for outputs) outside the tile below the boundary, and
 partial outputs are read back except on their first write. Latency is the slowest of compute and
 the traffic of each boundary divided by its bandwidth:
@@ -23,9 +28,11 @@ the inner tiles relaxed: a lower bound, tight unless the GLB barely holds the ch
 Because the admissible tiles only grow with the array, the number of cores and the buffers,
 latency never increases when any of them grows.
 
-Capacities follow the reference mapper (spec §2.3, quirk Q7 kept so that single-core results
-reproduce Sunstone): a 32-word register file per MAC, three operand buffers of
-max(16·width·depth, 1024) words per core, and a GLB of `glb_bytes` words.
+Capacities are the numbers the original passes to Sunstone (`Estimator/utils/tc_estimator.py`
+lines 12-18): byte counts, which Sunstone reads as words, so each buffer holds twice its intended
+size; phaze keeps this so that single-core results reproduce Sunstone: a 32-word register file per
+MAC, three operand buffers of max(16·width·depth, 1024) words per core, and a GLB of `glb_bytes`
+words.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ REGISTER_WORDS = 32
 
 
 def core_buffer_words(pes: np.ndarray | int) -> np.ndarray:
-    """Words per operand buffer of one core with `pes` MACs (the reference's L2_Buffer, spec §2.2)."""
+    """Words per operand buffer of one core with `pes` MACs (the original's L2_Buffer).
+
+    The original sets it in `Estimator/utils/estimator_wrapper.py` lines 127-130 (msr-fiddle/phaze at fed7cde)."""
     return np.maximum(16 * np.asarray(pes, dtype=np.float64), 1024.0)
 
 

@@ -3,12 +3,18 @@ cycles. Also the operator classes that core assignment and fusion use. Collectiv
 tensor-parallel all-reduces) do no core work here: the training-step model prices them on the
 cluster's links (`solver.training_step`).
 
-The vector-core cycle tables are the original's (spec §7 and §5.5), with its bugs fixed: every
-gradient of a binary op is costed at the output size (Q10), a mean costs its rows once (Q14),
-SiLU has its own entry (Q15), and sums/maxima are reductions rather than free. Comparisons cost one
-cycle per element forward and nothing backward (no gradient flows through them).
-A GEMM's backward is its data-gradient and weight-gradient GEMMs (the original dropped the
-latter, Q1).
+The vector-core cycle tables are the original's (msr-fiddle/phaze at fed7cde: stand-alone ops in
+`third_party_for_phaze/wham/perf_wrappers/vector_core_estimator.py`, fused ops in
+`third_party_for_phaze/wham/op_to_compute.py` lines 274-340), with its bugs fixed: every gradient of
+a binary op is costed at the output size (the original counts the larger operand twice when the
+first is the smaller, e.g. lines 3007-3008 for Add), a mean costs its rows once (the original
+divides the output size by the reduced dimension again, line 1639), SiLU has its own entry (the
+original has none and exits on a stand-alone SiLU, line 2795), and sums/maxima are reductions
+rather than free. Comparisons cost one cycle per element forward and nothing backward (no gradient
+flows through them).
+A GEMM's backward is its data-gradient and weight-gradient GEMMs (the original computes the
+weight-gradient dimensions but returns only the data gradient's:
+`wham/perf_wrappers/tensor_core_wrapper.py` line 795).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ SOFTMAX_EXP_CYCLES, SOFTMAX_ROW_CYCLES, SOFTMAX_BACKWARD_CYCLES = 10, 10, 2
 NORMS = ("layernorm", "rmsnorm")
 FREE_KINDS = ("shape", "embedding", "index")  # free, as in the original
 
-# Fusion classes (spec §5.3), named for our op vocabulary.
+# Fusion classes (the original's `op_to_opr_dict`, `wham/op_to_compute.py` lines 99-207), named for our op vocabulary.
 ACTIVATIONS = ("relu", "gelu", "tanh", "cos", "sin", "sigmoid", "silu")
 INJECTIVE = ("add", "sub", "mul", "div", "neg", "exp", "log", "pow", "sqrt", "rsqrt", "where") + COMPARISONS
 
@@ -105,7 +111,7 @@ def core_type(node: OpNode) -> str:
 
 
 def fusion_class(node: OpNode) -> str:
-    """The operator's class in the fusion rules (spec §5.3)."""
+    """The operator's class in the fusion rules (the original's `op_to_opr_dict`)."""
     if node.kind in ("gemm", "bmm"):
         return "gemm"
     if node.op in ACTIVATIONS:

@@ -1,9 +1,10 @@
 """The model zoo: hyper-parameters of every model phaze can extract.
 
-Shapes follow the original program's model table (specs/extractor_reference.md §1.2): the HF
-checkpoints' configs for bertbase/bertlarge/gpt2/opt/llama2, and the Megatron shapes hard-coded in
-the original for the `megatron*` models; the grouped-query Llama-2-70B, Llama-3 and Mistral models
-from their published config.json. Everything is written here; nothing is downloaded.
+Shapes follow the models the original program builds (msr-fiddle/phaze at fed7cde,
+`GraphExtractor/models/*.py`): the HF checkpoints' configs for bertbase/bertlarge/gpt2/opt/llama2,
+and the Megatron shapes hard-coded there for the `megatron*` models; the grouped-query Llama-2-70B,
+Llama-3 and Mistral models from their published config.json. Everything is written here; nothing is
+downloaded.
 """
 
 from __future__ import annotations

@@ -60,8 +60,10 @@ class CoreConfig:
 class EnergyCosts:
     """Energy per operation and per word accessed at each level of the memory hierarchy [J].
 
-    Energy is reported, never optimised; the defaults are the per-access values the reference
-    Sunstone runs used (reg, core buffer, GLB, DRAM) = (0.03, 2, 20, 100) pJ and 2.2 pJ per MAC.
+    Energy is reported, never optimised; the defaults are the per-access energies of the Sunstone runs
+    in `tests/data/estimator/sunstone_tc_latency.csv`, (reg, core buffer, GLB, DRAM) = (0.03, 2, 20,
+    100) pJ, and Sunstone's 2.2 pJ per MAC (`third_party_for_phaze/sunstone/src/optimization_utils.py`
+    line 407 in msr-fiddle/phaze at fed7cde).
     """
 
     mac: float = 2.2e-12

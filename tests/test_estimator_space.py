@@ -1,4 +1,9 @@
-"""Accelerator template, area model and candidate space against the original's numbers (spec §3, §4)."""
+"""Accelerator template, area model and candidate space against the original's numbers.
+
+The original (msr-fiddle/phaze at fed7cde) generates its candidates in `Estimator/architecture.py`
+lines 83-113, sums their areas from Accelergy in `third_party_for_phaze/wham/initialize.py` lines
+388-417 and ships the result as `Estimator/arch_configs/cores.json`.
+"""
 
 from __future__ import annotations
 

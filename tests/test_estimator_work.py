@@ -34,20 +34,23 @@ def test_backward_gemms_are_data_and_weight_gradients():
 
 
 def test_layernorm_example_of_the_spec():
-    # LayerNorm of [2048, 1, 12288] on 2 VCs of width 128: 98,304 cycles (spec §7)
+    # LayerNorm of [2048, 1, 12288] on 2 VCs of width 128: ⌈elements/lanes⌉ = 98,304 cycles (the original's
+    # LayerNorm cost: msr-fiddle/phaze at fed7cde, `wham/perf_wrappers/vector_core_estimator.py` line 499)
     work = op_work(node("norm", "layernorm", (2048, 1, 12288)), "forward")
     assert vector_cycles(work.vector, 256) == 98_304
 
 
 def test_softmax_example_of_the_spec():
-    # Softmax of [12, 2048, 2048] on 256 lanes: 24,576·8 + 10 + 10·196,608 cycles (spec §7)
+    # Softmax of [12, 2048, 2048] on 256 lanes: rows·⌈n/lanes⌉ + 10 + 10·⌈elements/lanes⌉ =
+    # 24,576·8 + 10 + 10·196,608 cycles (the original's Softmax cost, vector_core_estimator.py line 2639)
     work = op_work(node("softmax", "softmax", (12, 2048, 2048), dim=-1), "forward")
     assert vector_cycles(work.vector, 256) == 2_162_698
     assert vector_cycles(op_work(node("softmax", "softmax", (12, 2048, 2048), dim=-1), "backward").vector, 256) == 2 * 196_608
 
 
 def test_binary_backward_costs_one_gradient_per_operand_at_the_output_size():
-    # residual add of two [8, 1024] tensors: forward 1 cycle/element, backward one gradient each (Q10 fixed)
+    # residual add of two [8, 1024] tensors: forward 1 cycle/element, backward one gradient each (the original
+    # counts the larger operand twice when the first is the smaller; phaze costs each at the output size)
     add = node("elementwise", "add", (8, 1024), ((8, 1024), (8, 1024)))
     assert vector_cycles(op_work(add, "forward").vector, 128) == 64
     assert vector_cycles(op_work(add, "backward").vector, 128) == 128

@@ -45,7 +45,9 @@ def test_gpt2_block_activation_bytes():
     assert block.activation_bytes == 1024 * 1600 * 34 + 5 * 25 * 1024 * 1024
 
 
-# Megatron pads the GPT-2 vocabulary (50257) to a multiple of 128·t (extractor spec §1.2).
+# Megatron pads the GPT-2 vocabulary (50257) to a multiple of 128·t: `_vocab_size_with_padding` in
+# megatron/tokenizer/tokenizer.py with --make-vocab-size-divisible-by 128 (Megatron-LM; the original's
+# copy is in msr-fiddle/phaze at fed7cde, third_party_for_phaze/phaze-megatron-lm).
 PADDED_VOCAB = {1: 50304, 2: 50432, 4: 50688, 8: 51200}
 
 

@@ -83,7 +83,8 @@ def test_diamond_is_placed_where_the_original_gives_up():
     assert out["fixedStrategyTimePerBatch"] == 79.0
 
 
-# spec placement_dp.md §13: [i, j) -> (wo, wr, P, maxS) of the 4-layer chain of ex1
+# [i, j) -> (wo, wr, P, maxS) of the 4-layer chain of ex1, worked out by hand with the original's stage
+# cost (`getLoadOfStageForA`, msr-fiddle/phaze at fed7cde, Solver/device_placement/device_placement.cpp)
 EX1_INTERVALS = {
     (0, 1): (3.5, 4.0, 100, 4),
     (0, 2): (9.5, 12, 300, 1),
@@ -147,7 +148,7 @@ def layer(layer_id: int, tensor_parallel: bool = False, size: float = 1.0) -> Pl
 
 def test_baseline_with_an_empty_stage_counts_it_in_the_bubble():
     # ex1 with p=3, L=4: ceil(4/3) = 2 layers per stage, so stages [0,1], [2,3] and an empty one.
-    # Memory never binds: max load 9.5 (§13), d=1, m=16: 9.5 × (16 + 3 - 1) = 171.
+    # Memory never binds: max load 9.5 (EX1_INTERVALS), d=1, m=16: 9.5 × (16 + 3 - 1) = 171.
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))
     settings = replace(settings, memory_per_device=1e9, fixed_baseline=FixedStrategy(3, 1, 1, 4))
     assert place_original(graphs, settings).fixed_baseline_time == 171.0
@@ -220,7 +221,7 @@ def test_typed_settings_reject_unknown_options():
 
 def test_table_size_does_not_depend_on_the_cluster_size():
     # 10,000 devices (the largest cluster accepted) on ex1's chain with memory that never binds:
-    # d = B = 16 (m = 1) is best; time = max load × p + 4·15/16 · P_first / 100 (§13 costs):
+    # d = B = 16 (m = 1) is best; time = max load × p + 4·15/16 · P_first / 100 (EX1_INTERVALS):
     # p=1: 18 + 22.5; p=2 [0,2)[2,4): 9.5·2 + 11.25 = 30.25; p=3: 9.5·3 + 3.75; p=4: 7·4 + 3.75.
     # d=8 (m=2) at best gives 7·5 + 3.5 = 38.5.
     graphs, settings = parse_document(load("ex1_chain4_t1.in.json"))

@@ -1,7 +1,7 @@
 """Every backend against a brute-force optimum on random DAGs of 2-7 operators.
 
-The brute force below reads only the problem's data and states the rules of
-`/work/shared/specs/schedule_ilp.md` directly; it shares no code with `solver.schedule`.
+The brute force below reads only the problem's data and states the scheduling rules (the semantics
+in the docstring of `solver/schedule/problem.py`) directly; it shares no code with `solver.schedule`.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def test_micro_batches_in_flight():
     assert in_flight(4, 1, 16).tolist() == [4, 3, 2, 1]
     assert in_flight(4, 1, 2).tolist() == [2, 2, 2, 1]  # never more than the micro-batches
     interleaved = in_flight(4, 2, 64)
-    assert interleaved[0] == 4 + 3 / 2  # p + (p − 1)/v (Korthikanti §4.2)
+    assert interleaved[0] == 4 + 3 / 2  # p + (p − 1)/v (Korthikanti et al. 2022, Sec. 4.2)
     assert interleaved.tolist() == [5.5, 4.5, 3.5, 2.5]
 
 

@@ -1,4 +1,6 @@
-"""The DP tables over pipeline suffixes (spec placement_dp.md §7 and §9), shared by both step models.
+"""The DP tables over pipeline suffixes, shared by both step models: the original program's table and
+back-trace (msr-fiddle/phaze at fed7cde, `Solver/device_placement/device_placement.cpp` `Graph::runDP`,
+lines 560-609 and 675-726).
 
 table[state, s, column, x] is the least largest stage load over the ways to split `state` (a
 successor-closed set of layers: the last part of the pipeline) into exactly s stages, each fitting
@@ -83,7 +85,8 @@ def backtrace(space: StateSpace, table: np.ndarray, stages: StageTable, x: int, 
               state: int, depth: int, budget: int) -> list[int]:
     """The candidate stages (pairs), first to last, of the split of `state` into `depth` stages
     that reaches table[state, depth] within `budget` devices under scenario x: at each step the
-    shortest next stage whose value matches (spec §9). `table` is one scenario's [state, s, column]."""
+    shortest next stage whose value matches, as the original's reconstruction (device_placement.cpp
+    lines 675-726). `table` is one scenario's [state, s, column]."""
     found = []
     while state != 0:
         target = lookup(table, state, budget, depth, model)

@@ -1,4 +1,5 @@
-"""The original program's placement at one width (spec placement_dp.md §7-§9): the DP tables with
+"""The original program's placement at one width (msr-fiddle/phaze at fed7cde,
+`Solver/device_placement/device_placement.cpp` `Graph::runDP`, lines 560-726): the DP tables with
 one scenario, then the final round that picks d, the first stage and the depth with the sync
 charged for the first stage only, and the back-trace. Costs and times come from
 `solver.training_step.original`.
@@ -76,7 +77,8 @@ def place(candidates: Candidates, graph: WidthGraph, step: OriginalStep) -> Widt
 
 
 def final_round(candidates: Candidates, tables: np.ndarray, step: OriginalStep) -> Choice | None:
-    """Pick d, the first stage and the depth (spec §8), vectorised over d and depth."""
+    """Pick d, the first stage and the depth (the original's final round, device_placement.cpp lines 615-672),
+    vectorised over d and depth."""
     degrees, per_pipeline, micro_batches = data_parallel_options(step)
     space, costs = candidates.space, candidates.costs
     depth_cap, model = candidates.depth_cap, candidates.device_model

@@ -1,4 +1,6 @@
-"""The original program's JSON interface (spec placement_dp.md §2 and §12) over `place_original`.
+"""The original program's JSON interface over `place_original`: the input document msr-fiddle/phaze
+at fed7cde parses in `Solver/device_placement/device_placement.cpp` lines 92-159, and the output it
+writes (lines 338-350 and 1129-1137).
 
 Differences on purpose: an infeasible fixed baseline gives "fixedStrategyTimePerBatch": null and
 a "fixedStrategyInfeasibleReason" key (the DP result is still written); if no width fits, the

@@ -1,4 +1,5 @@
-"""The original program's fixed baseline (spec placement_dp.md §11), scored by its step model."""
+"""The original program's fixed baseline, scored by its step model (`fixedConfigTimePerBatch` of
+msr-fiddle/phaze at fed7cde, `Solver/device_placement/device_placement.cpp` lines 1079-1113)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-"""The original's big-M MILP (spec `schedule_ilp.md`), through PuLP with CBC, HiGHS or gurobipy.
+"""The original's big-M MILP, through PuLP with CBC, HiGHS or gurobipy.
 
-Constraint numbers follow the spec. As in the original, core capacity is first left out; when the
-solution overloads a core type, the model is solved again with per-core assignment variables for
-that type. Three changes, all keeping the optimum: the big-M and the makespan's upper bound are the
-heuristic makespan (not the sum of latencies); a TCandVC operator picks its TC and its VC
-independently (constraint (17) pairs them by index, the semantics here are counts, see `problem.py`);
-collectives and zero-latency operators hold no core, so (11) and (18) skip them. Time is counted in
-units of the heuristic makespan, which keeps the coefficients near 1 for the solvers' tolerances.
+The original (msr-fiddle/phaze at fed7cde) builds it for Gurobi in `Solver/ilp.py`, function `ilp`
+(lines 316-489); constraint numbers follow the `# constraint N` comments there. As in the original,
+core capacity is first left out; when the solution overloads a core type, the model is solved again
+with per-core assignment variables for that type. Three changes, all keeping the optimum: the big-M
+and the makespan's upper bound are the heuristic makespan (not the sum of latencies); a TCandVC
+operator picks its TC and its VC independently (constraint (17) pairs them by index, the semantics
+here are counts, see `problem.py`); collectives and zero-latency operators hold no core, so (11) and
+(18) skip them. Time is counted in units of the heuristic makespan, which keeps the coefficients
+near 1 for the solvers' tolerances.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The scheduling problem of one layer: fused operators, their precedence and the chip's cores.
 
-Semantics (see `/work/shared/specs/schedule_ilp.md`; what "parallel" means is fixed here):
+Semantics (the original's, msr-fiddle/phaze at fed7cde, `Solver/ilp.py`; what "parallel" means is
+fixed here):
 
 * A `TC` operator runs on one tensor core, a `VC` operator on one vector core, a `TCandVC` operator
   (a GEMM with a fused vector epilogue) on one tensor core and one vector core at once (any free TC

@@ -78,7 +78,7 @@ def in_flight(stages: int, virtual_stages: int, micro_batches: int) -> np.ndarra
 
     1F1B (Narayanan et al. 2021): device i holds min(p − i, m). Interleaved (v > 1): device i runs
     2(p − i − 1) + (v − 1)·p warm-up chunk steps, so it holds that plus one chunk of activations,
-    each chunk 1/v of its layers (device 0: p + (p − 1)/v, Korthikanti §4.2), at most m·v chunks.
+    each chunk 1/v of its layers (device 0: p + (p − 1)/v, Korthikanti et al. 2022, Sec. 4.2), at most m·v chunks.
     """
     index = np.arange(stages)
     if virtual_stages == 1:

@@ -1,5 +1,6 @@
-"""The original program's training step (msr-fiddle/phaze, `shared/specs/placement_dp.md` §6-§10),
-kept bit for bit as the preset `system=original`.
+"""The original program's training step, kept bit for bit as the preset `system=original`: the stage
+cost (`getLoadOfStageForA`) and the time per batch (`getTimePerBatchForResult`) of msr-fiddle/phaze
+at fed7cde, `Solver/device_placement/device_placement.cpp` lines 774-1055.
 
 * One flat link of `bandwidth` for every transfer; latencies and bytes/bandwidth are simply added
   (the original's JSON mixes ms and s; the model is unit-agnostic).
@@ -13,7 +14,8 @@ kept bit for bit as the preset `system=original`.
 * Memory of the stage q-th from the end: 2P (+P with Adam) + A + (q − 1)·stash, stash = A, or the
   bytes entering the stage with recomputation.
 * time = largest stage load × (⌈B/d⌉ + p − 1) + 4(d − 1)/d · P_first / bandwidth: the data-parallel
-  sync of the first stage only (the original's bug Q5, kept for parity).
+  sync of the first stage only (the original charges the first stage's parameters, not the largest
+  stage's, device_placement.cpp lines 1036 and 1053; kept for parity).
 
 Costs are computed for many stages at once (numpy over stages, one layer at a time); every value
 gets the same additions in the same order as the original's, so the results are bit-identical.
