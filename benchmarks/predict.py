@@ -7,7 +7,7 @@
    own placement); and the first call of the process (its configuration, the graphs, the roofline).
 2. The search on that chip and cluster: every t (1-8), p, d, v, micro-batch (1, 2, 4, 8) and
    recomputation mode, from a cold graph cache, as `phaze run_solver chip=a100_80gb` runs it (budget
-   60 s; the reference tool's exhaustive search takes up to 45 minutes).
+   60 s).
 Run from the repository root: python -m benchmarks.predict
 """
 

@@ -33,14 +33,14 @@ def test_backward_gemms_are_data_and_weight_gradients():
     assert op_work(SCORES, "backward").gemms == (Gemm(32, 512, 512, 64), Gemm(32, 64, 512, 512))
 
 
-def test_layernorm_example_of_the_spec():
+def test_layernorm_example_of_the_original():
     # LayerNorm of [2048, 1, 12288] on 2 VCs of width 128: ⌈elements/lanes⌉ = 98,304 cycles (the original's
     # LayerNorm cost: msr-fiddle/phaze at fed7cde, `wham/perf_wrappers/vector_core_estimator.py` line 499)
     work = op_work(node("norm", "layernorm", (2048, 1, 12288)), "forward")
     assert vector_cycles(work.vector, 256) == 98_304
 
 
-def test_softmax_example_of_the_spec():
+def test_softmax_example_of_the_original():
     # Softmax of [12, 2048, 2048] on 256 lanes: rows·⌈n/lanes⌉ + 10 + 10·⌈elements/lanes⌉ =
     # 24,576·8 + 10 + 10·196,608 cycles (the original's Softmax cost, vector_core_estimator.py line 2639)
     work = op_work(node("softmax", "softmax", (12, 2048, 2048), dim=-1), "forward")
