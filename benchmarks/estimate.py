@@ -13,8 +13,8 @@ import numpy as np
 from estimator import candidate_space, layer_workload, prepopulate
 from estimator.fusion import fuse_layers
 from estimator.table import vector_cycles
-from estimator.workload import fused_work
 from estimator.work import DIRECTIONS
+from estimator.workload import fused_work
 from graph_extract import extract
 
 WIDTHS = (1, 2, 4, 8)

@@ -23,8 +23,8 @@ import time
 from graph_extract import KernelOptions
 from hardware import Cluster, Group, cluster
 from solver.layout import Layout
-from solver.placement.jsonio import solve_document
 from solver.placement.best import best_placement
+from solver.placement.jsonio import solve_document
 from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, StepLayer, TrainingOptions, TrainingStep
 
 GIB = 1024**3

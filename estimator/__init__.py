@@ -14,8 +14,16 @@ from estimator.space import CandidateSpace, candidate_space
 from estimator.table import EstimateTable
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost, tc_gemm_cycles
 from estimator.work import Gemm, VectorTerm, Work, core_type, op_work
-from estimator.workload import (FusedEstimate, FusedLayer, PreparedLayer, default_table, estimate, layer_workload,
-                                prepare_layer, prepopulate)
+from estimator.workload import (
+                                FusedEstimate,
+                                FusedLayer,
+                                PreparedLayer,
+                                default_table,
+                                estimate,
+                                layer_workload,
+                                prepare_layer,
+                                prepopulate,
+)
 
 __all__ = [
     "MODEL_VERSION",

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graph_extract.opgraph import OpGraph
-
 from estimator.work import NOP, TC, TC_AND_VC, core_type, fusion_class
+from graph_extract.opgraph import OpGraph
 
 EPILOGUE = ("activation", "injective", "norm", "dropout", "transformation")
 CHAIN = ("injective", "reduction", "dropout")

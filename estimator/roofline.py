@@ -25,11 +25,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from graph_extract.kernels import KernelOptions
-from graph_extract.opgraph import OpGraph
-
 from estimator.fusion import FusedOp, fuse_layers
 from estimator.work import BACKWARD, FORWARD, Gemm, op_work
+from graph_extract.kernels import KernelOptions
+from graph_extract.opgraph import OpGraph
 from hardware import KnownChip
 
 #: Output tile of a GEMM kernel (rows x columns), for the wave quantisation.

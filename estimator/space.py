@@ -12,10 +12,9 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-
-from common.checks import InputError
 from omegaconf import OmegaConf
 
+from common.checks import InputError
 from hardware import DEFAULT_BUDGET, MIB, AcceleratorConfig, CoreConfig, area_um2, named_accelerator
 
 #: The candidate space's dimensions and the budget's rules (data).

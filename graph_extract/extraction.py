@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from graph_extract import factory
 from common.checks import InputError
 from common.files import atomic_write, read_cache_file
 from common.log import warn_once
+from graph_extract import factory
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.regions import attention_core

@@ -6,8 +6,15 @@ A new chip or system is a data file here; a new network shape is a class with th
 `Network` (hardware/cluster.py) named in `hardware.systems.TOPOLOGIES`.
 """
 
-from hardware.accelerator import (DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, EnergyCosts,
-                                  accelerator_names, named_accelerator)
+from hardware.accelerator import (
+                                  DEFAULT_BUDGET,
+                                  POWER_OF_TWO_FIELDS,
+                                  AcceleratorConfig,
+                                  CoreConfig,
+                                  EnergyCosts,
+                                  accelerator_names,
+                                  named_accelerator,
+)
 from hardware.area import MIB, area_um2
 from hardware.chips import KNOWN_CHIPS, PRECISIONS, KnownChip, known_chip
 from hardware.cluster import NO_COMMUNICATION, Cluster, Collective, Group, Network, Tier

@@ -12,9 +12,9 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from common.checks import InputError
-from omegaconf import OmegaConf
 
 AREA_MODEL = Path(__file__).resolve().parent / "area_model.yaml"
 MIB = 1024 * 1024

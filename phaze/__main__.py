@@ -31,7 +31,10 @@ def main() -> None:
         else:
             traceback.print_exc()
             code = 1
-    finish(code)
+    try:
+        finish(code)
+    except KeyboardInterrupt:  # a signal before finish took the signals over
+        finish(stopped(KeyboardInterrupt()))
 
 
 def exit_status(stop: SystemExit) -> int:
@@ -58,16 +61,17 @@ def finish(code: int) -> None:
     kept), then reset the handlers and tear the modules down, where the signal kills the process
     (143 for SIGTERM, no line). Here the exit functions run with signals held, the streams are
     flushed, and os._exit ends the process without the teardown; from the last check on, the
-    signals are blocked. The run directory's marker then says whether the run finished (status 0;
-    phaze.rundir)."""
-    with interrupt.held(raise_after=False) as arrived:
-        _flush()
-        threading_shutdown = getattr(threading, "_shutdown", None)  # non-daemon threads, as Python's exit
-        if threading_shutdown is not None:
-            threading_shutdown()
-        atexit._run_exitfuncs()
-        _flush()
-        interrupt.block()
+    signals are ignored (no handler that raises is put back: a signal taken by another thread runs
+    its Python handler in the main thread later). The run directory's marker then says whether the
+    run finished (status 0; phaze.rundir)."""
+    arrived = interrupt.recorded()
+    _flush()
+    threading_shutdown = getattr(threading, "_shutdown", None)  # non-daemon threads, as Python's exit
+    if threading_shutdown is not None:
+        threading_shutdown()
+    atexit._run_exitfuncs()
+    _flush()
+    interrupt.ignore()
     if arrived and code != interrupt.EXIT_CODE:
         code = stopped(KeyboardInterrupt())
     rundir.release(finished=code == 0)

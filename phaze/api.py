@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from solver.training_step import StepGraph, TrainingStep
 KEPT = 64
 
 log = logging.getLogger(__name__)
+#: A value that is another key's: ${model.max_tensor_parallel_width}.
+INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
 @lru_cache(maxsize=KEPT)
@@ -72,9 +75,14 @@ def _set(config: dict, key: str, value: object) -> None:
 
 
 def _resolve(config: dict) -> dict:
-    """The interpolations of config.yaml (`max_tensor_parallel_width: ${model.max_tensor_parallel_width}`)."""
-    if isinstance(config.get("max_tensor_parallel_width"), str):
-        config["max_tensor_parallel_width"] = config["model"].get("max_tensor_parallel_width")
+    """config.yaml's interpolations of another key (`max_tensor_parallel_width:
+    ${model.max_tensor_parallel_width}`), read after the keywords are set, as hydra resolves them."""
+    for key, value in config.items():
+        if isinstance(value, str) and (found := INTERPOLATION.fullmatch(value)):
+            node = config
+            for part in found.group(1).split("."):
+                node = node[part]
+            config[key] = node
     return config
 
 
@@ -151,8 +159,8 @@ def _graphs(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width:
 def graphs(settings: Settings) -> ExtractedModel:
     """The layer graphs of a prediction's tensor-parallel width (kept per process)."""
     question, axes = settings.question, settings.axes
-    return _graphs(question.model, axes.micro_batch_size, question.sequence_length, settings.layout.tensor_parallel_width,
-                   settings.cache_dir, settings.force_reextract)
+    return _graphs(question.model, axes.micro_batch_size, question.sequence_length,
+                   settings.layout.tensor_parallel_width, settings.cache_dir, settings.force_reextract)
 
 
 def _step_inputs(settings: Settings) -> tuple:

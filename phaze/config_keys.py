@@ -19,7 +19,8 @@ CUSTOM_MODEL = "custom"
 MODEL_CONFIG_ONLY_CUSTOM = (f"model.config: only with model={CUSTOM_MODEL}; a zoo model's hyper-parameters are "
                             "graph_extract/zoo.py's (change them with +model.overrides.<field>=...)")
 #: The options of the `system` group: the hardware's systems and phaze's own presets (phaze/conf/system/).
-SYSTEM_OPTIONS = tuple(sorted({*SYSTEMS, *(path.stem for path in (Path(__file__).parent / "conf" / "system").glob("*.yaml"))}))
+SYSTEM_OPTIONS = tuple(sorted({*SYSTEMS, *(path.stem for path in (Path(__file__).parent / "conf" / "system").glob(
+    "*.yaml"))}))
 
 
 def model_name_error(name: object) -> InputError | None:

@@ -47,9 +47,14 @@ def ignore() -> None:
         signal.signal(number, signal.SIG_IGN)
 
 
-def block() -> None:
-    """From now on SIGINT and SIGTERM stay pending, undelivered (the process is ending: phaze/__main__.py)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+def recorded() -> list[int]:
+    """From now on SIGINT and SIGTERM only append their number to the list returned, never raise (the
+    process is ending: phaze/__main__.py; `ignore` ends the recording)."""
+    arrived: list[int] = []
+    for number in SIGNALS:
+        if signal.getsignal(number) is not signal.SIG_IGN:
+            signal.signal(number, lambda signum, frame: arrived.append(signum))
+    return arrived
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from common.checks import InputError, positive_integer
 from graph_extract import ModelSpec, get_spec
 from graph_extract.factory import is_factory_reference
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
-from phaze.custom_model import NAME_PATTERN, read_factory, read_model_file
+from phaze.custom_model import NAME_PATTERN, folder_error, read_factory, read_model_file
 from solver.layout import Layout
 
 #: The ModelSpec fields a factory model (`model.config=MODULE:FUNCTION`) may override: the others are its module's.
@@ -55,6 +55,8 @@ def custom_spec(model: Mapping) -> ModelSpec:
                          f"{reference!r}")
     path = Path(reference)
     where = f"model.config: {path}: "
+    if not is_factory_reference(reference) and path.is_dir():
+        raise InputError(folder_error(path))
     try:
         if is_factory_reference(reference):
             return read_factory(reference)

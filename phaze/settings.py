@@ -18,12 +18,30 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.checks import (InputError, boolean, choice, integer, is_integer, is_number, positive_integer,
-                           positive_number, unknown_fields, values)
+from common.checks import (
+    InputError,
+    boolean,
+    choice,
+    integer,
+    is_integer,
+    is_number,
+    positive_integer,
+    positive_number,
+    unknown_fields,
+    values,
+)
 from estimator import candidate_space
 from graph_extract import KernelOptions, ModelSpec, valid_tensor_parallel_widths
 from graph_extract.extraction import check_request
-from hardware import DEFAULT_BUDGET, KNOWN_CHIPS, AcceleratorConfig, KnownChip, Network, accelerator_names, named_accelerator
+from hardware import (
+    DEFAULT_BUDGET,
+    KNOWN_CHIPS,
+    AcceleratorConfig,
+    KnownChip,
+    Network,
+    accelerator_names,
+    named_accelerator,
+)
 from hardware.systems import TOPOLOGIES
 from phaze import environment
 from phaze.model_config import fixed_megatron, model_spec

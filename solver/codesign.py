@@ -2,11 +2,11 @@
 cached.
 
 A `SearchContext` is small and picklable: the question, its axes at one micro-batch size, the chip
-template, the area budget, the cache folder and the schedule settings. `Resources` holds what evaluating candidates needs (the graphs,
-the candidate space, the estimate table, the caches); the driver and every worker process build
-their own once and pass them explicitly. Per candidate, the layer costs (schedules) are stored in an
-SQLite file keyed by everything that produced them (with the version of each model), so an
-interrupted or repeated run never schedules a candidate twice.
+template, the area budget, the cache folder and the schedule settings. `Resources` holds what
+evaluating candidates needs (the graphs, the candidate space, the estimate table, the caches); the
+driver and every worker process build their own once and pass them explicitly. Per candidate, the
+layer costs (schedules) are stored in an SQLite file keyed by everything that produced them (with
+the version of each model), so an interrupted or repeated run never schedules a candidate twice.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from solver.evaluate import Evaluation, best_of, evaluate_placements, fastest_ti
 from solver.kvstore import KeyValueStore
 from solver.layer_costs import LayerCost, LayerCosts, layer_costs, roofline_costs
 from solver.question import Axes, Question
+from solver.ray_pool import RayPool
 from solver.schedule import MODEL_VERSION as SCHEDULE_VERSION
 from solver.schedule import ScheduleCache
 from solver.schedule.cache import SCHEDULES_TABLE
-from solver.ray_pool import RayPool
 from solver.workers import WorkerPool
 
 STRATEGIES = ("bounded", "exhaustive", "phaze")
@@ -183,7 +183,8 @@ class Resources:
 
     def bound_key(self, index: int, memory: int) -> str:
         """The key of candidate `index`'s refined bound: its lower-bound costs, the placement's context."""
-        return hashlib.sha256(self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()).hexdigest()
+        key = self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()
+        return hashlib.sha256(key).hexdigest()
 
 
 def _graphs(context: SearchContext) -> dict[int, ExtractedModel]:

@@ -16,9 +16,9 @@ from common.checks import InputError, choice
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
-from solver.placement.original_baseline import baseline_stages
-from solver.placement.inputs import FixedStrategy
 from solver.placement.best import best_placement, fixed_megatron
+from solver.placement.inputs import FixedStrategy
+from solver.placement.original_baseline import baseline_stages
 from solver.placement.original_dp import place_original
 from solver.question import Axes, Question
 from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, TrainingStep, original

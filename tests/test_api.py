@@ -8,7 +8,8 @@ import pytest
 import phaze
 import phaze.api
 from common.checks import InputError
-from tests.test_predict import TINY, TINY_ARGUMENTS, phaze as phaze_command
+from tests.test_predict import TINY, TINY_ARGUMENTS
+from tests.test_predict import phaze as phaze_command
 
 #: the tiny GPT of test_predict on 16 A100 (t 2, p 2, d 4), as keywords
 KEYS = dict(model="megatrongpt3", chip="a100_80gb", system="dgx_a100", num_devices=16, global_batch_size=16,

@@ -62,3 +62,14 @@ def test_empty_stage(tmp_path, tiny_settings, blocks, stages, system, reason):
         assert why is None or "empty" not in why
     else:
         assert why == reason
+
+
+def test_the_fixed_baseline_fills_the_runs_cluster(tmp_path, tiny_settings):
+    """The model's fixed (t, p) = (2, 2) with d = 4 is written for 16 devices; on 32 it takes d = 8, so
+    that the search and the baseline are compared on the same devices."""
+    settings = tiny_settings(tmp_path / "cache", *FAST, "num_devices=32")
+    assert settings.question.baseline.devices == 32 and settings.question.baseline.data_parallel_width == 8
+    summary = execute(settings, tmp_path)
+    fixed = summary["baselines"]["fixed_megatron"]
+    assert fixed["placement"]["data_parallel_width"] == 8 and fixed["feasible"]
+    assert tiny_settings(tmp_path / "cache").question.baseline.data_parallel_width == 4  # as written on 16

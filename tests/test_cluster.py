@@ -44,7 +44,8 @@ def test_strided_data_parallel_groups():
     cluster = two_tiers()
     size = 1e8
     # t = 8: a data-parallel group of 4 has one member per node; every byte crosses InfiniBand
-    assert cluster.all_reduce(Layout(8, data_parallel_width=4).groups()["data"]).scalar(size) == pytest.approx(2 * 3 / 4 * size / 25e9 + 2 * 3 * 6e-6, rel=1e-12)
+    data = Layout(8, data_parallel_width=4).groups()["data"]
+    assert cluster.all_reduce(data).scalar(size) == pytest.approx(2 * 3 / 4 * size / 25e9 + 2 * 3 * 6e-6, rel=1e-12)
     # t = 4: two members per node, two nodes
     expected = 2 * 1 / 2 * size / 300e9 + 2 * 1 / 2 * (size / 2) / 25e9 + 2 * 3e-6 + 2 * 6e-6
     assert cluster.all_reduce(Group(4, 4)).scalar(size) == pytest.approx(expected, rel=1e-12)
@@ -57,7 +58,8 @@ def test_reduce_scatter_and_all_gather_are_half_an_all_reduce_and_efficiency_sca
     whole = cluster.all_reduce(Group(16, 1)).scalar(1e8)
     assert cluster.reduce_scatter(Group(16, 1)).scalar(1e8) == pytest.approx(whole / 2, rel=1e-12)
     assert cluster.all_gather(Group(16, 1)).scalar(1e8) == pytest.approx(whole / 2, rel=1e-12)
-    assert cluster.all_reduce(Layout(8).groups()["tensor"]).scalar(1e8) == pytest.approx(2 * 7 / 8 * 1e8 / 150e9 + 14 * 3e-6, rel=1e-12)
+    tensor = Layout(8).groups()["tensor"]
+    assert cluster.all_reduce(tensor).scalar(1e8) == pytest.approx(2 * 7 / 8 * 1e8 / 150e9 + 14 * 3e-6, rel=1e-12)
 
 
 def test_pipeline_links():

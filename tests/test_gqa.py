@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 import graph_extract.extraction as extract_module
 import graph_extract.verify as verify_module
+from common.checks import InputError
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line
-from common.checks import InputError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 NEW_MODELS = ("llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mistral-7b")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
+from common.checks import InputError
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line
-from common.checks import InputError
 from phaze.settings import settings_from_config
 
 REPOSITORY = Path(__file__).resolve().parents[1]

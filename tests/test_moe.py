@@ -12,19 +12,17 @@ import torch
 import torch.nn.functional as F
 
 import graph_extract.verify as verify_module
-from graph_extract import ModelSpec, extract, get_spec, verify_tensor_parallel
-from graph_extract.transformer import MixtureOfExperts
-from phaze.cli import check_command_line
 from common.checks import InputError
+from graph_extract import KernelOptions, ModelSpec, extract, get_spec, verify_tensor_parallel
+from graph_extract.transformer import MixtureOfExperts
+from hardware import Cluster, Group
+from phaze.cli import check_command_line
 from phaze.validate import case, prediction
 from solver.layout import Layout, data_parallel_widths
+from solver.placement.best import best_placement, state_space
 from solver.placement.capped import place_capped
 from solver.placement.layouts import megatron_chunks
-from solver.placement.best import best_placement, state_space
 from solver.training_step import Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
-from graph_extract import KernelOptions
-from hardware import Cluster, Group
-
 from tests.test_placement_training import partitions, random_steps
 from tests.test_validate_llama import RUNS
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from graph_extract import extract
 from common.progress import INTERVAL, INTERVAL_VARIABLE, Progress, duration, progress_interval
+from graph_extract import extract
 from phaze.console import show
 
 REPOSITORY = Path(__file__).resolve().parents[1]

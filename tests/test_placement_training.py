@@ -12,12 +12,11 @@ import pytest
 from graph_extract import KernelOptions
 from hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
-from solver.placement.capped import place_capped
-from solver.placement.candidates import downset_space
-from solver.placement.layouts import interleaved, megatron_chunks
 from solver.placement.best import best_placement, fixed_megatron, state_space
+from solver.placement.candidates import downset_space
+from solver.placement.capped import place_capped
+from solver.placement.layouts import interleaved, megatron_chunks
 from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, StepLayer, TrainingOptions, TrainingStep
-
 from tests.test_placement_search import ordered_partitions
 
 

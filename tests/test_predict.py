@@ -217,6 +217,8 @@ def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
                              "(global_batch_size / micro_batch_size)"),
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
       "chip=tpuv4_like"], "chip: predict prices a chip that exists"),
+    (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=4",
+      "hbm_size=1000"], "hbm_size: must be a finite number in (0, 80] GiB (the HBM of a100_80gb), got 1000"),
 ])
 def test_predict_input_errors(arguments, message, tmp_path):
     run = phaze("predict", *TINY_ARGUMENTS, *arguments, cwd=tmp_path)

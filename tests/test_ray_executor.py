@@ -10,12 +10,12 @@ must neither need nor write it. One of its actors is killed with SIGKILL mid-run
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import shutil
 import tempfile
 import textwrap
 import time

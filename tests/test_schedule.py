@@ -18,11 +18,11 @@ from solver.schedule import (
     Schedule,
     ScheduleCache,
     ScheduleProblem,
+    check_schedule,
     heuristic_schedule,
     lower_bound,
     plot_gantt,
     solve,
-    check_schedule,
     violations,
 )
 from solver.schedule.milp import SOLVER_TOLERANCE, solve_milp

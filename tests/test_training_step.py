@@ -11,8 +11,17 @@ from graph_extract import KernelOptions, extract, get_spec
 from hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.layouts import megatron_chunks
-from solver.training_step import (Device, ModelState, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep,
-                                  held_activations, in_flight)
+from solver.training_step import (
+    Device,
+    ModelState,
+    Placement,
+    StepGraph,
+    StepLayer,
+    TrainingOptions,
+    TrainingStep,
+    held_activations,
+    in_flight,
+)
 
 S, B, H, A = 128, 2, 256, 8  # sequence, micro-batch, hidden, heads of the traced GPT
 GPT = get_spec("megatrongpt3").with_overrides(num_layers=2, hidden_size=H, num_heads=A, ffn_hidden_size=4 * H,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from estimator.fusion import fuse_layers
-from hardware import known_chip
 from estimator.roofline import op_seconds
 from graph_extract import extract, get_spec
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
+from hardware import known_chip
 from phaze.validate import case, validate
 
 REPOSITORY = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from common.checks import InputError
 from hardware import SYSTEMS
 from phaze.cli import check_command_line, split_command_line
-from common.checks import InputError
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CONF = REPOSITORY / "phaze" / "conf"

@@ -10,9 +10,9 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from rich.table import Table
 
-from graph_extract import ExtractedModel, extract
 from common.files import atomic_write
 from common.progress import Progress
+from graph_extract import ExtractedModel, extract
 from phaze.console import setup_logging, show_table
 from phaze.settings import Settings
 

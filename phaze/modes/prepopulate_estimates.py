@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from estimator import prepopulate
-from phaze.modes.extract_graph import extract_all
 from phaze.console import setup_logging, show
+from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
 
 

@@ -23,8 +23,15 @@ from phaze.console import setup_logging, show
 from phaze.modes.extract_graph import extract_all
 from phaze.settings import Settings
 from phaze.sweep import Infeasible
-from solver.codesign import (CandidateOutcome, Resources, Search, accelerator_costs, chip_costs,
-                             evaluate_accelerator, worker_pool)
+from solver.codesign import (
+    CandidateOutcome,
+    Resources,
+    Search,
+    accelerator_costs,
+    chip_costs,
+    evaluate_accelerator,
+    worker_pool,
+)
 from solver.evaluate import evaluate_placements, fixed_baseline
 from solver.layer_costs import LayerCosts, schedule_problem
 from solver.layout import Layout

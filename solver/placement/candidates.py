@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 #: Most candidate stages the general (branching) path accepts; beyond it the DP takes minutes.
 MAX_CANDIDATE_STAGES = 200_000
 

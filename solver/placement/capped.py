@@ -97,8 +97,8 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
         return None
     pairs = backtrace(space, best.table, best.stages, best.x, DeviceModel(step.width, 1), len(space.sizes) - 1,
                       best.depth, best.depth * step.width)
-    placement = Placement(step.layout(best.depth, best.degree), tuple(tuple(space.stage_positions(pair)) for pair in pairs),
-                          step.recompute)
+    chunks = tuple(tuple(space.stage_positions(pair)) for pair in pairs)
+    placement = Placement(step.layout(best.depth, best.degree), chunks, step.recompute)
     result = step.price(placement)
     if not result.feasible or result.time_per_batch > best.time * (1 + 1e-12):
         raise RuntimeError(f"capped placement DP: the rebuilt placement scores {result.time_per_batch} "

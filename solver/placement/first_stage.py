@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.training_step.original import OriginalStep, StageCostTable, pipeline_time, price, stage_cost_table, sync_time
+from solver.training_step.original import (
+    OriginalStep,
+    StageCostTable,
+    pipeline_time,
+    price,
+    stage_cost_table,
+    sync_time,
+)
 
 from .candidates import DeviceModel, StateSpace, device_model
 from .dp import INFTY, StageTable, backtrace, fill_tables

@@ -6,9 +6,9 @@ multiplies and compares), so the original's JSON inputs (latencies in ms) pass t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from common.checks import integer, non_negative_number
 from solver.training_step.original import OPTIMIZERS, OriginalStep
 
 #: Largest number of devices and largest tensor-parallel width accepted (the original's bound).
@@ -16,20 +16,13 @@ DEVICES_LIMIT = 10_000
 
 
 def check_amount(owner: str, field: str, value: object) -> None:
-    """Raise ValueError unless `value` is a finite real number ≥ 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{owner}.{field} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{owner}.{field} must be finite and ≥ 0, got {value!r}")
+    """InputError unless `value` is a finite real number ≥ 0."""
+    non_negative_number(f"{owner}.{field}", value)
 
 
 def check_count(owner: str, field: str, value: object, low: int | None = None, high: int | None = None) -> None:
-    """Raise ValueError unless `value` is an int (not a bool) in [low, high] (None: unbounded)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{owner}.{field} must be an integer, got {value!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bound = f"in [{low}, {high}]" if high is not None else f"≥ {low}"
-        raise ValueError(f"{owner}.{field} must be {bound}, got {value}")
+    """InputError unless `value` is an int (not a bool) in [low, high] (None: unbounded)."""
+    integer(f"{owner}.{field}", value, low, high)
 
 
 @dataclass(frozen=True)

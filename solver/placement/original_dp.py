@@ -6,15 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from solver.layout import Layout
 from solver.training_step.original import Infeasible, price
 
-from solver.layout import Layout
-
 from .candidates import chain_space, downset_space
-from .original_baseline import baseline_time
 from .first_stage import WidthPlacement, candidates, place
 from .inputs import PlacementGraph, PlacementSettings
 from .layer_graph import checked_widths, topological_order, width_graph
+from .original_baseline import baseline_time
 from .result import PlacedStage, PlacementResult
 
 

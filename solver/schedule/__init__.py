@@ -7,6 +7,7 @@ an independent checker, a cache of solved layers and a Gantt chart)."""
 MODEL_VERSION = 1
 
 from solver.schedule.cache import ScheduleCache
+from solver.schedule.check import InvalidSchedule, Violation, check_schedule, violations
 from solver.schedule.gantt import plot_gantt
 from solver.schedule.heuristic import heuristic_schedule, lower_bound
 from solver.schedule.listsched import Schedule
@@ -14,7 +15,6 @@ from solver.schedule.milp import MILP_SOLVERS, LicenceLimitError
 from solver.schedule.problem import CORE_TYPES, Op, ScheduleProblem
 from solver.schedule.result import CoreUtilisation, ScheduleResult
 from solver.schedule.solve import BACKENDS, solve
-from solver.schedule.check import InvalidSchedule, Violation, check_schedule, violations
 
 __all__ = [
     "MODEL_VERSION",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from solver.schedule.check import RELATIVE_TOLERANCE
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
-from solver.schedule.check import RELATIVE_TOLERANCE
 
 
 def lanes(intervals: list[tuple[float, float]], tolerance: float) -> list[int]:

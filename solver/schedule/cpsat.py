@@ -32,8 +32,8 @@ import time
 
 from ortools.sat.python import cp_model
 
-from solver.schedule.bound import add_exclusive_bounds, exclusive_bound
 from solver.schedule import interruptible
+from solver.schedule.bound import add_exclusive_bounds, exclusive_bound
 from solver.schedule.cores import assign_cores
 from solver.schedule.heuristic import improve_modes, schedule_in_modes
 from solver.schedule.listsched import Schedule, retime

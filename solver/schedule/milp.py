@@ -25,11 +25,11 @@ from pathlib import Path
 import pulp
 
 from solver.schedule import interruptible
+from solver.schedule.check import violations
 from solver.schedule.cores import assign_cores
 from solver.schedule.listsched import Schedule
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import BackendOutcome
-from solver.schedule.check import violations
 
 MILP_SOLVERS = ("cbc", "highs", "gurobi")
 #: A solver's objective may exceed the true optimum by its feasibility tolerance (in time units).

@@ -22,17 +22,13 @@ fixed here):
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from common.checks import integer, non_negative_number
+
 CORE_TYPES = ("TC", "VC", "TCandVC", "collective")
 NOP = "Nop"
-
-
-def _check_amount(field: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{field}: must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -50,7 +46,7 @@ class Op:
         if self.core not in (*CORE_TYPES, NOP):
             raise ValueError(f"core: unknown {self.core!r}; allowed: {', '.join((*CORE_TYPES, NOP))}")
         for field in ("latency", "parallel_latency", "energy", "parallel_energy"):
-            _check_amount(field, getattr(self, field))
+            non_negative_number(field, getattr(self, field))
         if self.core == "collective" and self.parallel_latency != self.latency:
             raise ValueError(
                 f"parallel_latency: a collective has one latency; pass parallel_latency equal to "
@@ -101,9 +97,7 @@ class ScheduleProblem:
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "edges", tuple(sorted({(int(i), int(j)) for i, j in self.edges})))
         for field in ("num_tc", "num_vc"):
-            value = getattr(self, field)
-            if not (isinstance(value, int) and value >= 0):
-                raise ValueError(f"{field}: must be an integer >= 0, got {value!r}")
+            integer(field, getattr(self, field), 0)
         for index, op in enumerate(self.ops):
             if not isinstance(op, Op):
                 raise ValueError(f"ops: entry {index} is {type(op).__name__}, expected Op")

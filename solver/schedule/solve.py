@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import time
 
+from common.checks import choice, fraction, integer, positive_number
+from solver.schedule.check import check_schedule
 from solver.schedule.cpsat import solve_cpsat
 from solver.schedule.heuristic import heuristic_schedule, lower_bound
 from solver.schedule.listsched import retime
 from solver.schedule.milp import MILP_SOLVERS, solve_milp
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import PROOF_TOLERANCE, ScheduleResult, make_result
-from solver.schedule.check import check_schedule
 
 BACKENDS = ("cpsat", "milp", "heuristic")
 #: An exact backend gets at least this long [s], even when the heuristic used up the time limit.
@@ -19,16 +19,11 @@ MINIMUM_SOLVER_TIME = 0.05
 
 
 def _check_options(backend: str, time_limit: float, milp_solver: str, relative_gap: float, workers: int) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
-    if milp_solver not in MILP_SOLVERS:
-        raise ValueError(f"milp_solver: unknown {milp_solver!r}; allowed: {', '.join(MILP_SOLVERS)}")
-    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
-        raise ValueError(f"time_limit: must be a finite number of seconds > 0, got {time_limit!r}")
-    if not (isinstance(relative_gap, (int, float)) and 0 <= relative_gap < 1):
-        raise ValueError(f"relative_gap: must be in [0, 1), got {relative_gap!r}")
-    if not (isinstance(workers, int) and workers >= 1):
-        raise ValueError(f"workers: must be an integer >= 1, got {workers!r}")
+    choice("backend", backend, BACKENDS)
+    choice("milp_solver", milp_solver, MILP_SOLVERS)
+    positive_number("time_limit", time_limit, "seconds")
+    fraction("relative_gap", relative_gap, closed_at_zero=True)
+    integer("workers", workers, 1)
 
 
 def solve(

@@ -7,9 +7,15 @@ options (options.py). `original.py` is the original program's model. The two ste
 one interface are `solver.step_models`.
 """
 
-from solver.training_step.memory import MEMORY_KINDS, OPTIMIZERS, RECOMPUTE_MODES, ModelState, held_activations, in_flight
-from solver.training_step.model import (BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult,
-                                        TrainingStep)
+from solver.training_step.memory import (
+                                        MEMORY_KINDS,
+                                        OPTIMIZERS,
+                                        RECOMPUTE_MODES,
+                                        ModelState,
+                                        held_activations,
+                                        in_flight,
+)
+from solver.training_step.model import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, TrainingStep
 from solver.training_step.options import SHARDINGS, TrainingOptions
 
 __all__ = [

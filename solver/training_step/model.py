@@ -48,7 +48,7 @@ import numpy as np
 from graph_extract.kernels import KernelOptions
 from hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
-from solver.training_step.memory import RECOMPUTE_MODES, ModelState, held_activations, in_flight
+from solver.training_step.memory import RECOMPUTE_MODES, held_activations, in_flight
 from solver.training_step.options import TrainingOptions
 
 #: The terms of `StepResult.breakdown`, in the order they happen.
@@ -243,13 +243,15 @@ class TrainingStep:
         tensor = self.tensor_parallel_collective
         full = self.recompute == "full"
         blocks = np.array([layer.is_block for layer in layers], bool)
-        forward_tp = np.array([sum(tensor.scalar(b) for b in layer.forward_collective_bytes) for layer in layers], float)
-        backward_tp = np.array([sum(tensor.scalar(b) for b in layer.backward_collective_bytes) for layer in layers], float)
+        forward_tp = np.array([sum(map(tensor.scalar, layer.forward_collective_bytes)) for layer in layers], float)
+        backward_tp = np.array([sum(map(tensor.scalar, layer.backward_collective_bytes)) for layer in layers], float)
         forward = np.array([layer.forward for layer in layers], float)
         backward = np.array([layer.backward for layer in layers], float)
         experts = self.expert_parallel_collective
-        all_to_all = np.array([sum(experts.scalar(b / width) for b in layer.all_to_all_bytes) for layer in layers], float)
-        expert_parameters = np.array([layer.expert_parameters for layer in layers], float) / self.shard.expert_parallel_width
+        all_to_all = np.array([sum(experts.scalar(b / width) for b in layer.all_to_all_bytes) for layer in layers],
+                              float)
+        expert_parameters = (np.array([layer.expert_parameters for layer in layers], float)
+                             / self.shard.expert_parallel_width)
         rerun = {"none": np.zeros(len(layers)), "full": forward,
                  "selective": np.array([layer.attention_core_forward for layer in layers], float)}[self.recompute]
         held, working = held_activations(layers, self.recompute, width, self.kernels)
