@@ -9,7 +9,9 @@
 `model` is a zoo model's name, a path or `module:function` of a custom model (`model.config`), or a
 `graph_extract.ModelSpec`; `chip` is `chip`; a nested key is a mapping (`schedule={"backend": "milp"}`)
 or a dotted string (`**{"schedule.backend": "milp"}`). Bad input raises `common.checks.InputError`
-with the command line's one line.
+with the command line's one line. The caches are in the per-user cache folder
+($XDG_CACHE_HOME/phaze, else ~/.cache/phaze) unless `cache_dir=` says otherwise: nothing is written
+in the working directory.
 
 What a prediction needs is kept in this process: the graphs (also cached on disk), the chip's layer
 costs and the step model of each shard, so a second prediction of the same model on the same chip
@@ -34,6 +36,7 @@ from common.checks import InputError
 from common.progress import Progress
 from graph_extract import ExtractedModel, ModelSpec, extract
 from phaze.config_keys import CUSTOM_MODEL, config_key_error, config_schema, model_name_error, system_name_error
+from phaze.environment import user_cache_dir
 from phaze.settings import Settings, settings_from_config
 from solver.codesign import chip_costs
 from solver.layer_costs import step_graphs
@@ -108,6 +111,8 @@ def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dic
     config, schema = copy.deepcopy(default), config_schema(default)
     if group == CUSTOM_MODEL:
         config["model"]["config"] = None if isinstance(model, ModelSpec) else model
+    if "cache_dir" not in keys:  # not outputs/ in the working directory
+        config["cache_dir"] = str(user_cache_dir())
     for key, value in keys.items():
         if key != "system":
             _set(config, key, value)

@@ -70,3 +70,16 @@ def milp_solver_installed(solver: str) -> None:
         available = [name for name, package in MILP_PACKAGES.items() if importlib.util.find_spec(package) is not None]
         raise InputError(f"schedule.milp_solver: {solver} needs the {MILP_PACKAGES[solver]} package "
                          f"(pip install {MILP_PACKAGES[solver]}); available here: {', '.join(available) or 'none'}")
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache folder: $XDG_CACHE_HOME/phaze, or ~/.cache/phaze where XDG_CACHE_HOME is not
+    set to an absolute path (the XDG Base Directory specification's default)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            raise InputError("cache_dir: no per-user cache folder (neither XDG_CACHE_HOME nor HOME is set); "
+                             "give cache_dir=PATH") from None
+    return Path(base) / "phaze"

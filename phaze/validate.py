@@ -49,6 +49,7 @@ from graph_extract import KernelOptions, ModelSpec, extract, get_spec
 from graph_extract.extraction import check_request
 from graph_extract.zoo import LLAMA_FAMILY
 from hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
+from phaze.environment import user_cache_dir
 from solver.codesign import chip_costs
 from solver.layer_costs import step_graphs
 from solver.layout import Layout
@@ -542,19 +543,6 @@ def parse_arguments(arguments: list[str]) -> tuple[str, dict[str, str]]:
     return files[0], overrides
 
 
-def default_cache_dir() -> Path:
-    """The per-user cache folder: $XDG_CACHE_HOME/phaze, or ~/.cache/phaze where XDG_CACHE_HOME is not
-    set to an absolute path (the XDG Base Directory specification's default)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        try:
-            base = Path.home() / ".cache"
-        except RuntimeError:
-            raise InputError("cache_dir: no per-user cache folder (neither XDG_CACHE_HOME nor HOME is set); "
-                             "give cache_dir=PATH") from None
-    return Path(base) / "phaze"
-
-
 def usable_cache_dir(path: Path) -> Path:
     """`path`, made if absent, once a file can be written in it (InputError naming cache_dir otherwise)."""
     if path.exists() and not path.is_dir():
@@ -578,7 +566,7 @@ def main(arguments: list[str]) -> int:
         return 0
     try:  # every input checked before any prediction: a wrong one is one line and status 2
         name, overrides = parse_arguments(arguments)
-        cache_dir = Path(overrides["cache_dir"]).expanduser() if "cache_dir" in overrides else default_cache_dir()
+        cache_dir = Path(overrides["cache_dir"]).expanduser() if "cache_dir" in overrides else user_cache_dir()
         cases = run_cases(read_runs(name))
         predicted, left_out = predictions(cases, usable_cache_dir(cache_dir))
     except InputError as problem:

@@ -99,3 +99,12 @@ def test_search_gives_what_run_solver_gives_and_a_table(keys, tmp_path):
     assert len(table) == 2 * 3  # two micro-batch sizes x three recomputation modes on the one chip
     assert table["throughput"].max() == best["throughput"]
     assert (tmp_path / "api" / "best.json").exists()
+
+
+def test_the_api_caches_in_the_users_cache_folder_not_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert phaze.predict(**KEYS).fits
+    assert list(work.iterdir()) == [] and (tmp_path / "xdg" / "phaze" / "graphs").is_dir()
