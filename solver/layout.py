@@ -96,6 +96,26 @@ class FitRules:
     whole_cluster: bool = False
     split: str = "any"
 
+    # The rules, each once: the checks below and the generator of a search's layouts use them.
+
+    def experts_split(self, experts_width: int) -> bool:
+        """e divides the model's experts."""
+        return self.experts is None or self.experts % experts_width == 0
+
+    def room(self, shard: Layout, times: int = 1) -> int:
+        """How many times t·c·`times` devices the cluster holds: the most replicas of `times` stages of
+        a shard, or the most stages of `times` replicas."""
+        return self.num_devices // (shard.tensor_parallel_width * shard.context_parallel_width * times)
+
+    def replicas_fit(self, degree: int, experts_width: int) -> bool:
+        """d divides the micro-batches per batch, and e divides d (the experts are split over replicas)."""
+        return self.micro_batches % degree == 0 and degree % experts_width == 0
+
+    def interleaves(self, stages: int, degree: int) -> bool:
+        """Megatron's interleaved schedule: at least two stages, and the micro-batches per replica a
+        multiple of them."""
+        return stages >= 2 and (self.micro_batches // degree) % stages == 0
+
     def problem(self, layout: Layout) -> str | None:
         """The first rule `layout` breaks, as one line naming the width, or None."""
         return self.widths_problem(layout) or self.split_problem(layout)
@@ -105,7 +125,7 @@ class FitRules:
         placement whose chunks are given has them split already), or None."""
         t, c, p = layout.tensor_parallel_width, layout.context_parallel_width, layout.pipeline_parallel_width
         d, v, e = layout.data_parallel_width, layout.virtual_stages, layout.expert_parallel_width
-        if self.experts is not None and self.experts % e:
+        if not self.experts_split(e):
             return (f"expert_parallel_width: {e} does not divide the {self.experts} experts"
                     if self.experts > 1 else f"expert_parallel_width: {e} with a model without experts; allowed: 1")
         if self.whole_cluster and layout.devices != self.num_devices:
@@ -113,19 +133,17 @@ class FitRules:
                     f"{layout.devices}, must equal num_devices={self.num_devices}" if c > 1 else
                     f"data_parallel_width: tensor x pipeline x data parallel = {t} x {p} x {d} = {layout.devices}, "
                     f"must equal num_devices={self.num_devices}")
-        if layout.devices > self.num_devices:
+        if d > self.room(layout, p):
             return (f"devices: {p} stages x {t * c} x {d} replicas need {layout.devices}, the cluster has "
                     f"{self.num_devices}")
-        if self.micro_batches % d:
+        if not self.replicas_fit(d, e):
             return (f"data_parallel_width: {d} does not divide the {self.micro_batches} micro-batches per batch "
-                    "(global_batch_size / micro_batch_size)")
-        if d % e:
-            return (f"expert_parallel_width: {e} does not divide data_parallel_width={d} (the experts are split "
+                    "(global_batch_size / micro_batch_size)" if self.micro_batches % d else
+                    f"expert_parallel_width: {e} does not divide data_parallel_width={d} (the experts are split "
                     "over data-parallel replicas)")
-        if v > 1 and p < 2:
-            return "virtual_stages: interleaving needs pipeline_parallel_width >= 2"
-        if v > 1 and (self.micro_batches // d) % p:
-            return (f"virtual_stages: the interleaved schedule needs the {self.micro_batches // d} micro-batches "
+        if v > 1 and not self.interleaves(p, d):
+            return ("virtual_stages: interleaving needs pipeline_parallel_width >= 2" if p < 2 else
+                    f"virtual_stages: the interleaved schedule needs the {self.micro_batches // d} micro-batches "
                     f"per replica to be a multiple of pipeline_parallel_width={p}")
         return None
 
@@ -161,11 +179,9 @@ class FitRules:
 
 
 def data_parallel_widths(rules: FitRules, shard: Layout) -> list[int]:
-    """The data-parallel widths d a shard shape (t, e, c) allows with some pipeline: d divides the
-    micro-batches per batch, e divides d, t·c·d devices fit."""
-    room = rules.num_devices // (shard.tensor_parallel_width * shard.context_parallel_width)
-    return [d for d in range(1, min(room, rules.micro_batches) + 1)
-            if rules.micro_batches % d == 0 and d % shard.expert_parallel_width == 0]
+    """The data-parallel widths d a shard shape (t, e, c) allows with some pipeline."""
+    return [d for d in range(1, min(rules.room(shard), rules.micro_batches) + 1)
+            if rules.replicas_fit(d, shard.expert_parallel_width)]
 
 
 def allowed_virtual_stages(blocks: int) -> tuple[int, ...]:
@@ -179,14 +195,13 @@ def layouts(rules: FitRules, shard: Layout, virtual_stages: tuple[int, ...] | No
     the plain pipeline (v = 1) of the most stages that fit — every shallower one fits too, so the
     placement DP takes each d with its largest p — then Megatron's interleaved layouts (v > 1, the
     blocks in p·v equal chunks) whose v is among `virtual_stages` (None: every v)."""
-    t, c = shard.tensor_parallel_width, shard.context_parallel_width
-    plain = virtual_stages is None or 1 in virtual_stages
+    even = dataclasses.replace(rules, split="even")
     for degree in data_parallel_widths(rules, shard):
-        most = min(rules.layers, rules.num_devices // (t * c * degree))
-        if plain:
+        most = min(rules.layers, rules.room(shard, degree))
+        if virtual_stages is None or 1 in virtual_stages:
             yield shard.replace(pipeline_parallel_width=most, data_parallel_width=degree)
         for stages in range(2, min(rules.blocks // 2, most) + 1):
             for v in range(2, rules.blocks // stages + 1):
-                if (virtual_stages is None or v in virtual_stages) and rules.blocks % (stages * v) == 0 and (
-                        rules.micro_batches // degree) % stages == 0:
+                if ((virtual_stages is None or v in virtual_stages) and even.splits(stages * v, v)
+                        and rules.interleaves(stages, degree)):
                     yield shard.replace(pipeline_parallel_width=stages, data_parallel_width=degree, virtual_stages=v)
