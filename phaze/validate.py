@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 import tempfile

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.checks import integer, non_negative_number
+from common.checks import InputError, boolean, choice, integer, non_negative_number
 from solver.training_step.original import OPTIMIZERS, OriginalStep
 
 #: Largest number of devices and largest tensor-parallel width accepted (the original's bound).
@@ -48,8 +48,7 @@ class PlacementLayer:
         for field in ("parameter_bytes", "activation_bytes", "forward_latency", "backward_latency",
                       "collective_latency"):
             check_amount("PlacementLayer", field, getattr(self, field))
-        if not isinstance(self.tensor_parallel, bool):
-            raise ValueError(f"PlacementLayer.tensor_parallel must be a bool, got {self.tensor_parallel!r}")
+        boolean("PlacementLayer.tensor_parallel", self.tensor_parallel)
 
 
 @dataclass(frozen=True)
@@ -132,13 +131,9 @@ class PlacementSettings(OriginalStep):
         for field in ("memory_per_device", "bandwidth"):
             check_amount("PlacementSettings", field, getattr(self, field))
             if getattr(self, field) < 1e-9:
-                raise ValueError(f"PlacementSettings.{field} must be ≥ 1e-9, got {getattr(self, field)!r}")
+                raise InputError(f"PlacementSettings.{field}: must be >= 1e-9, got {getattr(self, field)!r}")
         check_count("PlacementSettings", "micro_batches_per_batch", self.micro_batches_per_batch, 1)
-        if not isinstance(self.activation_recomputation, bool):
-            raise ValueError(
-                f"PlacementSettings.activation_recomputation must be a bool, got {self.activation_recomputation!r}"
-            )
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"PlacementSettings.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        boolean("PlacementSettings.activation_recomputation", self.activation_recomputation)
+        choice("PlacementSettings.optimizer", self.optimizer, OPTIMIZERS)
         if self.fixed_baseline is not None and not isinstance(self.fixed_baseline, FixedStrategy):
             raise ValueError(f"PlacementSettings.fixed_baseline must be a FixedStrategy or None, got {self.fixed_baseline!r}")

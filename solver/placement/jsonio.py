@@ -108,7 +108,7 @@ def write_document(document: dict, path: str | os.PathLike) -> None:
 
 def _json_named(error: ValueError) -> ValueError:
     """The error with the JSON key of the typed field it names in front."""
-    field = re.search(r"\.(\w+): must", str(error))
+    field = re.search(r"\.(\w+): ", str(error))
     key = _JSON_KEYS.get(field.group(1)) if field else None
     return ValueError(f"{key}: {error}" if key else str(error))
 
