@@ -2,6 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Test processes (pytest-xdist): one per core of the 2-core CI machine; `make test TEST_WORKERS=0`
+# runs the suite in this process. A test file runs whole in one process (--dist loadfile), so its
+# module-scoped fixtures are built once.
+TEST_WORKERS ?= 2
 
 .PHONY: install run test benchmarks
 
@@ -18,7 +22,7 @@ run: install
 	$(BIN)/phaze run_solver
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 benchmarks: install
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done

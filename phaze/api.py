@@ -25,7 +25,8 @@ import json
 import logging
 import re
 import tempfile
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -42,7 +43,7 @@ from solver.codesign import chip_costs
 from solver.layer_costs import step_graphs
 from solver.predict import Prediction, flops_per_micro_batch, megatron_placement, prediction
 from solver.step_models import TrainingStepModel
-from solver.training_step import StepGraph, TrainingStep
+from solver.training_step import StepGraph
 
 #: Settings, graphs, layer costs and step models kept per process (each an LRU of this many entries).
 KEPT = 64
@@ -168,45 +169,55 @@ def graphs(settings: Settings) -> ExtractedModel:
                    settings.layout.tensor_parallel_width, settings.cache_dir, settings.force_reextract)
 
 
-def _step_inputs(settings: Settings) -> tuple:
-    question, axes, layout = settings.question, settings.axes, settings.layout
-    return (question.model, axes.micro_batch_size, question.sequence_length, layout.tensor_parallel_width,
+class _Kept:
+    """The last KEPT values made, each under the key of what it depends on (an LRU whose key is not
+    the whole argument list: a new layout reuses the graph, the costs and the step of its shard)."""
+
+    def __init__(self) -> None:
+        self.values: OrderedDict = OrderedDict()
+
+    def get(self, key: tuple, make: Callable[[], object]) -> object:
+        if key in self.values:
+            self.values.move_to_end(key)
+            return self.values[key]
+        value = self.values[key] = make()
+        if len(self.values) > KEPT:
+            self.values.popitem(last=False)
+        return value
+
+
+_STEP_GRAPHS, _STEPS, _FLOPS = _Kept(), _Kept(), _Kept()
+
+
+def _graph_key(settings: Settings) -> tuple:
+    """What a prediction's layer graph and its layer costs depend on."""
+    question, axes = settings.question, settings.axes
+    return (question.model, axes.micro_batch_size, question.sequence_length, settings.layout.tensor_parallel_width,
             settings.known_chip, question.kernels, settings.cache_dir, settings.schedule, settings.force_reextract)
-
-
-@lru_cache(maxsize=KEPT)
-def _step_graph(inputs: tuple, settings: Settings) -> StepGraph:
-    extracted = graphs(settings)
-    width = settings.layout.tensor_parallel_width
-    costs = chip_costs(settings.question, settings.axes, {width: extracted}, settings.known_chip, settings.cache_dir,
-                       settings.schedule)
-    return step_graphs({width: extracted}, costs)[width]
 
 
 def step_graph(settings: Settings) -> StepGraph:
     """The prediction's width of the layer graph with the chip's layer costs (kept per process)."""
-    return _step_graph(_step_inputs(settings), settings)
+    def make() -> StepGraph:
+        width = settings.layout.tensor_parallel_width
+        extracted = {width: graphs(settings)}
+        costs = chip_costs(settings.question, settings.axes, extracted, settings.known_chip, settings.cache_dir,
+                           settings.schedule)
+        return step_graphs(extracted, costs)[width]
 
-
-@lru_cache(maxsize=KEPT)
-def _step(graph: StepGraph, settings: Settings) -> TrainingStep:
-    return TrainingStepModel.step(settings.question, settings.axes, graph, settings.known_chip.hbm_bandwidth,
-                                  settings.layout.shard)
-
-
-@lru_cache(maxsize=KEPT)
-def _flops(inputs: tuple, recompute: str, settings: Settings) -> tuple[float, float]:
-    return flops_per_micro_batch(graphs(settings), recompute)
+    return _STEP_GRAPHS.get(_graph_key(settings), make)
 
 
 def run_prediction(settings: Settings) -> Prediction:
-    """The prediction of checked settings (`phaze predict`'s), with what it needs kept per process."""
-    (recompute,) = settings.axes.recompute
+    """The prediction of checked settings (`phaze predict`'s), with what it needs kept per process:
+    the step model of the layout's shard and the FLOPs of the model are shared by its layouts."""
+    question, axes, layout = settings.question, settings.axes, settings.layout
+    (recompute,) = axes.recompute
     graph = step_graph(settings)
-    step = _step(graph, settings)
-    placement = megatron_placement(graph, settings.layout, recompute)
-    return prediction(settings.question, settings.axes, step, placement, settings.known_chip,
-                      _flops(_step_inputs(settings), recompute, settings))
+    step = _STEPS.get((_graph_key(settings), question, axes, layout.shard), lambda: TrainingStepModel.step(
+        question, axes, graph, settings.known_chip.hbm_bandwidth, layout.shard))
+    flops = _FLOPS.get((_graph_key(settings), recompute), lambda: flops_per_micro_batch(graphs(settings), recompute))
+    return prediction(question, axes, step, megatron_placement(graph, layout, recompute), settings.known_chip, flops)
 
 
 def predict(model: str | ModelSpec = "bertlarge", **keys: object) -> Prediction:

@@ -22,9 +22,9 @@ from common.checks import (
     InputError,
     boolean,
     choice,
+    fraction,
     integer,
     is_integer,
-    is_number,
     positive_integer,
     positive_number,
     unknown_fields,
@@ -204,9 +204,7 @@ def _recompute(config: Mapping, step_model: str) -> tuple[str, ...]:
 
 
 def _schedule(schedule: Mapping) -> ScheduleSettings:
-    gap = schedule["relative_gap"]
-    if not is_number(gap) or not 0 <= gap < 1:
-        raise InputError(f"schedule.relative_gap: must be in [0, 1), got {gap!r}")
+    gap = fraction("schedule.relative_gap", schedule["relative_gap"], closed_at_zero=True)
     backend = choice("schedule.backend", schedule["backend"], BACKENDS)
     milp_solver = choice("schedule.milp_solver", schedule["milp_solver"], MILP_SOLVERS)
     if backend == "milp":
@@ -215,7 +213,7 @@ def _schedule(schedule: Mapping) -> ScheduleSettings:
         backend=backend,
         time_limit=positive_number("schedule.time_limit", schedule["time_limit"], "seconds", MAX_TIME_LIMIT_S),
         milp_solver=milp_solver,
-        relative_gap=float(gap),
+        relative_gap=gap,
     )
 
 

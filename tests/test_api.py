@@ -52,10 +52,21 @@ def test_a_warm_prediction_reuses_what_the_process_holds(keys, monkeypatch):
     def traced_again(*arguments, **options):
         raise AssertionError("extracted again instead of kept in the process")
 
-    monkeypatch.setattr(phaze.api, "extract", traced_again)
-    assert phaze.predict(**keys) == first
-    other = phaze.predict(**{**keys, "pipeline_parallel_width": 1, "data_parallel_width": 8})  # another layout
+    def priced_again(*arguments, **options):
+        raise AssertionError("layer costs or step model made again for a layout of the same shard")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(phaze.api, "extract", traced_again)
+        assert phaze.predict(**keys) == first
+        patched.setattr(phaze.api, "chip_costs", priced_again)
+        patched.setattr(phaze.api.TrainingStepModel, "step", staticmethod(priced_again))
+        another_layout = {**keys, "pipeline_parallel_width": 1, "data_parallel_width": 8}
+        other = phaze.predict(**another_layout)  # the same shard (t=2): only its placement is priced
     assert other.layout.pipeline_parallel_width == 1 and other.time_per_batch_s != first.time_per_batch_s
+    for kept in (phaze.api._STEP_GRAPHS, phaze.api._STEPS, phaze.api._FLOPS):
+        kept.values.clear()
+    phaze.api._graphs.cache_clear()
+    assert phaze.predict(**another_layout) == other  # made afresh: the same prediction
 
 
 def test_a_layout_that_does_not_fit_is_a_prediction(keys):

@@ -570,6 +570,7 @@ def test_run_solver_on_a_read_only_cache(tmp_path, clean_run):
     assert not list(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_run_solver_with_cache_dir_under_a_file_is_a_one_line_error(tmp_path):
     file = tmp_path / "file.txt"
     file.write_text("not a folder")

@@ -68,6 +68,7 @@ def test_multirun_sweep_writes_one_summary_per_job(tmp_path):
     assert len(list(tmp_path.glob("outputs/cache/graphs/*.json"))) == 4
 
 
+@pytest.mark.slow
 def test_widths_and_cache_reuse(tmp_path):
     arguments = ["model=megatrongpt3", "+model.overrides.num_layers=1", "micro_batch_size=1"]
     first = phaze("extract_graph", *arguments, cwd=tmp_path)
@@ -80,6 +81,7 @@ def test_widths_and_cache_reuse(tmp_path):
     assert again.returncode == 0 and again.stdout == first.stdout
 
 
+@pytest.mark.slow
 def test_prepopulate_estimates_fills_then_reuses_the_cache(tmp_path):
     first = phaze("prepopulate_estimates", "model=bertlarge", "micro_batch_size=1", cwd=tmp_path)
     assert first.returncode == 0, first.stderr

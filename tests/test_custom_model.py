@@ -316,6 +316,7 @@ def test_a_yaml_merge_key_is_not_a_duplicate(tmp_path):
     assert file_error(write(tmp_path / "m.yaml", merged)) == "unknown field base; did you mean bias?"
 
 
+@pytest.mark.slow
 def test_run_solver_on_a_custom_model_has_no_fixed_baseline(tmp_path):
     write(tmp_path / "m.yaml", SMALL)
     result = phaze("run_solver", "model=custom", "model.config=m.yaml", "max_tensor_parallel_width=2",

@@ -211,6 +211,7 @@ def test_other_modes_interrupted_exit_130_with_one_line(tmp_path, mode):
     assert "graph extraction of megatrongpt3: stopped (KeyboardInterrupt)" in stopped.stderr  # the log says so
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_interrupt_while_phaze_starts_exits_130_with_one_line(tmp_path, number):
     """Whenever the signal lands while phaze loads its modules (torch, ortools and highspy abort,
@@ -302,6 +303,7 @@ def test_a_signal_while_the_interpreter_would_tear_down_never_kills_phaze(tmp_pa
     assert process.returncode == 0 or errors.strip().splitlines()[-1] == INTERRUPTED
 
 
+@pytest.mark.slow
 def test_a_signal_just_after_the_run_is_written_exits_0_or_130_with_one_line(tmp_path):
     """A real run, signalled at once and a moment after its summary file appears: never killed by
     the signal, never a traceback."""

@@ -185,6 +185,7 @@ def phaze(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
                           env=environment)
 
 
+@pytest.mark.slow
 def test_extract_graph_runs_a_factory_end_to_end(tmp_path):
     """The file form and the module-name form (found in the working directory) from the command line."""
     shutil.copytree(DATA, tmp_path / "tests" / "data", ignore=shutil.ignore_patterns("__pycache__", "estimator",

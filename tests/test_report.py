@@ -201,6 +201,7 @@ def test_only_damaged_runs_lists_them_and_fails(runs):
     assert not (runs / "report.csv").exists()
 
 
+@pytest.mark.slow
 def test_a_read_only_dir_is_one_line_and_out_writes_elsewhere(runs, read_only, tmp_path):
     """report.csv and the plot go in DIR unless --out names another folder (created if need be)."""
     read_only(runs)

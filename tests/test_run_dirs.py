@@ -70,6 +70,7 @@ def test_an_explicit_run_directory_is_used_as_given(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_sweeps_started_in_the_same_second_get_their_own_directories(tmp_path):
     sweep_dir = at_fixed_time(HYDRA_DIRS["sweep"]["dir"])
     finish(start("-m", "model=bertbase,gpt2", SMALL, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path),
@@ -81,6 +82,7 @@ def test_sweeps_started_in_the_same_second_get_their_own_directories(tmp_path):
     assert all((sweep / "multirun.yaml").exists() for sweep in sweeps)
 
 
+@pytest.mark.slow
 def test_concurrent_sweeps_with_the_default_directories(tmp_path):
     finish(start("-m", "model=bertbase,gpt2", SMALL, cwd=tmp_path),
            start("-m", "model=opt,bertlarge", SMALL, cwd=tmp_path))
@@ -154,6 +156,7 @@ REFUSED = ("allowed: a new or empty folder, or an unfinished run's folder with t
            "resumes there)")
 
 
+@pytest.mark.slow
 def test_a_finished_run_directory_is_not_run_in_again(tmp_path):
     """Given the same hydra.run.dir, a second run (another model, or the same command again) would
     mix its files with the first's: refused, the first run's files untouched."""
@@ -169,6 +172,7 @@ def test_a_finished_run_directory_is_not_run_in_again(tmp_path):
     assert tree(tmp_path / "mine") == written
 
 
+@pytest.mark.slow
 def test_a_folder_holding_a_run_without_phazes_marker_is_refused(tmp_path):
     """A run of an older phaze (or another hydra program): its .hydra and results say so."""
     (tmp_path / "old" / ".hydra").mkdir(parents=True)
@@ -184,6 +188,7 @@ def test_a_folder_holding_a_run_without_phazes_marker_is_refused(tmp_path):
     assert (tmp_path / "notes" / "notes.txt").read_text() == "mine" and model_of(tmp_path / "notes") == "bertbase"
 
 
+@pytest.mark.slow
 def test_a_directory_in_use_by_a_run_in_progress_is_refused(tmp_path):
     """The first run holds its directory's marker locked while it lives (here stopped with SIGSTOP
     once it has taken the directory)."""
@@ -236,6 +241,7 @@ def stop_once_tracing(arguments: list[str], cwd: Path, number: int) -> subproces
     return subprocess.CompletedProcess(arguments, process.returncode, output, errors)
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_in_its_directory_with_the_same_command(tmp_path):
     """`phaze: interrupted ...; rerun the same command`: the rerun takes the directory again; another
     command may not; once finished, no run may."""
@@ -255,6 +261,7 @@ def test_an_interrupted_run_resumes_in_its_directory_with_the_same_command(tmp_p
     assert again.stderr == f"phaze: error: hydra.run.dir: run already holds a finished run's files; {REFUSED}\n"
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_reruns_its_jobs_in_its_directory_until_it_finishes(tmp_path):
     """A sweep that ended without every result (its process killed in job 0: the lock goes with it)
     is rerun in its directory by the same command, its jobs in theirs; another sweep may not use

@@ -29,6 +29,7 @@ def run_in(tmp_path, tiny_settings):
     return run
 
 
+@pytest.mark.slow
 def test_bounded_agrees_with_exhaustive_and_evaluates_fewer(run_in):
     exhaustive, _ = run_in("exhaustive", "search=exhaustive", "candidate_sample=80")
     bounded, _ = run_in("bounded", "search=bounded", "candidate_sample=80")

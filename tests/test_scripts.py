@@ -41,6 +41,7 @@ def run(script: Path, *arguments, cwd: Path, path: str) -> subprocess.CompletedP
     return subprocess.run([str(script), *arguments], cwd=cwd, env=environment, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["gpt3.sh", "sweep.sh"])
 def test_the_project_venv_is_used_from_any_directory(tmp_path, entry):
     scripts = project(tmp_path / "project", venv=True) / "scripts"

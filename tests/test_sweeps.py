@@ -17,6 +17,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 SMALL = [*TINY, "candidate_sample=4", "n_jobs=1", "schedule.backend=heuristic"]
 
 
+@pytest.mark.slow
 def test_infeasible_job_does_not_stop_the_sweep(tmp_path):
     sweep_dir = tmp_path / "sweep"
     done = subprocess.run(

@@ -160,6 +160,7 @@ def test_two_hydra_commands_at_once():
         "--cfg: cannot go with --multirun; give one of --run, --multirun (-m), --cfg, --info, --shell-completion")
 
 
+@pytest.mark.slow
 def test_unknown_key_and_bad_syntax_on_the_command_line(tmp_path):
     message = assert_rejected(phaze("run_solver", "accelerator.link_bandwidth=inf", cwd=tmp_path), tmp_path,
                               "accelerator.link_bandwidth")
@@ -340,6 +341,7 @@ def test_help_and_cfg_after_or_before_the_overrides(arguments, tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("before", [True, False])
 def test_multirun_flag_before_or_after_the_overrides(before, tmp_path):
     overrides = ["model=bertbase", "+model.overrides.num_layers=1", "micro_batch_size=1,2"]
