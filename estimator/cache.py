@@ -22,8 +22,8 @@ from estimator.tc_model import GemmCost, MemorySystem
 from hardware import CoreConfig
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
-TC_MODEL_VERSION = 1
-COLUMNS = ("cycles", "core_buffer_words", "glb_words", "dram_words")
+TC_MODEL_VERSION = 2
+COLUMNS = ("cycles", "core_buffer_words", "glb_words", "dram_words", "chip_cycles")
 METADATA_KEY = b"phaze_estimates"
 
 
@@ -65,7 +65,7 @@ class GemmCache:
             columns = {name: table.column(name).to_numpy().astype(np.float64) for name in COLUMNS}
             if any(len(column) != self.rows or not np.all(np.isfinite(column)) for column in columns.values()):
                 raise ValueError("a column has the wrong length or a non-finite value")
-            if not np.all(columns["cycles"] > 0):
+            if not np.all(columns["cycles"] > 0) or not np.all(columns["chip_cycles"] > 0):
                 raise ValueError("a latency is not positive")
             return GemmCost(n * c * k, **columns)
 

@@ -109,6 +109,53 @@ def _fuse(reach: _Reach, layer: int) -> FusedGraph:
     return FusedGraph(layer, tuple(ops), tuple(sorted(edges)))
 
 
+def fuse_attention(fused: FusedGraph, cores: list[frozenset[int]]) -> tuple[FusedGraph, dict[int, int]]:
+    """The layer with the operators of each attention core (`graph_extract.attention`) as one fused
+    operator, at the place of the first of them; and, per core (by its position in `cores`), the
+    index of its operator."""
+    index_of: dict[int, int] = {}
+    ops: list[FusedOp] = []
+    merged: dict[int, int] = {}
+    for old, op in enumerate(fused.ops):
+        core = next((position for position, members in enumerate(cores) if op.members[0] in members), None)
+        if core is None:
+            index_of[old] = len(ops)
+            ops.append(op)
+        elif core in merged:
+            index_of[old] = merged[core]
+            kept = ops[merged[core]]
+            ops[merged[core]] = FusedOp(kept.members + op.members, TC_AND_VC)
+        else:
+            index_of[old] = merged[core] = len(ops)
+            ops.append(FusedOp(op.members, TC_AND_VC))
+    edges = {(index_of[a], index_of[b]) for a, b in fused.edges if index_of[a] != index_of[b]}
+    order = _topological(len(ops), edges)  # operators stay numbered in a topological order
+    position = {old: new for new, old in enumerate(order)}
+    return (FusedGraph(fused.layer, tuple(ops[old] for old in order),
+                       tuple(sorted((position[a], position[b]) for a, b in edges))),
+            {core: position[index] for core, index in merged.items()})
+
+
+def _topological(count: int, edges: set[tuple[int, int]]) -> list[int]:
+    """The operators in a topological order, each as early in its present order as its inputs allow."""
+    waiting = [0] * count
+    users: dict[int, list[int]] = {}
+    for a, b in edges:
+        waiting[b] += 1
+        users.setdefault(a, []).append(b)
+    ready = [op for op in range(count) if not waiting[op]]
+    order: list[int] = []
+    while ready:
+        op = min(ready)
+        ready.remove(op)
+        order.append(op)
+        for user in users.get(op, ()):
+            waiting[user] -= 1
+            if not waiting[user]:
+                ready.append(user)
+    return order
+
+
 def fuse_layers(graph: OpGraph, layers: tuple[int, ...]) -> tuple[FusedGraph, ...]:
     """Fuse the operators of each layer; free operators are dropped, their precedence kept."""
     reach = _Reach(graph)

@@ -3,20 +3,25 @@
 The operators are fused as on the template (`estimator.fusion`: a GEMM with its epilogue, chains of
 elementwise operators), each group one kernel. Forward, a group takes
 
-    max(Σ over its GEMMs of FLOPs / (peak · matrix_efficiency · waves),  bytes / (HBM bandwidth · memory_efficiency))
+    max(Σ over its GEMMs of FLOPs / (peak · efficiency · waves),  bytes / (HBM bandwidth · memory_efficiency))
 
 * FLOPs: 2 per multiply-accumulate; `waves` is the wave quantisation of the GEMM's 128 × 128 output
-  tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)). In FP8 training
-  (`KnownChip.with_precision("fp8")`) peak · matrix_efficiency is the FP8 dense peak times the FP8
-  GEMM efficiency; bytes stay 16-bit.
+  tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)). In FP8 training the
+  blocks' weight products (`KernelOptions.fp8_operators`) run at the chip's FP8 dense peak times its
+  FP8 GEMM efficiency and read their inputs and weights in one byte an element (Transformer Engine
+  casts them in the kernels that produce them); every other product runs at the 16-bit rate.
 * bytes: what the group reads from HBM (inputs made outside it, weights) and writes (outputs used
   outside it).
 Backward, a GEMM gives its data- and weight-gradient GEMMs (as many FLOPs each as forward) and a
 group moves twice its forward bytes (it reads the output gradient and what it saved, and writes the
-input gradient). Collectives take no time here: the training-step model charges them on the
-cluster. The operators the kernel options split (sequence parallelism: those replicated over the
-tensor-parallel group) move 1/t of their bytes. Simplifications: vector arithmetic is never the bound, caches do not keep tensors
-between kernels, and a kernel costs nothing to launch.
+input gradient). With a fused attention kernel (`graph_extract.attention`) an attention core is one
+kernel: its two products on the tiles a causal mask leaves, at the chip's attention efficiency, and
+Q, K, V, O and the softmax statistics in HBM (re-reads of K and V are served by the L2 cache);
+backward 2.5 times its products (the scores recomputed) and twice its bytes. Collectives take no
+time here: the training-step model charges them on the cluster. The operators the kernel options
+split (sequence parallelism: those replicated over the tensor-parallel group) move 1/t of their
+bytes. Simplifications: vector arithmetic is never the bound, caches do not keep tensors between
+kernels, a kernel costs nothing to launch, and FP8's scaling factors (amax reductions) cost nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 
 from estimator.fusion import FusedOp, fuse_layers
 from estimator.work import BACKWARD, FORWARD, Gemm, op_work
+from graph_extract.attention import TILE as ATTENTION_TILE
+from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
 from hardware import KnownChip
@@ -51,39 +58,65 @@ def waves(gemm: Gemm, processors: int) -> float:
     return tiles / (math.ceil(tiles / processors) * processors)
 
 
-def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float]) -> float:
-    """Bytes a fused group reads and writes forward; `split[v]` scales what operator v moves."""
+def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Sequence[bool] = ()) -> float:
+    """Bytes a fused group reads and writes forward; `split[v]` scales what operator v moves; an
+    operator marked in `narrow` (an FP8 product) reads its inputs and weights in one byte an element."""
     members = set(op.members)
     total = 0.0
     for member in op.members:
         node = graph.nodes[member]
-        moved = sum(math.prod(shape) * (graph.nodes[source].dtype_bytes if source is not None else node.dtype_bytes)
-                    for shape, source in zip(node.input_shapes, node.inputs or [None] * len(node.input_shapes))
-                    if source not in members)
-        moved += sum(math.prod(shape) for shape in node.weight_shapes) * node.dtype_bytes
+        read = sum(math.prod(shape) * (graph.nodes[source].dtype_bytes if source is not None else node.dtype_bytes)
+                   for shape, source in zip(node.input_shapes, node.inputs or [None] * len(node.input_shapes))
+                   if source not in members)
+        read += sum(math.prod(shape) for shape in node.weight_shapes) * node.dtype_bytes
+        if narrow and narrow[member]:
+            read /= node.dtype_bytes
+        moved = read
         if not graph.successors(member) or any(user not in members for user in graph.successors(member)):
             moved += node.output_bytes
         total += moved * split[member]
     return total
 
 
-def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float]) -> float:
+def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],
+               narrow: Sequence[bool] = ()) -> float:
     """The roofline time of one fused group in one direction (module docstring)."""
     gemms = op_work(graph.nodes[op.members[0]], direction).gemms
-    compute = sum(2 * gemm.macs / (chip.matrix_flops * waves(gemm, chip.streaming_multiprocessors))
-                  for gemm in gemms)
-    moved = group_bytes(graph, op, split) * (2 if direction == BACKWARD else 1)
+    rate = chip.fp8_matrix_flops if narrow and narrow[op.members[0]] else chip.matrix_flops
+    compute = sum(2 * gemm.macs / (rate * waves(gemm, chip.streaming_multiprocessors)) for gemm in gemms)
+    moved = group_bytes(graph, op, split, narrow) * (2 if direction == BACKWARD else 1)
     return max(compute, moved / (chip.hbm_bandwidth * chip.memory_efficiency))
+
+
+def attention_seconds(graph: OpGraph, kernel: AttentionKernel, direction: str, chip: KnownChip) -> float:
+    """The roofline time of a fused attention kernel in one direction (module docstring): its units
+    of work, one per (sequence, head, query tile), in waves over the streaming multiprocessors."""
+    scores = graph.nodes[kernel.products[0]].gemm
+    macs = sum(graph.nodes[product].gemm.macs for product in kernel.products) * kernel.fraction
+    units = scores.batch * math.ceil(scores.m / ATTENTION_TILE)
+    processors = chip.streaming_multiprocessors
+    busy = units / (math.ceil(units / processors) * processors)
+    flops = 2 * macs * (2.5 if direction == BACKWARD else 1.0)
+    moved = kernel.forward_bytes * (2 if direction == BACKWARD else 1)
+    return max(flops / (chip.attention_flops * busy), moved / (chip.hbm_bandwidth * chip.memory_efficiency))
 
 
 def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOptions,
                 core: frozenset[int] = frozenset()) -> LayerTimes:
-    """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip`."""
+    """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip` (with a
+    fused attention kernel the core is not re-run by selective recomputation: 0)."""
     width = graph.tensor_parallel_width
     divided = kernels.split_operators(graph)
     split = [1.0 / width if divided and divided[node.id] else 1.0 for node in graph.nodes]
+    narrow = kernels.fp8_operators(graph)
     (fused,) = fuse_layers(graph, (layer,))
-    forward = [op_seconds(graph, op, FORWARD, chip, split) for op in fused.ops]
-    backward = [op_seconds(graph, op, BACKWARD, chip, split) for op in fused.ops]
-    attention = [seconds for op, seconds in zip(fused.ops, forward) if op.members[0] in core]
+    fused_kernels = [kernel for kernel in attention_kernels(graph) if kernel.layer == layer] \
+        if kernels.flash_attention else []
+    inside = frozenset().union(*(kernel.members for kernel in fused_kernels))
+    ops = [op for op in fused.ops if op.members[0] not in inside]
+    forward = [op_seconds(graph, op, FORWARD, chip, split, narrow) for op in ops]
+    backward = [op_seconds(graph, op, BACKWARD, chip, split, narrow) for op in ops]
+    forward += [attention_seconds(graph, kernel, FORWARD, chip) for kernel in fused_kernels]
+    backward += [attention_seconds(graph, kernel, BACKWARD, chip) for kernel in fused_kernels]
+    attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
     return LayerTimes(sum(forward), sum(backward), sum(attention))

@@ -87,6 +87,16 @@ class EstimateTable:
                              "build a table for this technology")
 
     @property
+    def tc_counts(self) -> np.ndarray:
+        """Tensor cores of each configuration of the table."""
+        return self._num
+
+    @property
+    def glb_sizes(self) -> np.ndarray:
+        """Global-buffer bytes of each configuration of the table."""
+        return self._glb
+
+    @property
     def gemm_shapes(self) -> tuple[Shape, ...]:
         """The GEMM shapes (n, c, k) held in memory."""
         return tuple(self._gemms)
@@ -128,6 +138,18 @@ class EstimateTable:
         if shape not in self._energy:
             self._energy[shape] = gemm_energy(self.gemm(shape), self.template.energy)
         return self.gemm(shape).cycles, self._energy[shape]
+
+    def gemm_cost(self, shape: Shape, core: CoreConfig | None = None) -> GemmCost:
+        """The cost of one GEMM shape on every tensor-core configuration of the table, or (one row)
+        on `core`."""
+        index = None if core is None else self.tc_index.get(core)
+        if core is None or index is not None:
+            cost = self.gemm(shape)
+            if index is None:
+                return cost
+            return GemmCost(cost.macs, *(getattr(cost, name)[index:index + 1] for name in
+                                         ("cycles", "core_buffer_words", "glb_words", "dram_words", "chip_cycles")))
+        return gemm_cost(*shape, [core.units_per_core], [core.num], [core.glb_bytes], self.memory)
 
     def _gemm_on(self, shape: Shape, core: CoreConfig) -> tuple[float, float]:
         """(cycles, energy) of one GEMM shape on one tensor-core configuration."""

@@ -75,13 +75,16 @@ class MemorySystem:
 
 @dataclass(frozen=True)
 class GemmCost:
-    """Cycles and words moved per boundary of one GEMM on each of a list of core configurations."""
+    """Cycles and words moved per boundary of one GEMM on each of a list of core configurations;
+    `chip_cycles` without the DRAM boundary (a GEMM whose operands stay on chip, as inside a fused
+    attention kernel)."""
 
     macs: int
     cycles: np.ndarray
     core_buffer_words: np.ndarray
     glb_words: np.ndarray
     dram_words: np.ndarray
+    chip_cycles: np.ndarray
 
 
 class GemmTiles:
@@ -192,7 +195,7 @@ def gemm_cost(n: int, c: int, k: int, pes: np.ndarray, num: np.ndarray, glb_word
     inner_time = np.broadcast_to(np.maximum(reads, writes), tiles.shape).ravel()
     inner_total = np.broadcast_to(reads + writes, tiles.shape).ravel()
     log_volume = np.broadcast_to(tiles.log_volume, tiles.shape).ravel()
-    cycles, core_words, glb_moved, dram_words = (np.empty(len(pes)) for _ in range(4))
+    cycles, core_words, glb_moved, dram_words, chip_cycles = (np.empty(len(pes)) for _ in range(5))
     for glb in np.unique(glb_words):
         at_glb = glb_words == glb
         padded, chosen = tiles.chip_tiles(float(glb), int(log_num[at_glb].max()))
@@ -215,10 +218,11 @@ def gemm_cost(n: int, c: int, k: int, pes: np.ndarray, num: np.ndarray, glb_word
                 tile = usable[best[q]]
                 rows = at_p & (log_num == log_n)
                 cycles[rows] = max(best_time[q], dram_time / memory.dram_words_per_cycle)
+                chip_cycles[rows] = best_time[q]
                 core_words[rows] = inner_total[tile]
                 glb_moved[rows] = inner_total[chosen[q, tile]]
                 dram_words[rows] = dram_total
-    return GemmCost(n * c * k, cycles, core_words, glb_moved, dram_words)
+    return GemmCost(n * c * k, cycles, core_words, glb_moved, dram_words, chip_cycles)
 
 
 def tc_gemm_cycles(n: int, c: int, k: int, num_tc: int, width: int, depth: int, glb_bytes: int,

@@ -13,19 +13,20 @@ from pathlib import Path
 
 import numpy as np
 
+from estimator.cache import default_cache_dir
+from estimator.fusion import FusedGraph, FusedOp, fuse_attention, fuse_layers
+from estimator.space import CandidateSpace, candidate_space
+from estimator.table import EstimateTable, gemm_energy
+from estimator.work import BACKWARD, DIRECTIONS, FORWARD, VectorTerm, Work, op_work
+from graph_extract.attention import TILE as ATTENTION_TILE
+from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
-
-#: The kernels of the estimator's own API (`estimate`, `layer_workload` without options): no sequence
-#: parallelism, every operator on all its tokens.
-PLAIN_KERNELS = KernelOptions(sequence_parallel=False)
-
-from estimator.cache import default_cache_dir
-from estimator.fusion import FusedGraph, FusedOp, fuse_layers
-from estimator.space import CandidateSpace, candidate_space
-from estimator.table import EstimateTable
-from estimator.work import BACKWARD, DIRECTIONS, VectorTerm, Work, op_work
 from hardware import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
+
+#: The kernels of the estimator's own API (`estimate`, `layer_workload` without options): the
+#: original's — no sequence parallelism (every operator on all its tokens), attention unfused, 16-bit.
+PLAIN_KERNELS = KernelOptions(sequence_parallel=False, flash_attention=False)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,59 @@ def fused_work(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[bool
     return Work(gemms=op_work(graph.nodes[op.members[0]], direction).gemms, vector=tuple(vector))
 
 
+def attention_work(graph: OpGraph, kernel: AttentionKernel, direction: str) -> Work:
+    """The work of a fused attention kernel on every tile (before the causal mask drops some): its two
+    products and its members' vector work; backward also the scores and the softmax recomputed."""
+    members = sorted(kernel.members)
+    gemms = [gemm for product in kernel.products for gemm in op_work(graph.nodes[product], direction).gemms]
+    vector = [term for member in members for term in op_work(graph.nodes[member], direction).vector]
+    if direction == BACKWARD:
+        gemms += op_work(graph.nodes[kernel.products[0]], FORWARD).gemms
+        vector += [term for member in members if graph.nodes[member].kind == "softmax"
+                   for term in op_work(graph.nodes[member], FORWARD).vector]
+    return Work(gemms=tuple(gemms), vector=tuple(vector))
+
+
+def attention_block(kernel_head_dim: int, num_tc: np.ndarray, glb_words: np.ndarray) -> np.ndarray:
+    """Query and key rows per tile of a fused attention kernel on each chip: the largest power of two up
+    to FlashAttention's 128 whose working set fits the global buffer — on every tensor core a query
+    tile, its output accumulator and its score tile, and the key and value tiles they share (0: none
+    fits down to 16 rows; the kernel then keeps its scores in HBM)."""
+    block = np.zeros(np.shape(num_tc), dtype=np.int64)
+    for rows in (16, 32, 64, ATTENTION_TILE):
+        working = num_tc * (2 * rows * kernel_head_dim + rows * rows) + 2 * rows * kernel_head_dim
+        block = np.where(working <= glb_words, rows, block)
+    return block
+
+
+def attention_prices(graph: OpGraph, kernel: AttentionKernel, work: Work, direction: str, table: EstimateTable,
+                     core: CoreConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(tensor-core cycles, energy [J]) of a fused attention kernel on every tensor-core configuration
+    of the table (or on `core`). Its products run on the chip at their on-chip rate on the tiles the
+    causal mask leaves, bounded by HBM: Q, O and the softmax statistics once, K and V once per pass
+    of the chip's query tiles over the keys (all tensor cores share the key and value tiles the
+    global buffer holds); backward twice those words. Without a tile that fits, the scores go
+    through HBM as the separate products' would."""
+    template = table.template
+    costs = [(gemm.batch, table.gemm_cost((gemm.n, gemm.c, gemm.k), core)) for gemm in work.gemms]
+    on_chip = sum(batch * cost.chip_cycles for batch, cost in costs)
+    spilled = sum(batch * cost.cycles for batch, cost in costs)
+    energy = template.energy
+    spilled_energy = sum(batch * gemm_energy(cost, energy) for batch, cost in costs)
+    chip_energy = spilled_energy - sum(batch * cost.dram_words for batch, cost in costs) * energy.dram
+    num, glb = (table.tc_counts, table.glb_sizes) if core is None else (np.array([core.num]), np.array([core.glb_bytes]))
+    scores = graph.nodes[kernel.products[0]].gemm
+    word = template.bytes_per_element
+    block = attention_block(scores.k, num, glb / word)
+    passes = np.ceil(kernel.queries / (num * np.maximum(block, 1)))
+    once = kernel.query_bytes + kernel.output_bytes + kernel.statistics_bytes
+    words = (once + kernel.key_value_bytes * passes) / word * (2 if direction == BACKWARD else 1)
+    fraction = kernel.fraction
+    fits = block > 0
+    cycles = np.where(fits, np.maximum(fraction * on_chip, words / template.dram_words_per_cycle), fraction * spilled)
+    return cycles, np.where(fits, fraction * chip_energy + words * energy.dram, fraction * spilled_energy)
+
+
 class PreparedLayer:
     """A fused layer in one direction, with its costs laid out per operator and per tensor-core
     configuration of the table: pricing it for an accelerator is column indexing.
@@ -80,24 +134,38 @@ class PreparedLayer:
     An operator's latency is max(tensor-core cycles, vector-core cycles) / clock (a fused epilogue
     streams the GEMM's output tiles, so the two overlap). Collectives take no time here: the
     training-step model charges them on the cluster's links. The vector work of the operators the
-    kernel options split (`KernelOptions.split_operators`: sequence parallelism) is divided by the width.
+    kernel options split (`KernelOptions.split_operators`: sequence parallelism) is divided by the
+    width. With a fused attention kernel (`KernelOptions.flash_attention`) each attention core is one
+    operator (`attention_prices`; its vector work on the tiles the causal mask leaves).
     """
 
     def __init__(self, graph: OpGraph, fused: FusedGraph, direction: str, table: EstimateTable,
                  kernels: KernelOptions = PLAIN_KERNELS) -> None:
         if direction not in DIRECTIONS:
             raise ValueError(f"direction: must be 'forward' or 'backward', got {direction!r}")
+        attention = ([kernel for kernel in attention_kernels(graph) if kernel.layer == fused.layer]
+                     if kernels.flash_attention else [])
+        fused, rows = fuse_attention(fused, [kernel.members for kernel in attention])
         last = len(fused.ops) - 1
         backward = direction == BACKWARD
         self.layer, self.direction, self.table = fused.layer, direction, table
         self.ops = fused.ops[::-1] if backward else fused.ops
         self.edges = tuple(sorted((last - b, last - a) for a, b in fused.edges)) if backward else fused.edges
+        self.attention = {last - rows[i] if backward else rows[i]: kernel for i, kernel in enumerate(attention)}
         split = kernels.split_operators(graph)
-        self.works = tuple(fused_work(graph, op, direction, split) for op in self.ops)
+        self.graph = graph
+        self.works = tuple(attention_work(graph, self.attention[row], direction) if row in self.attention
+                           else fused_work(graph, op, direction, split) for row, op in enumerate(self.ops))
+        self._vector_share = np.array([self.attention[row].fraction if row in self.attention else 1.0
+                                       for row in range(len(self.ops))])
         table.fill((g.n, g.c, g.k) for work in self.works for g in work.gemms)
         shape = (len(self.ops), len(table.tc_cores))
         self._tc_cycles, self._tc_energy = np.zeros(shape), np.zeros(shape)
         for row, work in enumerate(self.works):
+            if row in self.attention:
+                self._tc_cycles[row], self._tc_energy[row] = attention_prices(graph, self.attention[row], work,
+                                                                              direction, table)
+                continue
             for gemm in work.gemms:
                 cycles, energy = table.gemm_arrays((gemm.n, gemm.c, gemm.k))
                 self._tc_cycles[row] += gemm.batch * cycles
@@ -108,13 +176,17 @@ class PreparedLayer:
         index = self.table.tc_index.get(core)
         if index is not None:
             return self._tc_cycles[:, index], self._tc_energy[:, index]
-        costs = [self.table.tensor_core(work.gemms, core) for work in self.works]
-        return np.array([c for c, _ in costs]), np.array([e for _, e in costs])
+        costs = [attention_prices(self.graph, self.attention[row], work, self.direction, self.table, core)
+                 if row in self.attention else self.table.tensor_core(work.gemms, core)
+                 for row, work in enumerate(self.works)]
+        return np.array([float(np.asarray(c).ravel()[0]) for c, _ in costs]), \
+            np.array([float(np.asarray(e).ravel()[0]) for _, e in costs])
 
     def _vector_cores(self, lanes: int) -> tuple[np.ndarray, np.ndarray]:
         if lanes not in self._vector:
             costs = [self.table.vector_core(work.vector, lanes) for work in self.works]
-            self._vector[lanes] = np.array([c for c, _ in costs]), np.array([e for _, e in costs])
+            self._vector[lanes] = (np.array([c for c, _ in costs]) * self._vector_share,
+                                   np.array([e for _, e in costs]) * self._vector_share)
         return self._vector[lanes]
 
     def _price(self, core: CoreConfig, lanes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -256,7 +256,12 @@ def _more_blocks(op_graph: OpGraph, layer_graph: LayerGraph, groups: tuple[tuple
         tuple(head if member == old_head else member for member in group) + (tuple(range(last + 1, head)) if last in group else ())
         for group in groups
     )
-    return op_graph, LayerGraph(tuple(layers), tuple(edges), layer_graph.tensor_parallel_width), groups
+    tied = tuple(dataclasses.replace(weight, first=head if weight.first == old_head else weight.first,
+                                     second=head if weight.second == old_head else weight.second)
+                 for weight in layer_graph.tied)
+    if any(0 < weight.first <= last or 0 < weight.second <= last for weight in tied):
+        raise ValueError("layer graph: a block shares a weight with another layer; copying blocks would not share it")
+    return op_graph, LayerGraph(tuple(layers), tuple(edges), layer_graph.tensor_parallel_width, tied), groups
 
 
 def extract(

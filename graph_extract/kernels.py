@@ -1,10 +1,17 @@
 """How the operators of a layer run on a device: one hashable value that every cost path (the template's
 estimates and schedules, a GPU's roofline, the memory model) and every cache key reads.
 
-Today it holds sequence parallelism (Korthikanti et al. 2022): the operators whose outputs are
-replicated over the tensor-parallel group (norms, dropout, residual adds; `graph_extract.regions`)
-run on 1/t of the tokens, so their work and bytes, and the activations they keep, are divided by t.
-A new kernel option (the attention kernel, the precision) is a field here and the pass that reads it.
+* `sequence_parallel` (Korthikanti et al. 2022): the operators whose outputs are replicated over the
+  tensor-parallel group (norms, dropout, residual adds; `graph_extract.regions`) run on 1/t of the
+  tokens, so their work and bytes, and the activations they keep, are divided by t.
+* `flash_attention`: each attention core runs as one fused kernel (`graph_extract.attention`):
+  FlashAttention as Megatron-Core and every current framework run it; false: the s × s scores
+  written to memory and kept, as 2021–22 Megatron did.
+* `precision`: `bf16` or `fp16` (16-bit mixed precision: the same costs), or `fp8` as Transformer
+  Engine runs it: the blocks' weight products (`fp8_operators`) take FP8 inputs at the chip's FP8
+  rate and keep their inputs in FP8; the attention, the embedding, the logits and every other
+  operator stay 16-bit.
+A new kernel option is a field here and the pass that reads it.
 """
 
 from __future__ import annotations
@@ -12,19 +19,30 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from common.checks import boolean
+from common.checks import boolean, choice
 from graph_extract.opgraph import OpGraph
-from graph_extract.regions import replicated_outputs
+from graph_extract.regions import block_weight_products, replicated_outputs
+
+#: Training precisions: 16-bit mixed precision (BF16 or FP16) and Transformer Engine's FP8.
+PRECISIONS = ("bf16", "fp16", "fp8")
 
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """`sequence_parallel`: Megatron's sequence parallelism (module docstring)."""
+    """Sequence parallelism, the attention kernel and the precision (module docstring)."""
 
     sequence_parallel: bool = True
+    flash_attention: bool = True
+    precision: str = "bf16"
 
     def __post_init__(self) -> None:
         boolean("sequence_parallel", self.sequence_parallel)
+        boolean("flash_attention", self.flash_attention)
+        choice("precision", self.precision, PRECISIONS)
+
+    @property
+    def fp8(self) -> bool:
+        return self.precision == "fp8"
 
     def split_operators(self, graph: OpGraph) -> tuple[bool, ...]:
         """Per operator of `graph` (by id): whether its work and bytes are divided over the t ranks
@@ -32,6 +50,16 @@ class KernelOptions:
         if not self.sequence_parallel or graph.tensor_parallel_width == 1:
             return ()
         return replicated_outputs(graph)
+
+    def fp8_operators(self, graph: OpGraph) -> tuple[bool, ...]:
+        """Per operator of `graph` (by id): whether it is a weight product run in FP8 — those of the
+        transformer blocks (the layers between the first and the last; empty: none is)."""
+        return block_weight_products(graph) if self.fp8 else ()
+
+    def recomputed_core(self, core: frozenset[int]) -> frozenset[int]:
+        """The operators of the attention core `core` that selective recomputation re-runs: all of them,
+        none with a fused kernel (it keeps no s × s tensor to drop)."""
+        return frozenset() if self.flash_attention else core
 
     def replicated_share(self, width: int) -> float:
         """The fraction of a replicated activation that leaves a device of a width-t group."""

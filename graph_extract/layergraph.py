@@ -7,7 +7,10 @@ Only tensors produced by operators count; parameters, buffers and model inputs d
 masks take one byte per element. For a GPT block of width t this is Korthikanti et al.'s
 s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes, of which s·b·h·10 are replicated over the tensor-parallel
 ranks (what sequence parallelism splits) and 5·a·s²·b/t belong to the attention core (what
-selective recomputation drops); see `graph_extract.regions`.
+selective recomputation drops); see `graph_extract.regions`. With a fused attention kernel
+(`graph_extract.attention`) the core keeps only Q, K, V and the softmax statistics: Korthikanti et
+al.'s figure without its 5·a·s²·b/t. In FP8 training (Transformer Engine) the weight products of the blocks keep
+their inputs in FP8: one byte an element instead of two.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from graph_extract.attention import attention_kernels
 from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
-from graph_extract.regions import attention_core, replicated_outputs
+from graph_extract.regions import attention_core, block_weight_products, replicated_outputs
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -40,6 +44,12 @@ class Layer:
     pass, one entry each (empty at width 1). A mixture-of-experts block also has its experts'
     share of `parameter_bytes` (all experts here; expert parallelism divides them) and the bytes of
     each token all-to-all of its forward pass (dispatch, combine; the backward pass mirrors them).
+
+    `fused_attention_activation_bytes` is `activation_bytes` with the attention core run as a fused
+    kernel (its Q, K, V and softmax statistics kept instead of the s × s tensors);
+    `matrix_input_activation_bytes` (and its replicated part) are the saved tensors only a block's
+    weight products keep (FP8 keeps them in one byte an element); `matrix_parameter_bytes` are the
+    weights those products read (FP8 adds an 8-bit copy of them).
     """
 
     id: int
@@ -57,6 +67,10 @@ class Layer:
     backward_collective_bytes: tuple[int, ...] = ()
     expert_parameter_bytes: int = 0
     all_to_all_bytes: tuple[int, ...] = ()
+    fused_attention_activation_bytes: int = 0
+    matrix_input_activation_bytes: int = 0
+    replicated_matrix_input_activation_bytes: int = 0
+    matrix_parameter_bytes: int = 0
 
     @property
     def is_block(self) -> bool:
@@ -75,10 +89,21 @@ class LayerEdge:
 
 
 @dataclass(frozen=True)
+class TiedWeight:
+    """A weight read by two layers (a tied embedding: the word table and the logits' product): held
+    once when both are on one device. Bytes per rank."""
+
+    first: int
+    second: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class LayerGraph:
     layers: tuple[Layer, ...]
     edges: tuple[LayerEdge, ...]
     tensor_parallel_width: int
+    tied: tuple[TiedWeight, ...] = ()
 
     def layer(self, layer_id: int) -> Layer:
         return next(layer for layer in self.layers if layer.id == layer_id)
@@ -136,20 +161,49 @@ def _expert_weights(nodes: tuple[OpNode, ...]) -> set[str]:
     return {name for node in nodes if node.op == "grouped_linear" for name in node.weight_names}
 
 
+def _saved(graph: OpGraph, nodes: tuple[OpNode, ...], matrix: tuple[bool, ...], skipped: frozenset[int] = frozenset()
+           ) -> tuple[dict, set]:
+    """(tensor key -> bytes saved for the backward pass, keys only block weight products keep), over
+    the layer's operators not in `skipped`."""
+    saved: dict[tuple[str, int], int] = {}
+    others: set[tuple[str, int]] = set()
+    for node in nodes:
+        if node.id in skipped:
+            continue
+        for key, size in saved_tensors(node, graph):
+            saved[key] = size
+            if not matrix[node.id]:
+                others.add(key)
+    return saved, set(saved) - others
+
+
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
-    """Contract the op graph into layers; parameters are counted once per layer that reads them."""
+    """Contract the op graph into layers; parameters are counted once per layer that reads them (a
+    weight two layers read is also in `tied`)."""
     replicated, core = replicated_outputs(graph), attention_core(graph)
+    kernels = attention_kernels(graph)
+    matrix_products = block_weight_products(graph)
     crossing: dict[tuple[int, int], dict[int, int]] = {}
     for source, dest in graph.edges:
         pair = (graph.nodes[source].layer, graph.nodes[dest].layer)
         if pair[0] != pair[1]:
             crossing.setdefault(pair, {})[source] = graph.nodes[source].output_bytes
-    layers = []
+    layers, first_reader, tied = [], {}, []
     for layer_id in graph.layers:
         nodes = graph.layer_nodes(layer_id)
         weights, experts = weight_sizes(nodes), _expert_weights(nodes)
-        saved = {key: size for node in nodes for key, size in saved_tensors(node, graph)}
+        saved, matrix_inputs = _saved(graph, nodes, matrix_products)
+        layer_kernels = [kernel for kernel in kernels if kernel.layer == layer_id]
+        skipped = frozenset().union(*(kernel.members for kernel in layer_kernels))
+        fused, _ = _saved(graph, nodes, matrix_products, skipped)
+        fused_bytes = sum(fused.values()) + sum(kernel.saved_bytes for kernel in layer_kernels)
         inputs = {source: size for (_, dest), sizes in crossing.items() if dest == layer_id for source, size in sizes.items()}
+        matrix = {name for node in nodes if matrix_products[node.id] for name in node.weight_names}
+        for name, size in weights.items():
+            if name in first_reader:
+                tied.append(TiedWeight(first_reader[name], layer_id, size * dtype_bytes))
+            else:
+                first_reader[name] = layer_id
         name = _layer_name(nodes)
         layers.append(
             Layer(
@@ -170,7 +224,12 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 backward_collective_bytes=_collective_bytes(nodes, "backward"),
                 expert_parameter_bytes=sum(size for name, size in weights.items() if name in experts) * dtype_bytes,
                 all_to_all_bytes=tuple(node.output_bytes for node in nodes if node.kind == "alltoall"),
+                fused_attention_activation_bytes=fused_bytes,
+                matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs),
+                replicated_matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs if replicated[key[1]]),
+                matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,
             )
         )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())
-    return LayerGraph(layers=tuple(layers), edges=edges, tensor_parallel_width=graph.tensor_parallel_width)
+    return LayerGraph(layers=tuple(layers), edges=edges, tensor_parallel_width=graph.tensor_parallel_width,
+                      tied=tuple(tied))

@@ -1,5 +1,6 @@
-"""Two passes over an op graph that the memory model needs: which tensors are replicated over the
-tensor-parallel group, and which operators form the attention core.
+"""Passes over an op graph that the cost paths need: which tensors are replicated over the
+tensor-parallel group, which operators form the attention cores, and which are the blocks' weight
+products.
 
 * Replicated (identical on every rank of the group): model inputs and buffers, the output of a
   forward all-reduce, and any operator fed only by replicated tensors and no sharded parameter.
@@ -14,6 +15,13 @@ tensor-parallel group, and which operators form the attention core.
 from __future__ import annotations
 
 from graph_extract.opgraph import OpGraph, OpNode
+
+
+def block_weight_products(graph: OpGraph) -> tuple[bool, ...]:
+    """Per operator (by id): whether it is a weight product of a transformer block (the layers between
+    the first, the embedding, and the last, the head): what FP8 training runs in FP8."""
+    blocks = set(graph.layers[1:-1])
+    return tuple(node.kind == "gemm" and node.layer in blocks for node in graph.nodes)
 
 
 def _uses_sharded_weight(node: OpNode, sharded: frozenset[str]) -> bool:
@@ -32,22 +40,27 @@ def replicated_outputs(graph: OpGraph) -> tuple[bool, ...]:
     return tuple(replicated)
 
 
-def attention_core(graph: OpGraph) -> frozenset[int]:
-    """Ids of the operators of every attention core: a product of activations, the product that
-    consumes it, and the operators on the paths between them (none of them a weight product)."""
+def attention_cores(graph: OpGraph) -> tuple[frozenset[int], ...]:
+    """The operator ids of each attention core: a product of activations, the product that consumes
+    it, and the operators on the paths between them (none of them a weight product)."""
     successors: dict[int, list[int]] = {}
     predecessors: dict[int, list[int]] = {}
     for source, dest in graph.edges:
         successors.setdefault(source, []).append(dest)
         predecessors.setdefault(dest, []).append(source)
     products = [node.id for node in graph.nodes if node.kind == "bmm"]
-    core: set[int] = set()
+    cores = []
     for first in products:
         reached = _reach(first, successors, graph)
         for second in (node for node in reached if graph.nodes[node].kind == "bmm"):
             between = reached & _reach(second, predecessors, graph)
-            core |= between | {first, second}
-    return frozenset(core)
+            cores.append(frozenset(between | {first, second}))
+    return tuple(cores)
+
+
+def attention_core(graph: OpGraph) -> frozenset[int]:
+    """Ids of the operators of every attention core (`attention_cores`)."""
+    return frozenset().union(*attention_cores(graph))
 
 
 def _reach(start: int, step: dict[int, list[int]], graph: OpGraph) -> set[int]:

@@ -6,11 +6,11 @@ import dataclasses
 import json
 from typing import Any
 
-from graph_extract.layergraph import Layer, LayerEdge, LayerGraph
+from graph_extract.layergraph import Layer, LayerEdge, LayerGraph, TiedWeight
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 def _shapes(value: list) -> tuple[tuple[int, ...], ...]:
@@ -71,6 +71,7 @@ def layer_graph_from_dict(record: dict[str, Any]) -> LayerGraph:
         ),
         edges=tuple(LayerEdge(**edge) for edge in record["edges"]),
         tensor_parallel_width=record["tensor_parallel_width"],
+        tied=tuple(TiedWeight(**weight) for weight in record["tied"]),
     )
 
 

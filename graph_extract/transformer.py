@@ -43,6 +43,16 @@ def _dropout(spec: ModelSpec) -> nn.Dropout | None:
     return nn.Dropout(spec.dropout) if spec.dropout > 0 else None
 
 
+def _alibi_bias(spec: ModelSpec, sequence_length: int, heads: int) -> torch.Tensor:
+    """ALiBi's bias of the first `heads` heads, [heads, sequence, sequence]: slope_h · (j − i), the slopes
+    the geometric sequence 2^(−8h/n) of Press et al. 2022 for n heads (n a power of two; otherwise the
+    next power's, as BLOOM does). Rank 0's heads: the values change no cost, only the shape does."""
+    n = 2 ** math.ceil(math.log2(spec.num_heads))
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / n) for h in range(heads)])
+    positions = torch.arange(sequence_length, dtype=torch.float32)
+    return slopes[:, None, None] * (positions[None, :] - positions[:, None])[None]
+
+
 def _rotary_tables(sequence_length: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, [sequence, head_dim], base 10000 (Llama)."""
     inverse_frequency = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -123,6 +133,10 @@ class SelfAttention(nn.Module):
             self.register_buffer("rotary_sin", sin, persistent=False)
         else:
             self.rotary_cos = None
+        if spec.position_embedding == "alibi":
+            self.register_buffer("alibi_bias", _alibi_bias(spec, sequence_length, self.local_heads), persistent=False)
+        else:
+            self.alibi_bias = None
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """[b, s, heads·d] -> [b, heads, s, d]."""
@@ -153,6 +167,8 @@ class SelfAttention(nn.Module):
             q, k = self._rotate(q), self._rotate(k)
         k, v = self._repeat_kv(k), self._repeat_kv(v)
         scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
+        if self.alibi_bias is not None:
+            scores = scores + self.alibi_bias
         if self.causal_mask is not None:
             scores = scores.masked_fill(self.causal_mask, float("-inf"))
         probabilities = F.softmax(scores, dim=-1)
@@ -167,6 +183,8 @@ def _activate(activation: str, up: torch.Tensor, gate: torch.Tensor | None) -> t
         return F.silu(gate) * up
     if activation == "gelu_tanh":
         return F.gelu(up, approximate="tanh")
+    if activation == "squared_relu":  # Nemotron-4 (So et al. 2021, Primer)
+        return torch.pow(F.relu(up), 2)
     return _ACTIVATIONS[activation](up)
 
 

@@ -19,8 +19,8 @@ from common.checks import InputError, boolean, choice, is_integer, is_number, po
 CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("pre", "post"),
-    "activation": ("gelu", "gelu_tanh", "relu", "swiglu"),
-    "position_embedding": ("learned", "rotary"),
+    "activation": ("gelu", "gelu_tanh", "relu", "squared_relu", "swiglu"),
+    "position_embedding": ("learned", "rotary", "alibi", "none"),
     "head": ("lm", "pooler", "bert_pretraining"),
 }
 #: Integer fields that may be zero.
@@ -67,8 +67,10 @@ class ModelSpec:
     default_sequence_length: int
     norm: str = "layernorm"  # "layernorm" | "rmsnorm"
     norm_position: str = "pre"  # "pre": x + f(norm(x)); "post": norm(x + f(x))
-    activation: str = "gelu"  # "gelu" | "gelu_tanh" | "relu" | "swiglu"
-    position_embedding: str = "learned"  # "learned" | "rotary"
+    activation: str = "gelu"  # "gelu" | "gelu_tanh" | "relu" | "squared_relu" (Nemotron-4) | "swiglu"
+    # "learned" (a table), "rotary" (RoPE), "alibi" (BLOOM: no parameters, a per-head linear bias on
+    # the attention scores; Press et al. 2022) or "none" (no position signal)
+    position_embedding: str = "learned"
     position_offset: int = 0  # OPT's learned positions start at index 2
     bias: bool = True
     fused_qkv: bool = False  # one [h -> 3h] projection (GPT-2, Megatron) or three [h -> h]

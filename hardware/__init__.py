@@ -16,7 +16,7 @@ from hardware.accelerator import (
                                   named_accelerator,
 )
 from hardware.area import MIB, area_um2
-from hardware.chips import KNOWN_CHIPS, PRECISIONS, KnownChip, known_chip
+from hardware.chips import KNOWN_CHIPS, KnownChip, known_chip
 from hardware.cluster import NO_COMMUNICATION, Cluster, Collective, Group, Network, Tier
 from hardware.systems import SYSTEMS, System, cluster, system, system_of
 
@@ -26,7 +26,6 @@ __all__ = [
     "MIB",
     "NO_COMMUNICATION",
     "POWER_OF_TWO_FIELDS",
-    "PRECISIONS",
     "SYSTEMS",
     "AcceleratorConfig",
     "Cluster",

@@ -4,13 +4,10 @@ hardware/chips/ with their public figures, where every number names its source.
 GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze's template
 (`cost_model: template`), priced by the estimator and the layer schedules like a searched chip.
 
-Precision: a chip prices 16-bit training by default. A chip with FP8 tensor cores (its
-`fp8_peak_flops` and `fp8_matrix_efficiency` figures) prices FP8 training with `with_precision("fp8")`:
-every GEMM runs at the FP8 dense peak times the FP8 large-GEMM efficiency, and everything else
-(elementwise operators, norms, the attention softmax, bytes moved, communication) stays as in
-16-bit. A simplification of Transformer Engine's FP8 recipe, which runs the linear layers' GEMMs in
-FP8 but keeps the attention's batched products in BF16: those are bound by the bytes of their score
-matrices in phaze's unfused attention, so their rate hardly matters.
+Rates: a 16-bit GEMM that fills the chip runs at `peak_flops` × `matrix_efficiency`; a fused
+attention kernel at `peak_flops` × `attention_efficiency` (the matrix efficiency where the chip
+states none); an FP8 GEMM at `fp8_peak_flops` × `fp8_matrix_efficiency` (a chip without them has no
+FP8 tensor cores).
 """
 
 from __future__ import annotations
@@ -29,18 +26,16 @@ CHIPS = Path(__file__).resolve().parent / "chips"
 COST_MODELS = ("roofline", "template")
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
-           "matrix_efficiency", "memory_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency")
-#: Training precisions a chip prices: 16-bit (BF16/FP16), and FP8 where the chip has FP8 figures.
-PRECISIONS = ("16-bit", "fp8")
+           "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency")
 
 
 @dataclass(frozen=True)
 class KnownChip:
     """A chip that exists: peak dense 16-bit FLOP/s, HBM capacity [bytes] and bandwidth [bytes/s],
     on-chip memory [bytes]; for the roofline, its streaming multiprocessors and the achievable
-    fractions of peak (matrix) and of HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM
-    efficiency (0: no FP8 tensor cores) and the precision it prices; for a template chip, its
-    template."""
+    fractions of peak (matrix; attention: a fused attention kernel's, 0 = the matrix one) and of
+    HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores); for
+    a template chip, its template."""
 
     name: str
     cost_model: str
@@ -51,9 +46,9 @@ class KnownChip:
     streaming_multiprocessors: int = 0
     matrix_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    attention_efficiency: float = 0.0
     fp8_peak_flops: float = 0.0
     fp8_matrix_efficiency: float = 0.0
-    precision: str = "16-bit"
     template: AcceleratorConfig | None = None
     template_name: str | None = None
     names: tuple[str, ...] = ()  # how published runs name it
@@ -64,21 +59,31 @@ class KnownChip:
         return replace(self, matrix_efficiency=self.matrix_efficiency if matrix is None else matrix,
                        memory_efficiency=self.memory_efficiency if memory is None else memory)
 
-    def with_precision(self, precision: str) -> KnownChip:
-        """The same chip pricing training in `precision` (module docstring)."""
-        if precision not in PRECISIONS:
-            raise InputError(f"precision: unknown {precision!r}; allowed: {', '.join(PRECISIONS)}")
-        if precision == "fp8" and not self.fp8_peak_flops * self.fp8_matrix_efficiency:
-            raise InputError(f"precision: {self.name} has no FP8 figures (fp8_peak_flops, fp8_matrix_efficiency); "
-                             "allowed: 16-bit")
-        return replace(self, precision=precision)
+    @property
+    def has_fp8(self) -> bool:
+        """Whether the chip has FP8 tensor cores (and their figures)."""
+        return self.fp8_peak_flops * self.fp8_matrix_efficiency > 0
+
+    def check_precision(self, precision: str) -> None:
+        """InputError unless the chip can train in `precision` (`graph_extract.kernels.PRECISIONS`)."""
+        if precision == "fp8" and not self.has_fp8:
+            raise InputError(f"precision: {self.name} has no FP8 tensor cores (no fp8_peak_flops and "
+                             "fp8_matrix_efficiency figures); allowed: bf16, fp16")
 
     @property
     def matrix_flops(self) -> float:
-        """Achievable FLOP/s of a GEMM that fills the chip, in the precision it prices."""
-        if self.precision == "fp8":
-            return self.fp8_peak_flops * self.fp8_matrix_efficiency
+        """Achievable FLOP/s of a 16-bit GEMM that fills the chip."""
         return self.peak_flops * self.matrix_efficiency
+
+    @property
+    def fp8_matrix_flops(self) -> float:
+        """Achievable FLOP/s of an FP8 GEMM that fills the chip."""
+        return self.fp8_peak_flops * self.fp8_matrix_efficiency
+
+    @property
+    def attention_flops(self) -> float:
+        """Achievable FLOP/s of a 16-bit fused attention kernel that fills the chip."""
+        return self.peak_flops * (self.attention_efficiency or self.matrix_efficiency)
 
     def record(self) -> dict:
         """Its figures as results state them."""

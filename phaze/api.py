@@ -216,7 +216,8 @@ def run_prediction(settings: Settings) -> Prediction:
     graph = step_graph(settings)
     step = _STEPS.get((_graph_key(settings), question, axes, layout.shard), lambda: TrainingStepModel.step(
         question, axes, graph, settings.known_chip.hbm_bandwidth, layout.shard))
-    flops = _FLOPS.get((_graph_key(settings), recompute), lambda: flops_per_micro_batch(graphs(settings), recompute))
+    flops = _FLOPS.get((_graph_key(settings), recompute), lambda: flops_per_micro_batch(graphs(settings), recompute,
+                                                                   question.kernels))
     return prediction(question, axes, step, megatron_placement(graph, layout, recompute), settings.known_chip, flops)
 
 

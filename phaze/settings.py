@@ -32,6 +32,7 @@ from common.checks import (
 )
 from estimator import candidate_space
 from graph_extract import KernelOptions, ModelSpec, valid_tensor_parallel_widths
+from graph_extract.kernels import PRECISIONS
 from graph_extract.extraction import check_request
 from hardware import (
     DEFAULT_BUDGET,
@@ -274,12 +275,17 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         cluster=cluster,
         training=TrainingOptions(choice("optimizer", config["optimizer"], OPTIMIZERS),
                                  choice("data_parallel_sharding", config["data_parallel_sharding"], SHARDINGS),
-                                 boolean("overlap_grad_reduce", config["overlap_grad_reduce"])),
-        kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"])),
+                                 boolean("overlap_grad_reduce", config["overlap_grad_reduce"]),
+                                 boolean("grad_reduce_in_bf16", config["grad_reduce_in_bf16"])),
+        kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
+                              boolean("flash_attention", config["flash_attention"]),
+                              choice("precision", config["precision"], PRECISIONS)),
         step_model=step_model,
         baseline=fixed_megatron(config["model"], cluster.num_devices),
     )
     STEP_MODELS[step_model].check(question)
+    if known is not None:
+        known.check_precision(question.kernels.precision)
     axes = Axes(
         micro_batch_sizes=micro_batch_sizes,
         memory_capacities=tuple(hbm_bytes(size) for size in hbm_sizes),

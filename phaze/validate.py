@@ -62,6 +62,12 @@ VALIDATED_CHIPS = tuple(name for system in SYSTEMS.values() for name in KNOWN_CH
                         if KNOWN_CHIPS[system.chip].cost_model == "roofline")
 
 
+#: Frameworks of runs measured before fused attention kernels: FlashAttention was published in May 2022
+#: (Dao et al.) and reached Megatron-LM as --use-flash-attn in 2023; these ran 2020-21 Megatron-LM,
+#: whose attention writes and keeps the s x s scores.
+UNFUSED_ATTENTION_FRAMEWORKS = ("Megatron-LM (2021)", "Megatron-LM v1 (2020)", "Megatron-LM PTD-P",
+                                "Megatron-LM + DeepSpeed")
+
 #: Marks in the table: the time per iteration derived from tokens/s, settings taken from the recipe.
 FROM_TOKENS, FROM_RECIPE = "†", "‡"
 
@@ -133,6 +139,12 @@ class Case:
     assumed: tuple[str, ...] = ()
     recipe: str = ""  # the RECIPES entry `assumed` comes from
     expert_parallel_width: int = 1
+    flash_attention: bool = True
+
+    @property
+    def kernels(self) -> KernelOptions:
+        """How the run's operators ran: its sequence parallelism, attention kernel and precision."""
+        return KernelOptions(self.sequence_parallel, self.flash_attention, "fp8" if self.precision == "fp8" else "bf16")
 
 
 def is_llama(model: dict) -> bool:
@@ -206,7 +218,7 @@ def case(run: dict) -> Case | str:
         return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
     chip, system = found.chip, found.name
     precision = "fp8" if "FP8" in (training["precision"] or "").upper() else "16-bit"
-    if precision == "fp8" and not KNOWN_CHIPS[chip].fp8_peak_flops:
+    if precision == "fp8" and not KNOWN_CHIPS[chip].has_fp8:
         return f"FP8 precision: {chip} has no FP8 tensor cores"
     sharding = training["optimizer_sharding"] or ""
     if "ZeRO-3" in sharding or sharding.startswith("FSDP") or "FSDP on" in sharding:
@@ -281,6 +293,7 @@ def case(run: dict) -> Case | str:
         recompute=recompute, sequence_parallel=bool(sequence_parallel), sharded_optimizer=sharded_optimizer,
         overlap_grad_reduce=overlap_grad_reduce, measured=seconds, time_from_tokens=from_tokens,
         assumed=tuple(assumed), recipe=recipe_name or "", expert_parallel_width=experts,
+        flash_attention=not (training["framework"] or "").startswith(UNFUSED_ATTENTION_FRAMEWORKS),
     )
 
 
@@ -292,12 +305,12 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     cluster = cluster or SYSTEMS[item.system].cluster(item.devices)
     question = Question(spec, item.sequence_length, item.global_batch_size, cluster,
                         TrainingOptions("adam", "optimizer" if item.sharded_optimizer else "none",
-                                        item.overlap_grad_reduce), KernelOptions(item.sequence_parallel))
+                                        item.overlap_grad_reduce), item.kernels)
     axes = Axes((item.micro_batch_size,), (80 * GIB,), (item.recompute,), (item.width,), (item.virtual_stages,),
                 (item.expert_parallel_width,))
     layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width)
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
-    chip = (chip or KNOWN_CHIPS[item.chip]).with_precision(item.precision)
+    chip = chip or KNOWN_CHIPS[item.chip]
     costs = chip_costs(question, axes, {item.width: graphs}, chip, cache_dir)
     return predict(question, axes, layout, graphs, step_graphs({item.width: graphs}, costs)[item.width], chip)
 

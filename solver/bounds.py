@@ -98,7 +98,8 @@ def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: K
             prepared = prepare_layer(graphs.op_graph, group[0], direction, table, kernels)
             rows[direction].append(_layer_bounds(prepared, space))
         forward = prepare_layer(graphs.op_graph, group[0], "forward", table, kernels)
-        keep = [index for index, op in enumerate(forward.ops) if op.members[0] in graphs.attention_core]
+        core = kernels.recomputed_core(graphs.attention_core)
+        keep = [index for index, op in enumerate(forward.ops) if op.members[0] in core]
         rows["core"].append(_layer_bounds(forward, space, keep) if keep else np.zeros(len(space)))
     return GroupBounds(tuple(graphs.repeat_groups), *(np.array(rows[name]) for name in (*DIRECTIONS, "core")))
 

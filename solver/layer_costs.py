@@ -75,7 +75,7 @@ def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: Accele
             forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
                                  for direction in DIRECTIONS)
             yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
-                   core_problem(forward, graphs.attention_core, accelerator))
+                   core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator))
 
 
 def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
@@ -112,7 +112,7 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
     costs: LayerCosts = {}
     for width, graphs in graphs_by_width.items():
         for group in graphs.repeat_groups:
-            times = layer_times(graphs.op_graph, group[0], chip, kernels, graphs.attention_core)
+            times = layer_times(graphs.op_graph, group[0], chip, kernels, kernels.recomputed_core(graphs.attention_core))
             cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
@@ -143,11 +143,17 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 backward_collective_bytes=layer.backward_collective_bytes,
                 expert_parameters=layer.expert_parameter_bytes / TRAINING_DTYPE_BYTES,
                 all_to_all_bytes=layer.all_to_all_bytes,
+                fused_attention_activation_bytes=layer.fused_attention_activation_bytes,
+                matrix_input_activation_bytes=layer.matrix_input_activation_bytes,
+                replicated_matrix_input_activation_bytes=layer.replicated_matrix_input_activation_bytes,
+                matrix_parameters=layer.matrix_parameter_bytes / TRAINING_DTYPE_BYTES,
             )
             for layer in layer_graph.layers
         )
         edges = tuple((position[e.source], position[e.dest], float(e.bytes)) for e in layer_graph.edges)
         if any(source >= dest for source, dest, _ in edges):
             raise ValueError(f"layer graph of width {width}: an edge goes backwards in program order")
-        graphs[width] = StepGraph(width, layers, edges)
+        tied = tuple((position[weight.first], position[weight.second], weight.bytes / TRAINING_DTYPE_BYTES)
+                     for weight in layer_graph.tied)
+        graphs[width] = StepGraph(width, layers, edges, tied)
     return graphs

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.checks import InputError
-from graph_extract import ExtractedModel
+from graph_extract import ExtractedModel, KernelOptions
 from hardware import KnownChip
 from solver.layout import FitRules, Layout
 from solver.placement.layouts import megatron_chunks
@@ -99,14 +99,16 @@ def megatron_placement(graph: StepGraph, layout: Layout, recompute: str) -> Plac
     return Placement(layout, chunks, recompute)
 
 
-def flops_per_micro_batch(graphs: ExtractedModel, recompute: str) -> tuple[float, float]:
-    """(forward matrix FLOPs of the whole model, FLOPs its recomputation repeats) per micro-batch."""
+def flops_per_micro_batch(graphs: ExtractedModel, recompute: str, kernels: KernelOptions) -> tuple[float, float]:
+    """(forward matrix FLOPs of the whole model, FLOPs its recomputation repeats) per micro-batch.
+    The model FLOPs count every score (Megatron's and NeMo's accounting, a causal mask or not)."""
     width = graphs.tensor_parallel_width
     layers = graphs.layer_graph.layers
     forward = sum(layer.forward_flops * (width if layer.tensor_parallel else 1) for layer in layers)
     representative = {member: group[0] for group in graphs.repeat_groups for member in group}
+    recomputed = kernels.recomputed_core(graphs.attention_core)
     core = {layer.id: sum(node.flops for node in graphs.op_graph.layer_nodes(representative[layer.id])
-                          if node.id in graphs.attention_core) for layer in layers}
+                          if node.id in recomputed) for layer in layers}
     repeated = {"none": 0,
                 "selective": sum(core[layer.id] for layer in layers if layer.is_block),
                 "full": sum(layer.forward_flops for layer in layers if layer.is_block)}[recompute]
@@ -144,4 +146,4 @@ def predict(question: Question, axes: Axes, layout: Layout, graphs: ExtractedMod
     (recompute,) = axes.recompute
     step = TrainingStepModel.step(question, axes, step_graph, chip.hbm_bandwidth, layout.shard)
     return prediction(question, axes, step, megatron_placement(step_graph, layout, recompute), chip,
-                      flops_per_micro_batch(graphs, recompute))
+                      flops_per_micro_batch(graphs, recompute, question.kernels))

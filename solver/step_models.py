@@ -134,11 +134,15 @@ class OriginalStepModel:
         if len(question.cluster.tiers) != 1:
             raise InputError("system.tiers: the original's model has one flat link; give one tier")
         for key, value, allowed in (("sequence_parallel", question.kernels.sequence_parallel, False),
+                                    ("flash_attention", question.kernels.flash_attention, False),
                                     ("data_parallel_sharding", question.training.data_parallel_sharding, "none"),
-                                    ("overlap_grad_reduce", question.training.overlap_grad_reduce, False)):
+                                    ("overlap_grad_reduce", question.training.overlap_grad_reduce, False),
+                                    ("grad_reduce_in_bf16", question.training.grad_reduce_in_bf16, False)):
             if value != allowed:
                 shown = str(allowed).lower() if isinstance(allowed, bool) else allowed
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")
+        if question.kernels.fp8:
+            raise InputError("precision: system=original prices 16-bit training only; allowed: bf16, fp16")
 
     @staticmethod
     def graphs(question: Question, graphs: dict[int, StepGraph]) -> dict[int, PlacementGraph]:

@@ -13,14 +13,14 @@ from solver.layer_costs import core_problem, schedule_problem
 from solver.schedule import Op, ScheduleProblem, lower_bound
 
 
-@pytest.fixture
-def res(tmp_path, tiny_settings):
-    return Resources.build(tiny_settings(tmp_path).search_context(1))
+@pytest.fixture(params=[True, False], ids=["fused-attention", "unfused-attention"])
+def res(request, tmp_path, tiny_settings):
+    return Resources.build(tiny_settings(tmp_path, f"flash_attention={request.param}").search_context(1))
 
 
 def test_candidate_prices_match_one_accelerator_at_a_time(res):
     graphs = res.graphs[2]
-    prepared = prepare_layer(graphs.op_graph, 1, "backward", res.table)
+    prepared = prepare_layer(graphs.op_graph, 1, "backward", res.table, res.question.kernels)
     latency, parallel = prepared.candidate_prices(res.space)
     for index in (0, 17, 4321, len(res.space) - 1):
         one, every, _, _ = prepared.prices(res.space[index])
@@ -32,7 +32,7 @@ def test_vectorised_lower_bound_equals_the_schedulers(res):
     graphs = res.graphs[1]
     for layer in (0, 1, 3):
         for direction in ("forward", "backward"):
-            prepared = prepare_layer(graphs.op_graph, layer, direction, res.table)
+            prepared = prepare_layer(graphs.op_graph, layer, direction, res.table, res.question.kernels)
             latency, parallel = prepared.candidate_prices(res.space)
             cores = [op.core_type for op in prepared.ops]
             vector = lower_bounds(latency, parallel, cores, prepared.edges, res.space.num_tc, res.space.num_vc)
@@ -53,14 +53,15 @@ def test_group_bounds_are_the_schedulers_bounds_of_each_problem(res):
                 forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, res.table,
                                                     res.question.kernels)
                                      for direction in ("forward", "backward"))
-                core = core_problem(forward, graphs.attention_core, accelerator)
+                core = core_problem(forward, res.question.kernels.recomputed_core(graphs.attention_core), accelerator)
                 expected = (lower_bound(schedule_problem(forward, accelerator)),
                             lower_bound(schedule_problem(backward, accelerator)),
                             lower_bound(core) if core is not None else 0.0)
                 for layer in group:
                     cost = costs[layer]
                     assert (cost.forward, cost.backward, cost.attention_core_forward) == pytest.approx(expected, rel=1e-12)
-    assert any(cost.attention_core_forward > 0 for cost in costs.values())
+    # selective recomputation re-runs the unfused attention core; a fused kernel keeps nothing to re-run
+    assert any(cost.attention_core_forward > 0 for cost in costs.values()) != res.question.kernels.flash_attention
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 import graph_extract.extraction as extract_module
 import graph_extract.verify as verify_module
 from common.checks import InputError
+from graph_extract.serialize import FORMAT_VERSION
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line
@@ -179,7 +180,7 @@ def test_multi_head_cache_keys_are_unchanged_and_old_files_still_load(tmp_path, 
     cached record without the field is reused, not traced again."""
     spec = get_spec("llama2").with_overrides(num_layers=2)
     path = cache_path(tmp_path, spec, 1, 64, 1)
-    assert path.name == "llama2_mbs1_seq64_tp1_v3_af4b311d.json"
+    assert path.name == f"llama2_mbs1_seq64_tp1_v{FORMAT_VERSION}_af4b311d.json"
     assert cache_path(tmp_path, spec.with_overrides(num_kv_heads=8), 1, 64, 1) != path
     first = extract(spec, 1, 64, cache_dir=tmp_path)
     record = json.loads(path.read_text())

@@ -34,8 +34,12 @@ def random_graph(rng: random.Random, layers: int, width: int, chain: bool, scale
                   activation_bytes=scale["activations"][i] / width, replicated_activation_bytes=scale["activations"][i] / 8,
                   attention_core_activation_bytes=scale["activations"][i] / 4 / width, input_bytes=2e6,
                   replicated_input_bytes=2e6, is_block=block,
-                  forward_collective_bytes=(4e6,) * (width > 1), backward_collective_bytes=(4e6,) * (width > 1))
-        for i, block in enumerate(kinds)), tuple((i, j, float(rng.randint(0, 3)) * 1e6) for i, j in edges))
+                  forward_collective_bytes=(4e6,) * (width > 1), backward_collective_bytes=(4e6,) * (width > 1),
+                  fused_attention_activation_bytes=scale["activations"][i] * 0.75 / width,
+                  matrix_input_activation_bytes=scale["activations"][i] / 4 / width,
+                  matrix_parameters=scale["parameters"][i] / 2 / width * block)
+        for i, block in enumerate(kinds)), tuple((i, j, float(rng.randint(0, 3)) * 1e6) for i, j in edges),
+        ((0, layers - 1, scale["tied"] / width),) if scale["tied"] and layers > 1 else ())
 
 
 def random_steps(seed: int, layers: int, chain: bool = True) -> dict[str, dict[int, TrainingStep]]:
@@ -43,6 +47,7 @@ def random_steps(seed: int, layers: int, chain: bool = True) -> dict[str, dict[i
     rng = random.Random(seed)
     scale = {"parameters": [float(rng.randint(1, 6)) * 1e6 for _ in range(layers)],
              "activations": [float(rng.randint(1, 6)) * 1e6 for _ in range(layers)]}
+    scale["tied"] = rng.choice([0.0, min(scale["parameters"][0], scale["parameters"][-1]) / 2])
     widths = rng.choice([(1,), (1, 2), (1, 2, 4)])
     graphs = {width: random_graph(random.Random(seed * 7 + width), layers, width, chain, scale) for width in widths}
     devices = rng.choice([4, 8, 16, 32, 64])
@@ -52,7 +57,7 @@ def random_steps(seed: int, layers: int, chain: bool = True) -> dict[str, dict[i
     cluster = Cluster.build("random", devices, node, tiers if node < devices else tiers[:1])
     optimizer, sharded, sequence_parallel = rng.choice(["adam", "sgd"]), rng.random() < 0.5, rng.random() < 0.5
     training = TrainingOptions(optimizer, "optimizer" if sharded else "none", rng.random() < 0.25)
-    kernels = KernelOptions(sequence_parallel)
+    kernels = KernelOptions(sequence_parallel, rng.random() < 0.5, rng.choice(["bf16", "fp8"]))
     device = Device(float(rng.randint(20, 200)) * 1e6, 1e11)
     batches = rng.choice([1, 2, 4, 6, 8, 12, 16])
     return {mode: {width: TrainingStep(graph, cluster, training, kernels, device, batches, mode, Layout(width))

@@ -66,7 +66,7 @@ def test_memory_bound_operators_move_their_bytes():
     split = [1.0] * len(graphs.op_graph.nodes)
     assert op_seconds(graphs.op_graph, norm, "forward", A100, split) == pytest.approx(moved / bandwidth, rel=1e-12)
     assert op_seconds(graphs.op_graph, norm, "backward", A100, split) == pytest.approx(2 * moved / bandwidth, rel=1e-12)
-    times = layer_times(graphs.op_graph, 1, A100, KernelOptions(False), graphs.attention_core)
+    times = layer_times(graphs.op_graph, 1, A100, KernelOptions(False, flash_attention=False), graphs.attention_core)
     assert 0 < times.attention_core_forward < times.forward < times.backward
 
 

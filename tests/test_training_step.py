@@ -41,18 +41,67 @@ def test_activations_of_a_traced_gpt_block_follow_the_table(width):
         ("full", True): 2 * sbh / t,
     }
     for (mode, sequence_parallel), value in expected.items():
-        held, working = held_activations([block], mode, width, KernelOptions(sequence_parallel))
+        held, working = held_activations([block], mode, width, KernelOptions(sequence_parallel, flash_attention=False))
         assert held[0] == pytest.approx(value, rel=1e-12), (mode, sequence_parallel)
         if mode == "full":  # while recomputed, the block's whole activations are back
             assert working[0] == pytest.approx(expected["none", sequence_parallel], rel=1e-12)
+    # A fused attention kernel keeps no s x s tensor: the selective rows whatever the mode (but full),
+    # plus one fp32 log-sum-exp per softmax row (B sequences x A/t heads x S queries).
+    statistics = 4 * B * (A // t) * S
+    for sequence_parallel in (False, True):
+        fused = KernelOptions(sequence_parallel, flash_attention=True)
+        kept = expected["selective", sequence_parallel] + statistics
+        for mode in ("none", "selective"):
+            assert held_activations([block], mode, width, fused)[0][0] == pytest.approx(kept, rel=1e-12)
+        held, working = held_activations([block], "full", width, fused)
+        assert (held[0], working[0]) == pytest.approx((expected["full", sequence_parallel], kept), rel=1e-12)
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_fp8_keeps_the_inputs_of_weight_products_in_one_byte(width):
+    """Transformer Engine keeps an FP8 GEMM's input in FP8: of Korthikanti's 34·sbh (SP), the QKV and
+    FC1 inputs (2·sbh each, the norms' outputs, replicated over t), the projection's input (2·sbh/t)
+    and FC2's (8·sbh/t) are halved: 7·sbh/t (SP) or 2·sbh + 5·sbh/t (no SP) fewer bytes."""
+    (block,) = [layer for layer in extract(GPT, B, S, width).layer_graph.layers if layer.name == "layers.0"]
+    sbh, t = S * B * H, width
+    statistics = 4 * B * (A // t) * S
+    for sequence_parallel, saved in ((True, 7 * sbh / t), (False, 2 * sbh + 5 * sbh / t)):
+        bf16 = held_activations([block], "none", width, KernelOptions(sequence_parallel))[0][0]
+        fp8 = held_activations([block], "none", width, KernelOptions(sequence_parallel, precision="fp8"))[0][0]
+        assert bf16 == pytest.approx((34 / t if sequence_parallel else 10 + 24 / t) * sbh + statistics, rel=1e-12)
+        assert bf16 - fp8 == pytest.approx(saved, rel=1e-12)
 
 
 def test_model_state_per_parameter():
-    assert ModelState.of("adam", False).static_bytes(1.0, 8) == 18  # 2 + 4 + 12
-    assert ModelState.of("adam", True).static_bytes(1.0, 8) == 6 + 12 / 8
-    assert ModelState.of("sgd", True).static_bytes(1.0, 8) == 4
+    for options, (weights, gradients, state) in (
+            (TrainingOptions("adam", "none"), (2, 4, 18 - 6)),  # 2 + 4 + 12 (Megatron's 18 bytes)
+            (TrainingOptions("adam", "optimizer"), (2, 4, 12 / 8)),  # 6 + 12/d
+            (TrainingOptions("adam", "optimizer", grad_reduce_in_bf16=True), (2, 2, 12 / 8)),
+            (TrainingOptions("sgd", "optimizer"), (2, 2, 0))):
+        model = options.model_state
+        assert (model.weights, model.gradients, model.optimizer_share(8)) == (weights, gradients, state)
     with pytest.raises(ValueError, match="optimizer: unknown 'lamb'"):
         ModelState.of("lamb", True)
+
+
+def test_fp8_weights_have_two_8_bit_copies_and_a_tied_weight_is_held_once():
+    """FP8 on Hopper: each weight of an FP8 product also held row-wise and transposed in 8 bits (2 bytes
+    a parameter); a weight read by two layers of one stage (a tied embedding) held once."""
+    layers = (StepLayer(0, 1.0, 1.0, 0.0, parameters=3e6, activation_bytes=0.0),
+              StepLayer(1, 1.0, 1.0, 0.0, parameters=5e6, activation_bytes=0.0, is_block=True, matrix_parameters=4e6),
+              StepLayer(2, 1.0, 1.0, 0.0, parameters=3.5e6, activation_bytes=0.0))
+    graph = StepGraph(1, layers, ((0, 1, 1.0), (1, 2, 1.0)), tied=((0, 2, 3e6),))
+    cluster = Cluster.build("flat", 8, 8, [dict(bandwidth=1e9)])
+    for precision, copies in (("bf16", 0.0), ("fp8", 2 * 4e6)):
+        step = TrainingStep(graph, cluster, TrainingOptions("adam", "none"), KernelOptions(precision=precision),
+                            Device(1e12, 1e12), 8, "none", Layout(1))
+        whole = step.price(Placement(Layout(1, 1, 1), ((0, 1, 2),)))
+        held = 3e6 + 5e6 + 3.5e6 - 3e6  # the tied 3e6 once
+        assert whole.parameters == (held,)
+        assert whole.memory[0]["weights"] == 2 * held + copies and whole.memory[0]["total"] == 18 * held + copies
+        split = step.price(Placement(Layout(1, 2, 1), ((0, 1), (2,))))  # each stage holds its copy
+        assert split.parameters == (8e6, 3.5e6)
+        assert split.memory[0]["weights"] == 2 * 8e6 + copies
 
 
 def test_micro_batches_in_flight():

@@ -1,22 +1,28 @@
 """Memory per device: model state per parameter, activations per recomputation mode, and how many
 micro-batches' activations a pipeline stage holds.
 
-Model state (Megatron's distributed-optimizer table; ZeRO, Rajbhandari et al. 2020), bytes per
+Model state (Megatron-Core's distributed-optimizer table; ZeRO, Rajbhandari et al. 2020), bytes per
 parameter held by the device:
 
-    adam  16-bit weights (2) + fp32 gradients (4) + fp32 master weights and two moments (12)
+    adam  16-bit weights (2) + fp32 main gradients (4; 2 when reduced in 16-bit) + fp32 master
+          weights and two moments (12)
     sgd   16-bit weights (2) + 16-bit gradients (2), no optimizer state (the original's "2 copies")
 
 A sharded optimizer (ZeRO-1 / distributed optimizer) keeps 1/d of the optimizer state per device.
+In FP8 training (Transformer Engine) each weight of a block's weight products also has 8-bit copies
+(`FP8_WEIGHT_COPY_BYTES`) that its GEMMs read.
 
 Activations kept per transformer block and micro-batch (Korthikanti et al. 2022, Table 2), from the
 traced graph's split of each layer's saved tensors (`graph_extract.layergraph.Layer`):
 
     none        everything saved; with sequence parallelism the replicated part is divided by t
-    selective   without the attention core (re-run in the backward pass)
+    selective   without the attention core (re-run in the backward pass); with a fused attention
+                kernel the core keeps no s × s tensor, so selective keeps what none keeps
     full        only the layer's input (÷ t with sequence parallelism); during its backward the
                 layer's full activations are rebuilt: one layer's worth of working memory per stage
 
+With a fused attention kernel a block keeps Q, K, V and the softmax statistics instead of the
+core's s × s tensors; in FP8 the inputs only weight products keep are kept in one byte an element.
 Only transformer blocks are recomputed; the embedding and the head always keep their activations.
 """
 
@@ -34,40 +40,52 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations")
 
 
+#: Bytes per parameter of the 8-bit copies of a weight FP8 products read: on Hopper Transformer Engine
+#: keeps it row-wise (forward) and transposed (the data gradient), cached across the micro-batches of a
+#: step (NVIDIA/TransformerEngine docs, performance_considerations.rst, "Handling transposes").
+FP8_WEIGHT_COPY_BYTES = 2.0
+
+
 @dataclass(frozen=True)
 class ModelState:
-    """Bytes per parameter a device holds: weights, gradients and optimizer state (maybe sharded)."""
+    """Bytes per parameter a device holds: weights, gradients and optimizer state (maybe sharded), and
+    per weight of an FP8 product its 8-bit copy."""
 
     weights: float
     gradients: float
     optimizer_state: float
     sharded: bool
+    fp8_copy: float = 0.0
 
     @classmethod
-    def of(cls, optimizer: str, sharded: bool) -> ModelState:
+    def of(cls, optimizer: str, sharded: bool, gradients_in_16bit: bool = False, fp8: bool = False) -> ModelState:
         choice("optimizer", optimizer, OPTIMIZERS)
-        weights, gradients, state = {"adam": (2.0, 4.0, 12.0), "sgd": (2.0, 2.0, 0.0)}[optimizer]
-        return cls(weights, gradients, state, sharded)
+        weights, gradients, state = {"adam": (2.0, 2.0 if gradients_in_16bit else 4.0, 12.0),
+                                     "sgd": (2.0, 2.0, 0.0)}[optimizer]
+        return cls(weights, gradients, state, sharded, FP8_WEIGHT_COPY_BYTES if fp8 else 0.0)
 
     def optimizer_share(self, degree):
         """Optimizer-state bytes per parameter on one of `degree` data-parallel replicas."""
         return self.optimizer_state / degree if self.sharded else self.optimizer_state * np.ones_like(degree)
 
-    def static_bytes(self, parameters, degree):
-        """Weights + gradients + optimizer state of `parameters` on one of `degree` replicas."""
-        return parameters * (self.weights + self.gradients) + parameters * self.optimizer_share(degree)
-
 
 def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed)."""
+    """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed). A layer
+    without a fused-attention figure keeps with a fused kernel what it keeps without."""
     choice("recompute", mode, RECOMPUTE_MODES)
     share = kernels.replicated_share(width)
-    saved = np.array([layer.activation_bytes - share * layer.replicated_activation_bytes for layer in layers], float)
+    fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
+    saved = np.array([(layer.fused_attention_activation_bytes if here else layer.activation_bytes)
+                      - share * layer.replicated_activation_bytes for layer, here in zip(layers, fused)], float)
+    if kernels.fp8:  # the inputs only weight products keep: one byte an element instead of two
+        saved -= 0.5 * np.array([layer.matrix_input_activation_bytes
+                                 - share * layer.replicated_matrix_input_activation_bytes for layer in layers], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if mode == "none":
         return saved, np.zeros(len(layers))
     if mode == "selective":
-        core = np.array([layer.attention_core_activation_bytes for layer in layers], float)
+        core = np.array([0.0 if here else layer.attention_core_activation_bytes for layer, here in zip(layers, fused)],
+                        float)
         return np.where(recomputed, saved - core, saved), np.zeros(len(layers))
     inputs = np.array([layer.input_bytes - share * layer.replicated_input_bytes for layer in layers], float)
     return np.where(recomputed, inputs, saved), np.where(recomputed, saved, 0.0)

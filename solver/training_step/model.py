@@ -48,7 +48,7 @@ import numpy as np
 from graph_extract.kernels import KernelOptions
 from hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
-from solver.training_step.memory import RECOMPUTE_MODES, held_activations, in_flight
+from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES, RECOMPUTE_MODES, held_activations, in_flight
 from solver.training_step.options import TrainingOptions
 
 #: The terms of `StepResult.breakdown`, in the order they happen.
@@ -80,16 +80,23 @@ class StepLayer:
     backward_collective_bytes: tuple[float, ...] = ()
     expert_parameters: float = 0.0  # of `parameters`, the experts' (all of them, before expert parallelism)
     all_to_all_bytes: tuple[float, ...] = ()  # the token all-to-alls of one forward pass
+    fused_attention_activation_bytes: float | None = None  # `activation_bytes` with a fused attention kernel
+    # (None: the same)
+    matrix_input_activation_bytes: float = 0.0  # kept only by weight products (FP8: one byte an element)
+    replicated_matrix_input_activation_bytes: float = 0.0
+    matrix_parameters: float = 0.0  # of `parameters`, those weight products read (FP8: an 8-bit copy)
 
 
 @dataclass(frozen=True)
 class StepGraph:
-    """The layers of one tensor-parallel width in a topological order (their positions) and the
-    bytes per micro-batch on each edge (source position, dest position, bytes)."""
+    """The layers of one tensor-parallel width in a topological order (their positions), the bytes
+    per micro-batch on each edge (source position, dest position, bytes) and the weights two layers
+    share (first position, second position, parameters): held once by a device holding both."""
 
     width: int
     layers: tuple[StepLayer, ...]
     edges: tuple[tuple[int, int, float], ...]
+    tied: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def n(self) -> int:
@@ -146,6 +153,7 @@ class StageTerms:
     transfer_messages: np.ndarray
     parameters: np.ndarray
     expert_parameters: np.ndarray  # of `parameters`, the experts' (after expert parallelism)
+    matrix_parameters: np.ndarray  # of `parameters`, those FP8 products read
     held_activations: np.ndarray  # bytes per micro-batch in flight
     working_activations: np.ndarray  # bytes while a layer is recomputed
 
@@ -266,6 +274,8 @@ class TrainingStep:
             "parameters": np.array([layer.parameters - layer.expert_parameters for layer in layers], float)
             + expert_parameters,
             "expert_parameters": expert_parameters,
+            "matrix_parameters": np.array([layer.matrix_parameters - layer.expert_parameters for layer in layers], float)
+            + expert_parameters,
             "held": held,
             "working": working,
         })
@@ -324,6 +334,10 @@ class TrainingStep:
         sizes = np.array([size / self.width for _, _, size in crossing for _ in (0, 1)], float)
         working = np.zeros(count)
         np.maximum.at(working, chunk_of, values["working"])
+        parameters = summed("parameters")
+        for first, second, shared in self.graph.tied:
+            if chunk_of[first] == chunk_of[second]:
+                parameters[chunk_of[first]] -= shared
         return StageTerms(
             compute=summed("compute"),
             recompute=summed("recompute"),
@@ -332,8 +346,9 @@ class TrainingStep:
             backward=summed("backward"),
             transfer_bytes=np.bincount(ends, weights=sizes, minlength=count) if len(ends) else np.zeros(count),
             transfer_messages=np.bincount(ends, minlength=count).astype(float),
-            parameters=summed("parameters"),
+            parameters=parameters,
             expert_parameters=summed("expert_parameters"),
+            matrix_parameters=summed("matrix_parameters"),
             held_activations=summed("held"),
             working_activations=working,
         )
@@ -347,6 +362,9 @@ class TrainingStep:
             crossing = members[dest] != members[source]  # into one stage, out of the other
             transfer_bytes = transfer_bytes + np.where(crossing, size / self.width, 0.0)
             messages = messages + crossing
+        parameters = stage_sum(members, values["parameters"])
+        for first, second, shared in self.graph.tied:
+            parameters = parameters - np.where(members[first] & members[second], shared, 0.0)
         return StageTerms(
             compute=stage_sum(members, values["compute"]),
             recompute=stage_sum(members, values["recompute"]),
@@ -355,8 +373,9 @@ class TrainingStep:
             backward=stage_sum(members, values["backward"]),
             transfer_bytes=transfer_bytes,
             transfer_messages=messages,
-            parameters=stage_sum(members, values["parameters"]),
+            parameters=parameters,
             expert_parameters=stage_sum(members, values["expert_parameters"]),
+            matrix_parameters=stage_sum(members, values["matrix_parameters"]),
             held_activations=stage_sum(members, values["held"]),
             working_activations=stage_max(members, values["working"]),
         )
@@ -387,8 +406,8 @@ class TrainingStep:
 
     def memory_bytes(self, terms: StageTerms, micro_batches_in_flight, degree: int) -> np.ndarray:
         """Peak bytes per device of each stage holding this many micro-batches' activations."""
-        return self.static_bytes(terms.parameters, degree, terms.expert_parameters) + self.activation_bytes(
-            terms, micro_batches_in_flight)
+        return self.static_bytes(terms.parameters, degree, terms.expert_parameters,
+                                 terms.matrix_parameters) + self.activation_bytes(terms, micro_batches_in_flight)
 
     def parameter_classes(self, parameters, degree: int, expert_parameters=0.0) -> list[tuple[Group, object]]:
         """(data-parallel group, parameters) of each class of parameters per device: the dense ones
@@ -408,12 +427,16 @@ class TrainingStep:
             total = total + count * state.optimizer_share(group.size)
         return total
 
-    def static_bytes(self, parameters, degree: int, expert_parameters=0.0):
+    def weight_bytes(self, parameters, matrix_parameters=0.0):
+        """16-bit weights, and in FP8 the 8-bit copies of those FP8 products read."""
+        copies = FP8_WEIGHT_COPY_BYTES * matrix_parameters if self.kernels.fp8 else 0.0
+        return parameters * self.training.model_state.weights + copies
+
+    def static_bytes(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
         """Weights, gradients and optimizer state of `parameters` per device (`expert_parameters` of
-        them experts')."""
-        state = self.training.model_state
-        return parameters * (state.weights + state.gradients) + self.optimizer_state_bytes(
-            parameters, degree, expert_parameters)
+        them experts', `matrix_parameters` read by weight products)."""
+        return (self.weight_bytes(parameters, matrix_parameters) + parameters * self.training.model_state.gradients
+                + self.optimizer_state_bytes(parameters, degree, expert_parameters))
 
     def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
         """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
@@ -576,7 +599,8 @@ class TrainingStep:
         for index in range(stages):
             parameters = float(terms.parameters[index])
             optimizer_state = self.optimizer_state_bytes(parameters, degree, float(terms.expert_parameters[index]))
-            memory.append({"weights": parameters * state.weights, "gradients": parameters * state.gradients,
+            weights = float(self.weight_bytes(parameters, float(terms.matrix_parameters[index])))
+            memory.append({"weights": weights, "gradients": parameters * state.gradients,
                            "optimizer_state": float(optimizer_state),
                            "activations": float(activations[index]), "total": float(scored["memory"][0][index])})
         return StepResult(float(scored["time"][0]), breakdown, tuple(float(p) for p in terms.parameters),

@@ -6,7 +6,9 @@ search and every cache key read.
 * `data_parallel_sharding`: what the data-parallel replicas split among them: `none` (each holds
   everything), `optimizer` (the optimizer state: ZeRO stage 1, Megatron's distributed optimizer);
 * `overlap_grad_reduce`: each stage's gradient sync hides behind its last micro-batch's backward pass
-  (PyTorch DDP's buckets, Megatron's --overlap-grad-reduce).
+  (PyTorch DDP's buckets, Megatron's --overlap-grad-reduce);
+* `grad_reduce_in_bf16`: the gradients are kept and reduced in 16-bit instead of fp32 main gradients
+  (Megatron's --grad-reduce-in-bf16).
 A new training option is a field here and the formula in the step model that reads it.
 """
 
@@ -30,15 +32,17 @@ class TrainingOptions:
     optimizer: str = "adam"
     data_parallel_sharding: str = "optimizer"
     overlap_grad_reduce: bool = False
+    grad_reduce_in_bf16: bool = False
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("data_parallel_sharding", self.data_parallel_sharding, SHARDINGS)
         boolean("overlap_grad_reduce", self.overlap_grad_reduce)
+        boolean("grad_reduce_in_bf16", self.grad_reduce_in_bf16)
 
     @cached_property
     def model_state(self) -> ModelState:
-        return ModelState.of(self.optimizer, self.data_parallel_sharding == "optimizer")
+        return ModelState.of(self.optimizer, self.data_parallel_sharding == "optimizer", self.grad_reduce_in_bf16)
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
