@@ -36,6 +36,7 @@ from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
+from graph_extract.regions import block_weight_products
 from hardware import KnownChip
 
 #: Output tile of a GEMM kernel (rows x columns), for the wave quantisation.
@@ -50,6 +51,8 @@ class LayerTimes:
     forward: float
     backward: float
     attention_core_forward: float
+    matrix_forward: float = 0.0  # of `forward`, the transformer blocks' weight products
+    matrix_backward: float = 0.0
 
 
 def waves(gemm: Gemm, processors: int) -> float:
@@ -78,14 +81,33 @@ def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Seq
     return total
 
 
+def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[float], narrow: Sequence[bool] = ()
+               ) -> float:
+    """Bytes of Transformer Engine's casts to FP8 around an FP8 product, each its own kernel: forward
+    the activation input read in 16 bits and written in 8 bits twice (as is, and the transposed copy
+    the weight gradient reads), backward the output gradient likewise; 0 for other groups. (The
+    weights' casts, once per step, and the amax reductions, a few bytes, are not charged.)"""
+    head = op.members[0]
+    if not (narrow and narrow[head]):
+        return 0.0
+    node = graph.nodes[head]
+    if direction == BACKWARD:
+        elements = node.output_bytes / node.dtype_bytes
+    else:
+        elements = sum(math.prod(shape) for shape in node.input_shapes)
+    return elements * (node.dtype_bytes + 2) * split[head]
+
+
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],
                narrow: Sequence[bool] = ()) -> float:
-    """The roofline time of one fused group in one direction (module docstring)."""
+    """The roofline time of one fused group in one direction (module docstring), with the FP8 casts
+    of an FP8 product after it."""
     gemms = op_work(graph.nodes[op.members[0]], direction).gemms
     rate = chip.fp8_matrix_flops if narrow and narrow[op.members[0]] else chip.matrix_flops
     compute = sum(2 * gemm.macs / (rate * waves(gemm, chip.streaming_multiprocessors)) for gemm in gemms)
     moved = group_bytes(graph, op, split, narrow) * (2 if direction == BACKWARD else 1)
-    return max(compute, moved / (chip.hbm_bandwidth * chip.memory_efficiency))
+    bandwidth = chip.hbm_bandwidth * chip.memory_efficiency
+    return max(compute, moved / bandwidth) + cast_bytes(graph, op, direction, split, narrow) / bandwidth
 
 
 def attention_seconds(graph: OpGraph, kernel: AttentionKernel, direction: str, chip: KnownChip) -> float:
@@ -119,4 +141,8 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
     forward += [attention_seconds(graph, kernel, FORWARD, chip) for kernel in fused_kernels]
     backward += [attention_seconds(graph, kernel, BACKWARD, chip) for kernel in fused_kernels]
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
-    return LayerTimes(sum(forward), sum(backward), sum(attention))
+    products = block_weight_products(graph)
+    matrix = [any(products[member] for member in op.members) for op in ops]
+    return LayerTimes(sum(forward), sum(backward), sum(attention),
+                      sum(seconds for seconds, is_matrix in zip(forward, matrix) if is_matrix),
+                      sum(seconds for seconds, is_matrix in zip(backward, matrix) if is_matrix))

@@ -12,7 +12,7 @@ FP8 tensor cores).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -53,11 +53,6 @@ class KnownChip:
     template_name: str | None = None
     names: tuple[str, ...] = ()  # how published runs name it
     sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
-
-    def with_efficiencies(self, matrix: float | None = None, memory: float | None = None) -> KnownChip:
-        """The same chip with other achievable fractions (a calibration)."""
-        return replace(self, matrix_efficiency=self.matrix_efficiency if matrix is None else matrix,
-                       memory_efficiency=self.memory_efficiency if memory is None else memory)
 
     @property
     def has_fp8(self) -> bool:

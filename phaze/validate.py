@@ -37,7 +37,8 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -68,36 +69,105 @@ VALIDATED_CHIPS = tuple(name for system in SYSTEMS.values() for name in KNOWN_CH
 UNFUSED_ATTENTION_FRAMEWORKS = ("Megatron-LM (2021)", "Megatron-LM v1 (2020)", "Megatron-LM PTD-P",
                                 "Megatron-LM + DeepSpeed")
 
-#: Marks in the table: the time per iteration derived from tokens/s, settings taken from the recipe.
-FROM_TOKENS, FROM_RECIPE = "†", "‡"
+#: Marks in the table: the time per iteration derived from tokens/s, or from the run's model TFLOP/s
+#: by its framework's FLOP formula; settings taken from the recipe.
+FROM_TOKENS, FROM_FLOPS, FROM_RECIPE = "†", "§", "‡"
+
+#: Megatron GPT models (LayerNorm, GeLU, learned positions, biases, tied embeddings, dropout 0.1,
+#: vocabulary padded to 128·t): the zoo's GPT-3 with the run's shape.
+GPT_FAMILY = {name: getattr(get_spec("megatrongpt3"), name) for name in (
+    "norm", "activation", "position_embedding", "bias", "tied_lm_head", "dropout", "fused_qkv", "vocab_pad_multiple")}
+#: Nemotron-4 (Parmar et al. 2024, "Nemotron-4 15B Technical Report"; NeMo's nemotron recipes):
+#: squared ReLU, LayerNorm (layernorm1p: the same cost), rotary positions (on half of each head, which
+#: changes no shape), no biases, untied embeddings, no dropout.
+NEMOTRON_FAMILY = dict(norm="layernorm", activation="squared_relu", position_embedding="rotary", bias=False,
+                       tied_lm_head=False, dropout=0.0, fused_qkv=False, vocab_pad_multiple=128)
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """A model as a release's recipe defines it, for runs that name it only: the run's model fields it
+    fills (`shape`: num_layers, hidden_size, ...), its family (`graph_extract.ModelSpec` fields), and
+    where its recipe differs from its release's: recomputation, Transformer Engine's tensor-parallel
+    overlap (userbuffers, at t > 1)."""
+
+    shape: dict
+    family: dict
+    recompute: str | None = None
+    tensor_parallel_overlap: bool = False
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """What a framework's published Llama performance recipe sets where a run does not say."""
+    """What a framework release's published recipe sets where a run does not say: recomputation,
+    sequence parallelism (at t > 1), the training options (sharding, overlaps; the tensor-parallel
+    overlap at t > 1 with sequence parallelism), precision and micro-batch size, the models it names
+    (`models`), the model fields of every run (`family`), and whether its runs' model TFLOP/s follow
+    Megatron's FLOP formula (`model_flops`: the time per iteration is derived from them)."""
 
     recompute: str
     sequence_parallel: bool
-    sharded_optimizer: bool
-    overlap_grad_reduce: bool
+    training: TrainingOptions
     source: str
+    precision: str | None = None
+    micro_batch_size: int | None = None
+    models: dict[str, ModelRecipe] = field(default_factory=dict)
+    family: dict = field(default_factory=dict)
+    model_flops: bool = False
 
 
-#: The recipes of the releases the calibration set's Llama and MoE runs were measured with (by framework
-#: or source).
+def _llama2(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, overlap: bool = False) -> ModelRecipe:
+    return ModelRecipe(dict(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
+                            ffn_hidden_size=ffn, vocab_size=32000), LLAMA_FAMILY, tensor_parallel_overlap=overlap)
+
+
+def _shape(layers: int, hidden: int, heads: int, vocabulary: int, kv_heads: int | None = None) -> dict:
+    return dict(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
+                ffn_hidden_size=4 * hidden, vocab_size=vocabulary)
+
+
+_ADAM_SHARDED = dict(optimizer="adam", data_parallel_sharding="optimizer", overlap_grad_reduce=True)
+
+#: The recipes of the releases the calibration set's runs were measured with (by framework or source).
 RECIPES = {
     "NeMo 24.07": Recipe(
-        "none", True, True, True,
-        "NeMo-Framework-Launcher launcher_scripts/conf/training/llama/llama2_{7b,13b,70b}.yaml (what "
-        "examples/training/llama/h100/llama2_*_fp8.sh run): activations_checkpoint_granularity null, "
-        "sequence_parallel true (70B, t = 4), optim distributed_fused_adam with overlap_grad_sync"),
+        "none", True, TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, grad_reduce_in_bf16=True,
+                                      master_weight_remainders=True),
+        "NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/{gpt3,nemotron,llama}/*.yaml and "
+        "examples/training/*/h100/*_fp8.sh: activations_checkpoint_granularity null (Nemotron-340B: selective), "
+        "sequence_parallel true at t > 1, optim distributed_fused_adam with overlap_grad_sync and "
+        "overlap_param_sync, grad_sync_dtype bf16 (NeMo's MegatronDistributedFusedAdam keeping bf16 weights with 16-bit remainders as master weights), ub_tp_comm_overlap true for GPT3-20B, Nemotron-8B/22B and "
+        "Llama2-70B; model shapes of the yamls (GPT-3: GPT-2 BPE vocabulary 50,257; Nemotron: 256,000)",
+        models={
+            "LLAMA2-7B": _llama2(32, 4096, 32, 32, 11008), "LLAMA2-13B": _llama2(40, 5120, 40, 40, 13824),
+            "LLAMA2-70B": _llama2(80, 8192, 64, 8, 28672, overlap=True),
+            "GPT3-5B": ModelRecipe(_shape(24, 4096, 32, 50257), GPT_FAMILY),
+            "GPT3-20B": ModelRecipe(_shape(44, 6144, 48, 50257), GPT_FAMILY, tensor_parallel_overlap=True),
+            "GPT3-175B": ModelRecipe(_shape(96, 12288, 96, 50257), GPT_FAMILY),
+            "Nemotron-8B": ModelRecipe(_shape(32, 4096, 32, 256000), NEMOTRON_FAMILY, tensor_parallel_overlap=True),
+            "Nemotron-22B": ModelRecipe(_shape(40, 6144, 48, 256000), NEMOTRON_FAMILY, tensor_parallel_overlap=True),
+            "Nemotron-340B": ModelRecipe(_shape(96, 18432, 96, 256000, kv_heads=8), NEMOTRON_FAMILY,
+                                         recompute="selective"),
+        }),
     "Megatron-Bridge / NeMo 25.11": Recipe(
-        "none", True, True, True,
+        "none", True, TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, grad_reduce_in_bf16=True,
+                                      tensor_parallel_overlap=True),
         "Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py (llama3_70b_pretrain_config): "
-        "recompute_granularity None, sequence_parallel True, use_distributed_optimizer, overlap_grad_reduce; "
-        "scripts/performance configs LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS: t4 p8 v5"),
+        "recompute_granularity None, sequence_parallel True, use_distributed_optimizer, overlap_grad_reduce, "
+        "overlap_param_gather, tp_comm_overlap (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192), "
+        "grad_reduce_in_fp32 False; scripts/performance configs LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS: t4 p8 v5"),
+    "Megatron-Core r0.8.0": Recipe(
+        "none", True, TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, tensor_parallel_overlap=True),
+        "Megatron-LM README (2024 weak scaling, Megatron-Core r0.8.0): --overlap-grad-reduce "
+        "--overlap-param-gather --tp-comm-overlap, vocabulary 131,072, sequence 4,096; not stated, taken as "
+        "megatron/training/arguments.py's defaults and asserts: the distributed optimizer and sequence "
+        "parallelism (asserted by the overlaps), no recomputation, 4h GeLU MLP, LayerNorm, learned "
+        "positions, multi-head attention; BF16 (MFU = TFLOP/s / 989, the BF16 peak), micro-batch 1, "
+        "embeddings untied (the size labels count 2Vh), no interleaving; the time from model TFLOP/s by "
+        "megatron/training/training.py's num_floating_point_operations",
+        precision="BF16", micro_batch_size=1, family={"tied_lm_head": False}, model_flops=True),
     "Megatron-MoE-ModelZoo": Recipe(
-        "none", True, True, True,
+        "none", True, TrainingOptions(**_ADAM_SHARDED),
         "yanring/Megatron-MoE-ModelZoo model_configs/benchmarking/Qwen3-235B-A22B.yaml @ 1ed4179f72e4: "
         "--use-distributed-optimizer, --overlap-grad-reduce, --sequence-parallel, "
         "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, tokenizer "
@@ -106,16 +176,17 @@ RECIPES = {
 }
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
-#: Llama 2 shapes (layers, hidden, heads, key/value heads, FFN, vocabulary) as NeMo's llama2 recipes
-#: define them (= Touvron et al. 2023, the published config.json), for runs that name the model only.
-LLAMA2_SHAPES = {"LLAMA2-7B": (32, 4096, 32, 32, 11008, 32000), "LLAMA2-13B": (40, 5120, 40, 40, 13824, 32000),
-                 "LLAMA2-70B": (80, 8192, 64, 8, 28672, 32000)}
+#: What a run's `training.other_settings` may state, by Megatron's flag (or PyTorch DDP's name).
+STATED_OVERLAPS = {"overlap_grad_reduce": ("--overlap-grad-reduce", "DDP impl=torch"),
+                   "overlap_param_gather": ("--overlap-param-gather",),
+                   "tensor_parallel_overlap": ("--tp-comm-overlap",)}
 
 
 @dataclass(frozen=True)
 class Case:
     """A calibration run phaze predicts: its inputs and its measured seconds per iteration (derived from
-    tokens/s when `time_from_tokens`); `assumed` names what came from the framework's recipe."""
+    tokens/s or model TFLOP/s when `time_from` says so); `assumed` names what came from the framework's
+    recipe."""
 
     run_id: str
     chip: str
@@ -132,14 +203,14 @@ class Case:
     global_batch_size: int
     recompute: str
     sequence_parallel: bool
-    sharded_optimizer: bool
-    overlap_grad_reduce: bool
+    training: TrainingOptions
     measured: float
-    time_from_tokens: bool = False
+    time_from: str = ""  # "" (stated), FROM_TOKENS or FROM_FLOPS
     assumed: tuple[str, ...] = ()
     recipe: str = ""  # the RECIPES entry `assumed` comes from
     expert_parallel_width: int = 1
     flash_attention: bool = True
+    moe: bool = False
 
     @property
     def kernels(self) -> KernelOptions:
@@ -156,58 +227,90 @@ def is_moe(model: dict) -> bool:
     return bool(model["moe_num_experts"]) or "MoE" in (model["architecture"] or "")
 
 
-def llama2_shape(model: dict) -> dict:
-    """The model with NeMo's Llama 2 shape filled in where the run names the model only."""
-    if not is_llama(model) or model["hidden_size"] is not None or model["name"] not in LLAMA2_SHAPES:
-        return model
-    names = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size")
-    return {**model, **{name: value for name, value in zip(names, LLAMA2_SHAPES[model["name"]])
-                        if model[name] is None}}
-
-
 def run_recipe(run: dict) -> str | None:
-    """The RECIPES entry of a Llama run's framework release or of an MoE run's source, if phaze knows it."""
-    if is_moe(run["model"]):
-        return next((name for name in RECIPES if (run["source_group"] or "").startswith(name)), None)
-    if not is_llama(run["model"]):
-        return None
-    framework = run["training"]["framework"] or ""
-    return next((name for name in RECIPES if framework.startswith(name)), None)
+    """The RECIPES entry of the run's framework release or source, if phaze knows it."""
+    names = (run["training"]["framework"] or "", run["source_group"] or "")
+    return next((name for name in RECIPES if any(text.startswith(name) for text in names)), None)
 
 
-def model_spec(model: dict, sequence: int) -> ModelSpec:
-    """A Llama-family model (a mixture of experts too) or a Megatron GPT of the run's shape."""
+def model_spec(model: dict, sequence: int, family: dict) -> ModelSpec:
+    """A mixture of experts or a Llama (Llama-family), a Megatron GPT, or a model of `family`, of the
+    run's shape."""
+    heads, kv_heads, head_dim = model["num_attention_heads"], model["num_kv_heads"], model["head_dim"]
+    shape = dict(num_kv_heads=None if kv_heads in (None, heads) else kv_heads,
+                 kv_channels=head_dim if head_dim and head_dim * heads != model["hidden_size"] else None)
     if is_moe(model):
-        heads, head_dim = model["num_attention_heads"], model["head_dim"]
         return ModelSpec(model["name"].lower(), model["num_layers"], model["hidden_size"], heads,
                          model["moe_ffn_hidden_size"], model["vocab_size"], sequence, sequence, **LLAMA_FAMILY,
-                         num_kv_heads=model["num_kv_heads"], num_experts=model["moe_num_experts"],
-                         experts_per_token=model["moe_top_k"],
-                         kv_channels=head_dim if head_dim and head_dim * heads != model["hidden_size"] else None)
-    if is_llama(model):
-        kv_heads = model["num_kv_heads"]
-        return ModelSpec(model["name"].lower(), model["num_layers"], model["hidden_size"],
-                         model["num_attention_heads"], model["ffn_hidden_size"], model["vocab_size"], sequence, sequence,
-                         **LLAMA_FAMILY, vocab_pad_multiple=128,
-                         num_kv_heads=None if kv_heads in (None, model["num_attention_heads"]) else kv_heads)
-    return get_spec("megatrongpt3").with_overrides(
-        num_layers=model["num_layers"], hidden_size=model["hidden_size"], num_heads=model["num_attention_heads"],
-        ffn_hidden_size=model["ffn_hidden_size"] or 4 * model["hidden_size"], vocab_size=model["vocab_size"],
-        max_position_embeddings=sequence)
+                         num_experts=model["moe_num_experts"], experts_per_token=model["moe_top_k"], **shape)
+    family = {**(dict(LLAMA_FAMILY, vocab_pad_multiple=128) if is_llama(model) else GPT_FAMILY), **family}
+    return ModelSpec(re.sub(r"[^a-z0-9.-]+", "_", model["name"].lower()).strip("_"), model["num_layers"], model["hidden_size"], heads,
+                     model["ffn_hidden_size"] or 4 * model["hidden_size"], model["vocab_size"], sequence, sequence,
+                     **family, **shape)
 
 
-def measured_seconds(run: dict) -> tuple[float | None, bool]:
-    """(seconds per iteration, whether derived from tokens/s): the stated or derived time, else the
-    global batch's tokens (sequences × sequence length) / the measured tokens per second."""
+def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int) -> float:
+    """FLOPs per iteration as Megatron-LM counts them (megatron/training/training.py,
+    num_floating_point_operations, release core_r0.8.0): 12·B·s·L·h²·((1 + g/a + s/h)·(a·k/h)
+    + (f/h)·(2 if gated) + V/(2·L·h)), with the full s × s attention and the padded vocabulary V."""
+    h, heads = spec.hidden_size, spec.num_heads
+    groups, channels = spec.num_kv_heads or heads, spec.kv_channels or h // heads
+    gated = 2 if spec.activation == "swiglu" else 1
+    return 12 * batch * sequence * spec.num_layers * h * h * (
+        (1 + groups / heads + sequence / h) * heads * channels / h + spec.ffn_hidden_size / h * gated
+        + spec.padded_vocab_size(width) / (2 * spec.num_layers * h))
+
+
+def measured_seconds(run: dict, spec: ModelSpec | None = None, width: int = 1) -> tuple[float | None, str]:
+    """(seconds per iteration, how derived): the stated or derived time; else the global batch's tokens
+    (sequences × sequence length) / the measured tokens per second; else, given the model as Megatron
+    counts it (`spec`), its FLOPs per iteration / (the measured model TFLOP/s × the devices)."""
     measured = run["measured"]
     seconds = measured["seconds_per_iteration"] or measured["seconds_per_iteration_derived"]
     if seconds is not None:
-        return float(seconds), False
+        return float(seconds), ""
     tokens_per_s = measured["tokens_per_sec_total"] or (
         measured["tokens_per_sec_per_device"] and measured["tokens_per_sec_per_device"] * run["hardware"]["num_devices"])
-    if not tokens_per_s:
-        return None, False
-    return run["batch"]["global_batch_size_seqs"] * run["model"]["seq_length_tokens"] / tokens_per_s, True
+    if tokens_per_s:
+        return run["batch"]["global_batch_size_seqs"] * run["model"]["seq_length_tokens"] / tokens_per_s, FROM_TOKENS
+    if spec is not None and measured["tflop_per_s_per_device"]:
+        flops = megatron_model_flops(spec, run["batch"]["global_batch_size_seqs"], run["model"]["seq_length_tokens"],
+                                     width)
+        return flops / (measured["tflop_per_s_per_device"] * 1e12 * run["hardware"]["num_devices"]), FROM_FLOPS
+    return None, ""
+
+
+def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, model_recipe: ModelRecipe | None
+                    ) -> tuple[TrainingOptions, list[str]]:
+    """The run's training options: what it states (its optimizer sharding, Megatron's overlap flags in
+    its other settings), what is implied (--overlap-param-gather needs the distributed optimizer), and,
+    where it says nothing of an option, its recipe's (named in the list returned)."""
+    other, sharding = run["training"]["other_settings"] or "", run["training"]["optimizer_sharding"] or ""
+    options = {name: any(flag in other for flag in flags) for name, flags in STATED_OVERLAPS.items()}
+    options["data_parallel_sharding"] = ("optimizer" if "distributed" in sharding.lower()
+                                         or options["overlap_param_gather"] else "none")
+    assumed = []
+    if recipe is not None:
+        wanted = dataclasses.asdict(recipe.training)
+        wanted["tensor_parallel_overlap"] = model_recipe.tensor_parallel_overlap if model_recipe else \
+            recipe.training.tensor_parallel_overlap
+        for name, words in (("data_parallel_sharding", "distributed optimizer"),
+                            ("overlap_grad_reduce", "gradient-sync overlap"),
+                            ("overlap_param_gather", "weight-gather overlap"),
+                            ("tensor_parallel_overlap", "tensor-parallel overlap"),
+                            ("grad_reduce_in_bf16", "gradients in 16-bit"),
+                            ("master_weight_remainders", "master-weight remainders")):
+            said = options.get(name) is True or options.get(name) == "optimizer"  # a run states what it turns on
+            if not said and wanted[name] != options.get(name, getattr(TrainingOptions(), name)) and (
+                    name != "overlap_grad_reduce" or "grad" not in other):
+                options[name] = wanted[name]
+                assumed.append(words)
+    if not sequence_parallel:  # Transformer Engine overlaps the collectives of sequence parallelism only
+        options["tensor_parallel_overlap"] = False
+    if options["data_parallel_sharding"] != "optimizer" or not options["overlap_grad_reduce"]:
+        options["overlap_param_gather"] = False
+    return TrainingOptions(**options), [words for words in assumed if words != "tensor-parallel overlap"
+                                        or options["tensor_parallel_overlap"]]
 
 
 def case(run: dict) -> Case | str:
@@ -217,43 +320,48 @@ def case(run: dict) -> Case | str:
     if found is None or KNOWN_CHIPS[found.chip].cost_model != "roofline":
         return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
     chip, system = found.chip, found.name
-    precision = "fp8" if "FP8" in (training["precision"] or "").upper() else "16-bit"
-    if precision == "fp8" and not KNOWN_CHIPS[chip].has_fp8:
-        return f"FP8 precision: {chip} has no FP8 tensor cores"
     sharding = training["optimizer_sharding"] or ""
     if "ZeRO-3" in sharding or sharding.startswith("FSDP") or "FSDP on" in sharding:
         return "fully sharded weights (ZeRO-3 / FSDP) are not modelled"
     if (run["parallelism"]["context_parallel"] or 1) > 1:
         return "context parallelism is not modelled"
-    model, parallel, batch = llama2_shape(model), run["parallelism"], run["batch"]
+    parallel, batch = run["parallelism"], run["batch"]
     recipe_name = run_recipe(run)
     recipe = RECIPES.get(recipe_name)
-    assumed = ["model shape"] if model is not run["model"] else []
+    model_recipe = recipe.models.get(model["name"]) if recipe else None
+    assumed = []
+    if model_recipe is not None and any(model[name] is None for name in model_recipe.shape):
+        model = {**model, **{name: value for name, value in model_recipe.shape.items() if model[name] is None}}
+        assumed.append("model shape")
     if is_moe(model) and model["vocab_size"] is None:
         vocabulary = next((size for prefix, size in MOE_VOCABULARY.items() if (model["name"] or "").startswith(prefix)),
                           None)
         if vocabulary is not None:
             model = {**model, "vocab_size": vocabulary}
             assumed.append("vocabulary")
-    recompute = training["activation_recompute"]
+    t, p = parallel["tensor_parallel"], parallel["pipeline_parallel"]
+    recompute, precision = training["activation_recompute"], training["precision"]
+    micro_batch = batch["micro_batch_size_seqs"]
     sequence_parallel = parallel["sequence_parallel"]
-    sharded_optimizer = "distributed" in sharding.lower()
-    overlap_grad_reduce = any(flag in (training["other_settings"] or "")
-                              for flag in ("DDP impl=torch", "--overlap-grad-reduce"))
     if recipe is not None:  # what the run does not state, from its framework's recipe
-        if recompute is None:
-            recompute = recipe.recompute
-            assumed.append("recompute")
-        if sequence_parallel is None and (parallel["tensor_parallel"] or 1) > 1:  # no meaning at t = 1
+        for name, value, default in (("recompute", recompute, (model_recipe and model_recipe.recompute)
+                                      or recipe.recompute),
+                                     ("precision", precision, recipe.precision),
+                                     ("micro-batch", micro_batch, recipe.micro_batch_size)):
+            if value is None and default is not None:
+                recompute, precision, micro_batch = (default if name == "recompute" else recompute,
+                                                     default if name == "precision" else precision,
+                                                     default if name == "micro-batch" else micro_batch)
+                assumed.append(name)
+        if sequence_parallel is None and (t or 1) > 1:  # no meaning at t = 1
             sequence_parallel = recipe.sequence_parallel
             assumed.append("sequence parallel")
-        if not sharded_optimizer and recipe.sharded_optimizer:
-            sharded_optimizer = True
-            assumed.append("distributed optimizer")
-        if not overlap_grad_reduce and "grad" not in (training["other_settings"] or "") and recipe.overlap_grad_reduce:
-            overlap_grad_reduce = True
-            assumed.append("gradient-sync overlap")
-    t, p = parallel["tensor_parallel"], parallel["pipeline_parallel"]
+    sequence_parallel = bool(sequence_parallel) and (t or 1) > 1
+    options, implied = stated_training(run, sequence_parallel, recipe, model_recipe)
+    assumed += implied
+    precision_name = "fp8" if "FP8" in (precision or "").upper() else "16-bit"
+    if precision_name == "fp8" and not KNOWN_CHIPS[chip].has_fp8:
+        return f"FP8 precision: {chip} has no FP8 tensor cores"
     context = parallel["context_parallel"] or 1
     degree = parallel["data_parallel"]
     if degree is None and t and p and hardware["num_devices"] % (t * p * context) == 0:
@@ -262,9 +370,9 @@ def case(run: dict) -> Case | str:
               "model.num_attention_heads": model["num_attention_heads"], "model.seq_length_tokens": model["seq_length_tokens"],
               "model.vocab_size": model["vocab_size"], "parallelism.tensor_parallel": t,
               "parallelism.pipeline_parallel": p, "parallelism.data_parallel": degree,
-              "batch.micro_batch_size_seqs": batch["micro_batch_size_seqs"],
+              "batch.micro_batch_size_seqs": micro_batch,
               "batch.global_batch_size_seqs": batch["global_batch_size_seqs"],
-              "training.activation_recompute": recompute, "training.precision": training["precision"]}
+              "training.activation_recompute": recompute, "training.precision": precision}
     if is_llama(model):
         needed["model.ffn_hidden_size"] = model["ffn_hidden_size"]
     if is_moe(model):
@@ -275,25 +383,30 @@ def case(run: dict) -> Case | str:
     missing = [name for name, value in needed.items() if value is None]
     if missing:
         return f"not stated: {', '.join(missing)}"
-    seconds, from_tokens = measured_seconds(run)
+    if micro_batch and batch["global_batch_size_seqs"] % (micro_batch * degree):
+        return f"micro-batch {micro_batch} from the recipe does not divide the batch per replica"
+    sequence = model["seq_length_tokens"]
+    family = {**(model_recipe.family if model_recipe else {}), **(recipe.family if recipe else {})}
+    spec = model_spec(model, sequence, family)
+    seconds, time_from = measured_seconds(run, spec if recipe and recipe.model_flops else None, t)
     if seconds is None:
-        return "no time per iteration or tokens/s measured"
+        return "no time per iteration, tokens/s or model TFLOP/s measured"
     experts = 1
     if is_moe(model):  # Megatron's EP x ETP ranks of an expert layer = phaze's e replicas x t (experts split as t)
         ranks = parallel["expert_parallel"] * (parallel["expert_tensor_parallel"] or t)
         experts = ranks // t
         if ranks % t or degree % experts or model["moe_num_experts"] % experts:
             return "expert layout (EP x ETP not a multiple of t dividing d and the experts) is not modelled"
-    sequence = model["seq_length_tokens"]
     return Case(
-        run_id=run["run_id"], chip=chip, system=system, spec=model_spec(model, sequence), precision=precision,
+        run_id=run["run_id"], chip=chip, system=system, spec=spec, precision=precision_name,
         sequence_length=sequence, devices=hardware["num_devices"], width=t, stages=p, degree=degree,
         virtual_stages=parallel["virtual_pipeline_chunks_per_device"] or 1,
-        micro_batch_size=batch["micro_batch_size_seqs"], global_batch_size=batch["global_batch_size_seqs"],
-        recompute=recompute, sequence_parallel=bool(sequence_parallel), sharded_optimizer=sharded_optimizer,
-        overlap_grad_reduce=overlap_grad_reduce, measured=seconds, time_from_tokens=from_tokens,
-        assumed=tuple(assumed), recipe=recipe_name or "", expert_parallel_width=experts,
+        micro_batch_size=micro_batch, global_batch_size=batch["global_batch_size_seqs"],
+        recompute=recompute, sequence_parallel=sequence_parallel, training=options, measured=seconds,
+        time_from=time_from, assumed=tuple(assumed), recipe=recipe_name if assumed else "",
+        expert_parallel_width=experts,
         flash_attention=not (training["framework"] or "").startswith(UNFUSED_ATTENTION_FRAMEWORKS),
+        moe=is_moe(model),
     )
 
 
@@ -303,9 +416,7 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     chip and cluster; others to calibrate them)."""
     spec = item.spec
     cluster = cluster or SYSTEMS[item.system].cluster(item.devices)
-    question = Question(spec, item.sequence_length, item.global_batch_size, cluster,
-                        TrainingOptions("adam", "optimizer" if item.sharded_optimizer else "none",
-                                        item.overlap_grad_reduce), item.kernels)
+    question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels)
     axes = Axes((item.micro_batch_size,), (80 * GIB,), (item.recompute,), (item.width,), (item.virtual_stages,),
                 (item.expert_parallel_width,))
     layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width)
@@ -392,7 +503,8 @@ RUN_FIELDS: dict[str, dict[str, Kind]] = {
     "training": {"precision": TEXT, "activation_recompute": RECOMPUTE, "optimizer_sharding": TEXT, "framework": TEXT,
                  "other_settings": TEXT},
     "measured": {"seconds_per_iteration": SECONDS, "seconds_per_iteration_derived": SECONDS,
-                 "tokens_per_sec_per_device": TOKENS, "tokens_per_sec_total": TOKENS},
+                 "tokens_per_sec_per_device": TOKENS, "tokens_per_sec_total": TOKENS,
+                 "tflop_per_s_per_device": Kind("a positive finite number of TFLOP/s", _positive_number)},
 }
 #: Top-level fields of a run phaze reads besides its sections.
 RUN_TOP_FIELDS: dict[str, Kind] = {"run_id": Kind("a non-empty string", lambda value: isinstance(value, str)
@@ -592,16 +704,18 @@ def main(arguments: list[str]) -> int:
     errors: dict[str, list[float]] = {}
     for item, result in predicted:
         error = result.step.time_per_batch / item.measured - 1
-        errors.setdefault(f"{item.chip} {item.precision}", []).append(abs(error))
+        errors.setdefault(f"{item.chip} {item.precision}{' MoE' if item.moe else ''}", []).append(abs(error))
         table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
                       str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
                       + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else ""),
                       str(item.micro_batch_size), str(item.global_batch_size), item.recompute,
-                      f"{item.measured:.4g}{FROM_TOKENS if item.time_from_tokens else ''}",
+                      f"{item.measured:.4g}{item.time_from}",
                       f"{result.step.time_per_batch:.4g}", f"{error:+.1%}", "yes" if result.step.feasible else "no")
     console = Console(width=max(Console().width, 160))
     console.print(table)
-    console.print(f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_RECIPE} "
+    console.print(f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_FLOPS} "
+                  "measured time = FLOPs per iteration by Megatron's formula / (measured model TFLOP/s x devices); "
+                  f"{FROM_RECIPE} "
                   "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
                   "per device by phaze's memory model")
     for name in sorted({item.recipe for item, _ in predicted if item.assumed and item.recipe}):

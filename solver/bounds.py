@@ -66,7 +66,9 @@ class GroupBounds:
         costs = {}
         for group, forward, backward, core in zip(self.groups, self.forward[:, index], self.backward[:, index],
                                                   self.attention_core[:, index]):
-            cost = LayerCost(float(forward), float(backward), float(core), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            # the weight products take at most the whole layer: the most an overlap could hide
+            cost = LayerCost(float(forward), float(backward), float(core), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                             float(forward), float(backward))
             costs.update(dict.fromkeys(group, cost))
         return costs
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from estimator import EstimateTable, FusedLayer, layer_workload
 from estimator.roofline import layer_times
 from graph_extract import KernelOptions
+from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult
@@ -40,6 +41,8 @@ class LayerCost:
     tc_peak: float
     vc_peak: float
     gap: float  # the largest relative optimality gap of its schedules
+    matrix_forward: float = 0.0  # of `forward`, the blocks' weight products (what overlapped collectives hide behind)
+    matrix_backward: float = 0.0
 
 
 #: width -> layer id -> cost
@@ -68,14 +71,23 @@ def core_problem(fused: FusedLayer, core: frozenset[int], accelerator: Accelerat
     return schedule_problem(part, accelerator)
 
 
+def matrix_seconds(fused: FusedLayer, graph) -> float:
+    """The time of a fused layer's block weight products each split over all the tensor cores (what
+    overlapped tensor-parallel collectives can hide behind)."""
+    products = block_weight_products(graph)
+    return sum(op.parallel_latency for op in fused.ops if any(products[member] for member in op.members))
+
+
 def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable):
-    """(width, group, forward, backward, attention core or None) problems of every repeat group."""
+    """(width, group, forward, backward, attention core or None, weight products' forward and
+    backward seconds) of every repeat group."""
     for width, graphs in graphs_by_width.items():
         for group in graphs.repeat_groups:
             forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
                                  for direction in DIRECTIONS)
             yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
-                   core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator))
+                   core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator),
+                   (matrix_seconds(forward, graphs.op_graph), matrix_seconds(backward, graphs.op_graph)))
 
 
 def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
@@ -83,7 +95,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
     """Schedule each repeat group's representative on a template chip; its cost is the group's.
     `on_layer` is called after each group (progress)."""
     costs: LayerCosts = {}
-    for width, group, forward, backward, core in _layer_problems(kernels, graphs_by_width, accelerator, table):
+    for width, group, forward, backward, core, matrix in _layer_problems(kernels, graphs_by_width, accelerator,
+                                                                         table):
         results = [schedule(forward), schedule(backward)]
         core_result = schedule(core) if core is not None else None
         busy = [
@@ -100,6 +113,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
             tc_peak=max(r.tc_utilisation.peak for r in results),
             vc_peak=max(r.vc_utilisation.peak for r in results),
             gap=max(r.gap for r in results + ([core_result] if core_result else [])),
+            matrix_forward=min(matrix[0], results[0].makespan),
+            matrix_backward=min(matrix[1], results[1].makespan),
         )
         costs.setdefault(width, {}).update({layer: cost for layer in group})
         on_layer()
@@ -113,7 +128,8 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
     for width, graphs in graphs_by_width.items():
         for group in graphs.repeat_groups:
             times = layer_times(graphs.op_graph, group[0], chip, kernels, kernels.recomputed_core(graphs.attention_core))
-            cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                             times.matrix_forward, times.matrix_backward)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
@@ -147,6 +163,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 matrix_input_activation_bytes=layer.matrix_input_activation_bytes,
                 replicated_matrix_input_activation_bytes=layer.replicated_matrix_input_activation_bytes,
                 matrix_parameters=layer.matrix_parameter_bytes / TRAINING_DTYPE_BYTES,
+                matrix_forward=cost[layer.id].matrix_forward,
+                matrix_backward=cost[layer.id].matrix_backward,
             )
             for layer in layer_graph.layers
         )

@@ -34,6 +34,11 @@ class Question:
     step_model: str = "training_step"
     baseline: Layout | None = None  # the fixed Megatron layout a result is compared against
 
+    def __post_init__(self) -> None:
+        if self.training.tensor_parallel_overlap and not self.kernels.sequence_parallel:
+            raise InputError("tensor_parallel_overlap: needs sequence_parallel=true (Transformer Engine's "
+                             "userbuffers overlap its all-gathers and reduce-scatters); allowed here: false")
+
     def micro_batches(self, micro_batch_size: int) -> int:
         """Micro-batches per global batch."""
         return self.global_batch_size // micro_batch_size

@@ -137,7 +137,11 @@ class OriginalStepModel:
                                     ("flash_attention", question.kernels.flash_attention, False),
                                     ("data_parallel_sharding", question.training.data_parallel_sharding, "none"),
                                     ("overlap_grad_reduce", question.training.overlap_grad_reduce, False),
-                                    ("grad_reduce_in_bf16", question.training.grad_reduce_in_bf16, False)):
+                                    ("grad_reduce_in_bf16", question.training.grad_reduce_in_bf16, False),
+                                    ("overlap_param_gather", question.training.overlap_param_gather, False),
+                                    ("tensor_parallel_overlap", question.training.tensor_parallel_overlap, False),
+                                    ("master_weight_remainders", question.training.master_weight_remainders, False),
+                                    ("framework_reserve_gb", question.training.framework_reserve, 0.0)):
             if value != allowed:
                 shown = str(allowed).lower() if isinstance(allowed, bool) else allowed
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")

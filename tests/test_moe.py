@@ -265,7 +265,8 @@ def test_the_qwen3_moe_runs_of_the_calibration_set():
     assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_dim) == (94, 4096, 64, 4, 128)
     assert (spec.num_experts, spec.experts_per_token, spec.ffn_hidden_size, spec.vocab_size) == (128, 8, 1536, 151936)
     assert (first.width, first.stages, first.degree, first.virtual_stages, first.expert_parallel_width) == (2, 8, 16, 4, 16)
-    assert first.overlap_grad_reduce and first.sharded_optimizer and first.recompute == "selective"
+    assert first.training.overlap_grad_reduce and first.training.data_parallel_sharding == "optimizer"
+    assert first.recompute == "selective"
     assert "vocabulary" in first.assumed and first.measured == 19.7
     fourth = case(RUNS["moezoo_qwen3_235b_h100_row4"])
     assert (fourth.width, fourth.stages, fourth.degree, fourth.virtual_stages, fourth.expert_parallel_width) == (

@@ -1,12 +1,14 @@
 """The training-step model: memory against Korthikanti et al.'s table, a hand-worked step, the
 interleaved schedule, and the search's lower bound against the model on random placements."""
 
+import dataclasses
 import itertools
 import random
 
 import numpy as np
 import pytest
 
+from common.checks import InputError
 from graph_extract import KernelOptions, extract, get_spec
 from hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
@@ -98,7 +100,8 @@ def test_fp8_weights_have_two_8_bit_copies_and_a_tied_weight_is_held_once():
         whole = step.price(Placement(Layout(1, 1, 1), ((0, 1, 2),)))
         held = 3e6 + 5e6 + 3.5e6 - 3e6  # the tied 3e6 once
         assert whole.parameters == (held,)
-        assert whole.memory[0]["weights"] == 2 * held + copies and whole.memory[0]["total"] == 18 * held + copies
+        assert whole.memory[0]["weights"] == 2 * held + copies
+        assert whole.memory[0]["total"] == 18 * held + copies + 1e9  # and the framework's 1 GB
         split = step.price(Placement(Layout(1, 2, 1), ((0, 1), (2,))))  # each stage holds its copy
         assert split.parameters == (8e6, 3.5e6)
         assert split.memory[0]["weights"] == 2 * 8e6 + copies
@@ -134,7 +137,7 @@ def test_a_step_by_hand():
     assert sum(result.breakdown.values()) == pytest.approx(result.time_per_batch, rel=1e-12)
     first, last = result.memory
     assert first == pytest.approx({"weights": 4e6, "gradients": 8e6, "optimizer_state": 1.2e7,
-                                   "activations": 2 * 2e6, "total": 2.8e7})
+                                   "activations": 2 * 2e6, "framework_reserve": 1e9, "total": 2.8e7 + 1e9})
     assert last["activations"] == 2e6 and result.parameters == (2e6, 2e6) and result.feasible
 
 
@@ -149,12 +152,71 @@ def test_recomputation_by_hand():
 
 def test_interleaved_schedule_by_hand():
     step = small_step()
-    result = step.price(Placement(Layout(1, 2, 2, 2), megatron_chunks(step.graph, 2, 2)))
+    blocking = dataclasses.replace(step, training=TrainingOptions(overlap_pipeline_transfers=False))
+    chunks = megatron_chunks(step.graph, 2, 2)
+    result = blocking.price(Placement(Layout(1, 2, 2, 2), chunks))
     # device 0 runs chunks 0 and 2, device 1 chunks 1 and 3: 6 s of compute and 3 MB of transfers
     # each; pipeline (m + (p − 1)/v)·ℓ = 4.5 × 6.003; device 0 holds 2.5 micro-batches' worth
     assert result.breakdown["bubble"] == pytest.approx(6.003 / 2, rel=1e-12)
     assert result.time_per_batch == pytest.approx(4.5 * 6.003 + 6e-3 + 2.4e-5, rel=1e-12)
     assert [memory["activations"] for memory in result.memory] == [2.5 * 2e6, 1.5 * 2e6]
+    # Megatron's default: the 3 ms of transfers hide behind the 6 s of the device's compute
+    overlapped = step.price(Placement(Layout(1, 2, 2, 2), chunks))
+    assert overlapped.time_per_batch == pytest.approx(4.5 * 6.0 + 6e-3 + 2.4e-5, rel=1e-12)
+    assert overlapped.breakdown["pipeline_transfer"] == 0.0
+    assert overlapped.hidden["pipeline_transfer"] == pytest.approx(4 * 3e-3, rel=1e-12)
+
+
+def overlap_step(**training) -> TrainingStep:
+    """2 blocks on t = 2 whose tensor-parallel collectives (1 MB forward, 2 MB backward, at 1 GB/s:
+    all-reduce over 2 = 1 ms and 2 ms) may hide behind weight products of 0.4 ms forward and 5 ms
+    backward; 1e6 parameters each, sharded Adam over d = 2 on a 1 GB/s link."""
+    layers = tuple(StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6,
+                             activation_bytes=0.0, is_block=True, forward_collective_bytes=(1e6,),
+                             backward_collective_bytes=(2e6,), matrix_forward=4e-4, matrix_backward=5e-3)
+                   for i in range(2))
+    graph = StepGraph(2, layers, ((0, 1, 1e6),))
+    cluster = Cluster.build("flat", 8, 8, [dict(bandwidth=1e9)])
+    options = TrainingOptions("adam", "optimizer", **training)
+    return TrainingStep(graph, cluster, options, KernelOptions(), Device(1e12, 1e12), 4, "none", Layout(2))
+
+
+def test_each_overlap_hides_no_more_than_the_compute_behind_it():
+    placement = Placement(Layout(2, 1, 2), ((0, 1),))
+    plain = overlap_step().price(placement)
+    # all-reduce over t = 2 moves S·2(2−1)/2 = S at 1 GB/s: 1 ms forward and 2 ms backward per block
+    assert plain.breakdown["tensor_parallel"] == pytest.approx(2 * 2 * (1e-3 + 2e-3), rel=1e-12)
+    tensor = overlap_step(tensor_parallel_overlap=True).price(placement)
+    # forward: 1 ms of collectives behind 0.4 ms of products, 0.6 ms exposed; backward: all 2 ms hidden
+    assert tensor.breakdown["tensor_parallel"] == pytest.approx(2 * 2 * 0.6e-3, rel=1e-12)
+    assert tensor.hidden["tensor_parallel"] == pytest.approx(2 * 2 * (0.4e-3 + 2e-3), rel=1e-12)
+    # the sync of 2e6 parameters over d = 2: reduce-scatter of fp32 gradients S/2 = 4 ms and all-gather of
+    # 16-bit weights 2 ms; the reduction hides behind the last backward pass (2 × (2 s + 2 ms)), the
+    # all-gather behind the next forward pass (2 × 1 s); neither can hide more than itself
+    assert plain.breakdown["data_parallel_sync"] == pytest.approx(4e-3 + 2e-3, rel=1e-12)
+    grads = overlap_step(overlap_grad_reduce=True).price(placement)
+    assert grads.breakdown["data_parallel_sync"] == pytest.approx(2e-3, rel=1e-12)
+    both = overlap_step(overlap_grad_reduce=True, overlap_param_gather=True).price(placement)
+    assert both.breakdown["data_parallel_sync"] == 0.0 and both.hidden["data_parallel_sync"] == pytest.approx(6e-3)
+    # at 10 kB/s the reduce-scatter takes 2e6·4/2/1e4 = 400 s and hides behind the backward pass of
+    # 2 × (2 s + 2e6/1e4 s of collectives) = 404 s; the all-gather, 200 s, is not overlapped
+    slow = dataclasses.replace(overlap_step(overlap_grad_reduce=True),
+                               cluster=Cluster.build("flat", 8, 8, [dict(bandwidth=1e4)]))
+    assert slow.price(placement).breakdown["data_parallel_sync"] == pytest.approx(200.0, rel=1e-9)
+    # a sync longer than the compute it hides behind stays exposed by the excess
+    bigger = dataclasses.replace(slow, graph=StepGraph(2, tuple(dataclasses.replace(layer, parameters=1e8)
+                                                                for layer in slow.graph.layers), slow.graph.edges))
+    # 2e8 parameters: reduce-scatter 4e4 s, 404 s of it hidden; all-gather 2e4 s, not overlapped
+    assert bigger.price(placement).breakdown["data_parallel_sync"] == pytest.approx(4e4 - 404.0 + 2e4, rel=1e-9)
+
+
+def test_overlap_options_that_need_another_say_so():
+    with pytest.raises(InputError, match="^overlap_param_gather: needs data_parallel_sharding=optimizer"):
+        TrainingOptions("adam", "none", overlap_grad_reduce=True, overlap_param_gather=True)
+    with pytest.raises(InputError, match="^overlap_param_gather: needs"):
+        TrainingOptions("adam", "optimizer", overlap_param_gather=True)
+    with pytest.raises(InputError, match="^framework_reserve: "):
+        TrainingOptions(framework_reserve=-1.0)
 
 
 def test_infeasible_placements_say_why():

@@ -255,7 +255,8 @@ def test_a_read_only_cache_folder(cwd, tmp_path, capsys):
 
 
 #: A GPT of two small blocks on one DGX A100 node: predicted in a few seconds.
-SMALL = run(GPT, model__num_layers=2, model__hidden_size=256, model__num_attention_heads=8,
+SMALL = run(GPT, model__num_layers=2, model__hidden_size=256, model__num_attention_heads=8, model__num_kv_heads=8,
+            model__head_dim=32,
             model__ffn_hidden_size=1024, model__vocab_size=1000, model__seq_length_tokens=128,
             hardware__num_devices=8, parallelism__data_parallel=8, batch__micro_batch_size_seqs=1,
             batch__global_batch_size_seqs=8)
@@ -268,14 +269,14 @@ def test_graphs_are_cached_in_the_user_cache_folder_by_default(cwd, tmp_path, ca
     assert (status, captured.err) == (0, "")
     assert "small" in captured.out and "left out (0)" in captured.out
     assert list(cwd.iterdir()) == []
-    assert list((tmp_path / "xdg" / "phaze" / "graphs").glob("megatrongpt3_mbs1_seq128_tp1_*.json"))
+    assert list((tmp_path / "xdg" / "phaze" / "graphs").glob("gpt_1.7b_megatron_weak-scaling_series_mbs1_seq128_tp1_*.json"))
 
 
 def test_graphs_are_cached_in_cache_dir(cwd, tmp_path, capsys):
     status = validate_file(tmp_path, [SMALL], f"cache_dir={tmp_path / 'graphs_here'}")
     assert (status, capsys.readouterr().err) == (0, "")
     assert list(cwd.iterdir()) == [] and not (tmp_path / "xdg" / "phaze").exists()
-    assert list((tmp_path / "graphs_here" / "graphs").glob("megatrongpt3_mbs1_seq128_tp1_*.json"))
+    assert list((tmp_path / "graphs_here" / "graphs").glob("gpt_1.7b_megatron_weak-scaling_series_mbs1_seq128_tp1_*.json"))
 
 
 def test_without_xdg_cache_home_the_cache_is_under_home(cwd, tmp_path, monkeypatch, capsys):

@@ -21,6 +21,7 @@ from phaze.api import run_prediction
 from phaze.console import setup_logging, show, show_table
 from phaze.settings import Settings
 from solver.predict import Prediction
+from solver.training_step import MEMORY_KINDS
 
 PREDICTION = "prediction.json"
 
@@ -49,6 +50,7 @@ def prediction_record(settings: Settings, prediction: Prediction) -> dict:
         "reason": prediction.reason,
         "time_per_batch_s": prediction.time_per_batch_s,
         "breakdown_s": prediction.breakdown_s,
+        "hidden_s": prediction.step.hidden,
         "memory_bytes": prediction.memory_bytes,
         "most_loaded_stage": prediction.busiest_device,
         "group_tiers": question.cluster.spans(layout.groups()),
@@ -80,13 +82,16 @@ def report(record: dict) -> None:
     table.add_row("time per batch", f"{record['time_per_batch_s']:.4g} s ({verdict})")
     for name, seconds in record["breakdown_s"].items():
         table.add_row(f"  {name.replace('_', ' ')}", f"{seconds:.4g} s")
+    for name, seconds in record.get("hidden_s", {}).items():
+        if seconds > 0:
+            table.add_row(f"  ({name.replace('_', ' ')} hidden by overlap)", f"{seconds:.4g} s")
     table.add_row("tokens per second", f"{record['tokens_per_s']:,.0f}")
     table.add_row("model FLOPs utilisation", f"{record['mfu']:.1%}")
     table.add_row("hardware TFLOP/s per device", f"{record['hardware_flops_per_s_per_device'] / 1e12:.1f}")
     memory = record["memory_bytes"]
     table.add_row(f"memory, stage {record['most_loaded_stage']} (GiB)",
                   " + ".join(f"{memory[kind] / 2**30:.3g} {kind.replace('_', ' ')}"
-                             for kind in ("weights", "gradients", "optimizer_state", "activations"))
+                             for kind in MEMORY_KINDS if kind in memory)
                   + f" = {memory['total'] / 2**30:.3g} of {inputs['memory_capacity_bytes'] / 2**30:.3g}")
     show_table(table)
 

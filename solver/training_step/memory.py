@@ -5,7 +5,7 @@ Model state (Megatron-Core's distributed-optimizer table; ZeRO, Rajbhandari et a
 parameter held by the device:
 
     adam  16-bit weights (2) + fp32 main gradients (4; 2 when reduced in 16-bit) + fp32 master
-          weights and two moments (12)
+          weights and two moments (12; 10 with the master weights as 16-bit remainders)
     sgd   16-bit weights (2) + 16-bit gradients (2), no optimizer state (the original's "2 copies")
 
 A sharded optimizer (ZeRO-1 / distributed optimizer) keeps 1/d of the optimizer state per device.
@@ -37,7 +37,7 @@ from graph_extract.kernels import KernelOptions
 
 OPTIMIZERS = ("adam", "sgd")
 RECOMPUTE_MODES = ("none", "selective", "full")
-MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations")
+MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "framework_reserve")
 
 
 #: Bytes per parameter of the 8-bit copies of a weight FP8 products read: on Hopper Transformer Engine
@@ -55,14 +55,14 @@ class ModelState:
     gradients: float
     optimizer_state: float
     sharded: bool
-    fp8_copy: float = 0.0
 
     @classmethod
-    def of(cls, optimizer: str, sharded: bool, gradients_in_16bit: bool = False, fp8: bool = False) -> ModelState:
+    def of(cls, optimizer: str, sharded: bool, gradients_in_16bit: bool = False, remainders: bool = False
+           ) -> ModelState:
         choice("optimizer", optimizer, OPTIMIZERS)
-        weights, gradients, state = {"adam": (2.0, 2.0 if gradients_in_16bit else 4.0, 12.0),
+        weights, gradients, state = {"adam": (2.0, 2.0 if gradients_in_16bit else 4.0, 10.0 if remainders else 12.0),
                                      "sgd": (2.0, 2.0, 0.0)}[optimizer]
-        return cls(weights, gradients, state, sharded, FP8_WEIGHT_COPY_BYTES if fp8 else 0.0)
+        return cls(weights, gradients, state, sharded)
 
     def optimizer_share(self, degree):
         """Optimizer-state bytes per parameter on one of `degree` data-parallel replicas."""

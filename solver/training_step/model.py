@@ -15,18 +15,24 @@ group's collectives on the tiers it spans.
 * Tensor-parallel all-reduces (2 per block and direction) run on the tier the group spans and do
   not overlap compute (Megatron issues them blocking); with sequence parallelism each becomes a
   reduce-scatter + all-gather of the same bytes, so the time is the same. Full recomputation
-  repeats the forward all-reduces.
+  repeats the forward all-reduces. With `tensor_parallel_overlap` a layer's collectives of one
+  direction hide behind its weight products of that direction: exposed = max(collectives −
+  products, 0) per layer (a simplification: Transformer Engine pairs each collective with one
+  product, so the exposed part can be larger when they are unbalanced).
 * Pipeline transfers: each stage receives its input activations and its output gradients every
   micro-batch (1/t of the tensor with Megatron's scatter/gather), on the tier of the slowest link
-  between stages, without overlap (Megatron's 1F1B sends and receives blocking). Interleaving
-  multiplies them by v.
+  between stages, without overlap in 1F1B (Megatron's sends and receives blocking). Interleaving
+  multiplies them by v and, with `overlap_pipeline_transfers`, hides them behind the device's
+  compute: exposed = max(transfers − compute, 0) per micro-batch.
 * Data-parallel sync: after the last backward every stage reduces its gradients over its
   replicas (all-reduce; reduce-scatter of the gradients + all-gather of the weights with a sharded
   optimizer), all stages at once on the tier their group spans; the exposed time is the largest.
   Each class of parameters syncs over its own group: the dense ones over the d replicas, a mixture
   of experts' over the d/e replicas holding the same experts; classes whose groups are the same
-  sync as one. With `overlap_grad_reduce` a stage's sync hides behind its last micro-batch's
-  backward pass.
+  sync as one. With `overlap_grad_reduce` a stage's gradient reduction hides behind its last
+  micro-batch's backward pass; with `overlap_param_gather` the sharded optimizer's weight
+  all-gather hides behind the next step's first forward pass (exposed = the excess, never < 0).
+  The hidden parts are `StepResult.hidden`.
 * Optimizer step: each device reads and writes its optimizer state once at HBM bandwidth.
 * Mixture of experts with expert-parallel width e (Megatron's layout: the experts of a stage are
   split over e of its d data-parallel replicas, e | d): a device holds 1/e of the experts; each MoE
@@ -85,6 +91,8 @@ class StepLayer:
     matrix_input_activation_bytes: float = 0.0  # kept only by weight products (FP8: one byte an element)
     replicated_matrix_input_activation_bytes: float = 0.0
     matrix_parameters: float = 0.0  # of `parameters`, those weight products read (FP8: an 8-bit copy)
+    matrix_forward: float = 0.0  # of `forward`, the weight products' time (what overlapped collectives hide behind)
+    matrix_backward: float = 0.0  # of `backward`, the weight products' time
 
 
 @dataclass(frozen=True)
@@ -146,8 +154,10 @@ class StageTerms:
 
     compute: np.ndarray  # forward + backward [s]
     recompute: np.ndarray
-    tensor_parallel: np.ndarray
+    tensor_parallel: np.ndarray  # exposed
+    tensor_parallel_hidden: np.ndarray  # hidden behind weight products (`tensor_parallel_overlap`)
     expert_parallel: np.ndarray  # token all-to-alls [s]
+    forward: np.ndarray  # forward compute: what an overlapped weight all-gather can hide behind
     backward: np.ndarray  # backward compute + its collectives: what an overlapped sync can hide behind
     transfer_bytes: np.ndarray  # received per micro-batch (activations in, gradients back)
     transfer_messages: np.ndarray
@@ -189,6 +199,7 @@ class StepResult:
     parameters: tuple[float, ...]
     memory: tuple[dict[str, float], ...]
     infeasible_reason: str | None = None
+    hidden: dict[str, float] = field(default_factory=dict)  # communication hidden by the overlaps [s]
 
     @property
     def feasible(self) -> bool:
@@ -255,6 +266,11 @@ class TrainingStep:
         backward_tp = np.array([sum(map(tensor.scalar, layer.backward_collective_bytes)) for layer in layers], float)
         forward = np.array([layer.forward for layer in layers], float)
         backward = np.array([layer.backward for layer in layers], float)
+        raw_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
+        if self.training.tensor_parallel_overlap:
+            forward_tp = np.maximum(forward_tp - np.array([layer.matrix_forward for layer in layers], float), 0.0)
+            backward_tp = np.maximum(backward_tp - np.array([layer.matrix_backward for layer in layers], float), 0.0)
+        exposed_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
         experts = self.expert_parallel_collective
         all_to_all = np.array([sum(experts.scalar(b / width) for b in layer.all_to_all_bytes) for layer in layers],
                               float)
@@ -268,8 +284,10 @@ class TrainingStep:
         object.__setattr__(self, "_layers", {
             "compute": forward + backward,
             "recompute": np.where(blocks, rerun, 0.0),
-            "tensor_parallel": forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0),
+            "tensor_parallel": exposed_tp,
+            "tensor_parallel_hidden": raw_tp - exposed_tp,
             "expert_parallel": 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0),
+            "forward": forward,
             "backward": backward + backward_tp + all_to_all,
             "parameters": np.array([layer.parameters - layer.expert_parameters for layer in layers], float)
             + expert_parameters,
@@ -342,7 +360,9 @@ class TrainingStep:
             compute=summed("compute"),
             recompute=summed("recompute"),
             tensor_parallel=summed("tensor_parallel"),
+            tensor_parallel_hidden=summed("tensor_parallel_hidden"),
             expert_parallel=summed("expert_parallel"),
+            forward=summed("forward"),
             backward=summed("backward"),
             transfer_bytes=np.bincount(ends, weights=sizes, minlength=count) if len(ends) else np.zeros(count),
             transfer_messages=np.bincount(ends, minlength=count).astype(float),
@@ -369,7 +389,9 @@ class TrainingStep:
             compute=stage_sum(members, values["compute"]),
             recompute=stage_sum(members, values["recompute"]),
             tensor_parallel=stage_sum(members, values["tensor_parallel"]),
+            tensor_parallel_hidden=stage_sum(members, values["tensor_parallel_hidden"]),
             expert_parallel=stage_sum(members, values["expert_parallel"]),
+            forward=stage_sum(members, values["forward"]),
             backward=stage_sum(members, values["backward"]),
             transfer_bytes=transfer_bytes,
             transfer_messages=messages,
@@ -434,9 +456,9 @@ class TrainingStep:
 
     def static_bytes(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
         """Weights, gradients and optimizer state of `parameters` per device (`expert_parameters` of
-        them experts', `matrix_parameters` read by weight products)."""
+        them experts', `matrix_parameters` read by weight products), and the framework's reserve."""
         return (self.weight_bytes(parameters, matrix_parameters) + parameters * self.training.model_state.gradients
-                + self.optimizer_state_bytes(parameters, degree, expert_parameters))
+                + self.optimizer_state_bytes(parameters, degree, expert_parameters) + self.training.framework_reserve)
 
     def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
         """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
@@ -468,14 +490,20 @@ class TrainingStep:
             self._collectives[group] = found
         return found
 
-    def sync_time(self, parameters, degree: int, expert_parameters=0.0):
-        """Data-parallel sync of stages holding `parameters` per device (not overlapped), each class of
-        parameters over its own group."""
-        state, time = self.training.model_state, 0.0
+    def sync_times(self, parameters, degree: int, expert_parameters=0.0):
+        """(gradient reduction, weight all-gather) of stages holding `parameters` per device, not
+        overlapped, each class of parameters over its own group."""
+        state, reduction, gather = self.training.model_state, 0.0, 0.0
         for group, count in self.parameter_classes(parameters, degree, expert_parameters):
             gradients, weights = self.sync_collectives(group)
-            time = time + gradients.time(count * state.gradients) + weights.time(count * state.weights)
-        return time
+            reduction = reduction + gradients.time(count * state.gradients)
+            gather = gather + weights.time(count * state.weights)
+        return reduction, gather
+
+    def sync_time(self, parameters, degree: int, expert_parameters=0.0):
+        """Data-parallel sync of stages holding `parameters` per device, not overlapped."""
+        reduction, gather = self.sync_times(parameters, degree, expert_parameters)
+        return reduction + gather
 
     def optimizer_time(self, parameters, degree: int, expert_parameters=0.0):
         """Reading and writing the device's optimizer state once at HBM bandwidth."""
@@ -488,18 +516,26 @@ class TrainingStep:
                 + self.optimizer_time(parameters, degree, expert_parameters))
 
     def tail(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
-        """(exposed sync, optimizer step) of each stage after the last backward."""
-        sync = self.sync_time(terms.parameters, degree, terms.expert_parameters)
+        """(exposed sync, optimizer step) of each stage after the last backward: the gradient reduction
+        less the last backward pass it hides behind (`overlap_grad_reduce`), the weight all-gather less
+        the next step's first forward pass (`overlap_param_gather`), each never below zero."""
+        reduction, gather = self.sync_times(terms.parameters, degree, terms.expert_parameters)
         if self.training.overlap_grad_reduce:
-            sync = np.maximum(sync - terms.backward, 0.0)
-        return sync, self.optimizer_time(terms.parameters, degree, terms.expert_parameters)
+            reduction = np.maximum(reduction - terms.backward, 0.0)
+        if self.training.overlap_param_gather:
+            gather = np.maximum(gather - terms.forward, 0.0)
+        return reduction + gather, self.optimizer_time(terms.parameters, degree, terms.expert_parameters)
+
+    @property
+    def sync_overlaps(self) -> bool:
+        return self.training.overlap_grad_reduce or self.training.overlap_param_gather
 
     def tail_keys_are_parameters(self) -> bool:
         """Whether every stage's tail grows with its parameters alone (so a cap on parameters is a
         cap on the tail); not so when the sync overlaps the backward pass, nor when the experts sync
         over other replicas than the rest."""
         data, expert_data = self.data_groups(self.shard.expert_parallel_width)
-        return not self.training.overlap_grad_reduce and expert_data == data
+        return not self.sync_overlaps and expert_data == data
 
     @staticmethod
     def pipeline_time(micro_batches, stages, virtual_stages, load):
@@ -514,12 +550,14 @@ class TrainingStep:
 
         Each device of p carries at least its layers' compute and collectives, so
         ℓ ≥ max(M, W/p) (M the heaviest layer, W all layers); the pipeline is at least
-        (m + (p − 1)/v)·ℓ with v at most blocks/p; and the stage holding the layer with the most
+        (m + (p − 1)/v)·ℓ with v at most blocks/p (collectives that may overlap counted as 0); and the stage holding the layer with the most
         parameters P* has at least the tail of P* (its optimizer step only, when the sync may
         hide behind the backward pass). Minimised over d and p ≤ min(layers, devices/(t·d)).
         """
         compute = np.asarray(compute, float)
-        collectives = self._layers["tensor_parallel"] + self._layers["expert_parallel"]
+        # overlapped tensor-parallel collectives may hide entirely behind a chip's weight products
+        tensor = 0.0 if self.training.tensor_parallel_overlap else self._layers["tensor_parallel"]
+        collectives = tensor + self._layers["expert_parallel"]
         per_layer = compute + collectives.reshape((-1,) + (1,) * (compute.ndim - 1))
         total, heaviest = per_layer.sum(axis=0), per_layer.max(axis=0)
         parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
@@ -532,8 +570,7 @@ class TrainingStep:
             interleave = np.maximum(1, blocks // stages) if self.graph.is_chain() else np.ones(len(stages))
             factor = (self.micro_batches // degree + (stages - 1) / interleave).reshape((-1,) + (1,) * total.ndim)
             load = np.maximum(heaviest, total / stages.reshape(factor.shape))
-            overlap = self.training.overlap_grad_reduce
-            tail = float((self.optimizer_time(parameters, degree, experts) if overlap
+            tail = float((self.optimizer_time(parameters, degree, experts) if self.sync_overlaps
                           else self.tail_time(parameters, degree, experts)).max())
             best = np.minimum(best, (factor * load).min(axis=0) + tail)
         return best
@@ -557,6 +594,10 @@ class TrainingStep:
         micro_batches = self.micro_batches // degrees
         tiers = [self.pipeline_tier(stages, int(d)) for d in degrees]
         transfer = per_device(np.array([self.transfer_time(chunk_terms, tier) for tier in tiers]), stages)
+        hidden = np.zeros_like(transfer)
+        if virtual_stages > 1 and self.training.overlap_pipeline_transfers:
+            hidden = np.minimum(transfer, terms.compute + terms.recompute)
+        transfer = transfer - hidden
         loads = self.busy(terms) + transfer  # [layout, device]
         flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
         memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
@@ -567,7 +608,8 @@ class TrainingStep:
         rules = self.fit_rules()
         fits = (memory <= self.device.memory_capacity).all(axis=1)
         fits &= np.array([rules.widths_problem(layout) is None for layout in layouts])
-        return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "memory": memory,
+        return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "transfer_hidden": hidden,
+                "memory": memory,
                 "in_flight": flight, "sync": sync, "optimizer": optimizer, "terms": terms}
 
     def price(self, placement: Placement) -> StepResult:
@@ -593,6 +635,13 @@ class TrainingStep:
             "data_parallel_sync": float(scored["sync"][0][last_out]),
             "optimizer": float(scored["optimizer"][0][last_out]),
         }
+        hidden = {
+            "tensor_parallel": micro_batches * float(terms.tensor_parallel_hidden[slowest]),
+            "pipeline_transfer": micro_batches * float(scored["transfer_hidden"][0][slowest]),
+            "data_parallel_sync": float(self.sync_time(terms.parameters[last_out], degree,
+                                                       terms.expert_parameters[last_out])
+                                        - scored["sync"][0][last_out]),
+        }
         state = self.training.model_state
         activations = self.activation_bytes(terms, scored["in_flight"][0])
         memory = []
@@ -602,9 +651,11 @@ class TrainingStep:
             weights = float(self.weight_bytes(parameters, float(terms.matrix_parameters[index])))
             memory.append({"weights": weights, "gradients": parameters * state.gradients,
                            "optimizer_state": float(optimizer_state),
-                           "activations": float(activations[index]), "total": float(scored["memory"][0][index])})
+                           "activations": float(activations[index]),
+                           "framework_reserve": self.training.framework_reserve,
+                           "total": float(scored["memory"][0][index])})
         return StepResult(float(scored["time"][0]), breakdown, tuple(float(p) for p in terms.parameters),
-                          tuple(memory), None if scored["fits"][0] else self.why_not(memory, layout))
+                          tuple(memory), None if scored["fits"][0] else self.why_not(memory, layout), hidden)
 
     def why_not(self, memory: list[dict[str, float]], layout: Layout) -> str:
         """Why a placement with this memory per device cannot run."""

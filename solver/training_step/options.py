@@ -5,8 +5,24 @@ search and every cache key read.
   moments) or `sgd` (16-bit weights and gradients, the original program's);
 * `data_parallel_sharding`: what the data-parallel replicas split among them: `none` (each holds
   everything), `optimizer` (the optimizer state: ZeRO stage 1, Megatron's distributed optimizer);
-* `overlap_grad_reduce`: each stage's gradient sync hides behind its last micro-batch's backward pass
-  (PyTorch DDP's buckets, Megatron's --overlap-grad-reduce);
+* `overlap_grad_reduce`: each stage's gradient reduction hides behind its last micro-batch's backward
+  pass (PyTorch DDP's buckets, Megatron's --overlap-grad-reduce; default false as in Megatron-LM);
+* `overlap_param_gather`: the distributed optimizer's all-gather of the updated weights hides behind
+  the next step's first forward pass (Megatron's --overlap-param-gather; default false; needs
+  `data_parallel_sharding=optimizer` and `overlap_grad_reduce`, as Megatron asserts);
+* `tensor_parallel_overlap`: each layer's tensor-parallel collectives hide behind the weight products
+  they feed or follow, never more than those products' time (Transformer Engine's userbuffers,
+  Megatron's --tp-comm-overlap; default false; needs sequence parallelism, as Megatron asserts);
+* `master_weight_remainders`: the optimizer keeps each fp32 master weight as its 16-bit weight plus
+  a 16-bit remainder: 2 bytes of state fewer per parameter (Apex's DistributedFusedAdam as NeMo runs
+  it, store_param_remainders; default false, as Megatron-Core's optimizer);
+* `framework_reserve`: bytes per device the framework holds besides tensors: the CUDA context,
+  about 0.3-0.4 GB with lazy loading (pytorch/pytorch #107667, #109888), and NCCL's buffers, about
+  0.5-0.7 GB per process group (NVIDIA/nccl #964), communicators sharing them when split from one:
+  1 GB by default;
+* `overlap_pipeline_transfers`: with interleaving (v > 1) the pipeline's sends and receives hide
+  behind the device's compute of its other chunks (Megatron's overlap_p2p_comm: on by default in
+  Megatron-LM's command line, and only ever for the interleaved schedule);
 * `grad_reduce_in_bf16`: the gradients are kept and reduced in 16-bit instead of fp32 main gradients
   (Megatron's --grad-reduce-in-bf16).
 A new training option is a field here and the formula in the step model that reads it.
@@ -18,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-from common.checks import boolean, choice
+from common.checks import InputError, boolean, choice, non_negative_number
 from solver.training_step.memory import OPTIMIZERS, ModelState
 
 #: What the data-parallel replicas may split among them.
@@ -33,16 +49,30 @@ class TrainingOptions:
     data_parallel_sharding: str = "optimizer"
     overlap_grad_reduce: bool = False
     grad_reduce_in_bf16: bool = False
+    overlap_param_gather: bool = False
+    tensor_parallel_overlap: bool = False
+    overlap_pipeline_transfers: bool = True
+    master_weight_remainders: bool = False
+    framework_reserve: float = 1.0e9
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("data_parallel_sharding", self.data_parallel_sharding, SHARDINGS)
         boolean("overlap_grad_reduce", self.overlap_grad_reduce)
         boolean("grad_reduce_in_bf16", self.grad_reduce_in_bf16)
+        boolean("overlap_param_gather", self.overlap_param_gather)
+        boolean("tensor_parallel_overlap", self.tensor_parallel_overlap)
+        boolean("overlap_pipeline_transfers", self.overlap_pipeline_transfers)
+        boolean("master_weight_remainders", self.master_weight_remainders)
+        non_negative_number("framework_reserve", self.framework_reserve)
+        if self.overlap_param_gather and not (self.data_parallel_sharding == "optimizer" and self.overlap_grad_reduce):
+            raise InputError("overlap_param_gather: needs data_parallel_sharding=optimizer and "
+                             "overlap_grad_reduce=true (as Megatron-LM); allowed here: false")
 
     @cached_property
     def model_state(self) -> ModelState:
-        return ModelState.of(self.optimizer, self.data_parallel_sharding == "optimizer", self.grad_reduce_in_bf16)
+        return ModelState.of(self.optimizer, self.data_parallel_sharding == "optimizer", self.grad_reduce_in_bf16,
+                             self.master_weight_remainders)
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
