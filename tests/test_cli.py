@@ -43,6 +43,19 @@ def phaze(*arguments, cwd):
         (["recompute=[none,partial]"], "recompute: unknown 'partial'; allowed: none, selective, full"),
         (["system=original", "recompute=selective"], "recompute (system=original: the original's off or on): unknown 'selective'; allowed: none, full"),
         (["data_parallel_sharding=maybe"], "data_parallel_sharding: unknown 'maybe'; allowed: none, optimizer"),
+        (["flash_attention=maybe"], "flash_attention: must be true or false, got 'maybe'"),
+        (["precision=fp4"], "precision: unknown 'fp4'; allowed: bf16, fp16, fp8"),
+        (["chip=a100_80gb", "precision=fp8"], "precision: a100_80gb has no FP8 tensor cores"),
+        (["grad_reduce_in_bf16=2"], "grad_reduce_in_bf16: must be true or false, got 2"),
+        (["overlap_param_gather=true"], "overlap_param_gather: needs data_parallel_sharding=optimizer and "
+                                        "overlap_grad_reduce=true"),
+        (["sequence_parallel=false", "tensor_parallel_overlap=true"], "tensor_parallel_overlap: needs "
+                                                                      "sequence_parallel=true"),
+        (["overlap_pipeline_transfers=yes"], "overlap_pipeline_transfers: must be true or false, got 'yes'"),
+        (["master_weight_remainders=1"], "master_weight_remainders: must be true or false, got 1"),
+        (["framework_reserve_gb=-1"], "framework_reserve_gb: must be a finite number >= 0, got -1"),
+        (["system=original", "flash_attention=true"], "flash_attention: system=original has no cost for it; "
+                                                      "allowed: false"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(arguments, field, tmp_path):

@@ -12,8 +12,9 @@ import pytest
 from solver.training_step import TrainingOptions
 
 from estimator.fusion import fuse_layers
-from estimator.roofline import group_bytes, op_seconds
+from estimator.roofline import attention_seconds, group_bytes, layer_times, op_seconds
 from graph_extract import KernelOptions, extract, get_spec
+from graph_extract.attention import attention_kernels, causal_fraction
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
 from hardware import known_chip
 from phaze.validate import case, validate
@@ -192,3 +193,30 @@ def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     assert "‡ NeMo 24.07: NeMo-Framework-Launcher" in run.stdout
     assert "a100_80gb 16-bit: 1 runs" in run.stdout and "h100_sxm fp8: 1 runs" in run.stdout
     assert "context parallelism is not modelled: 1 (nemo2407_LLAMA3-8B_8gpu)" in run.stdout
+
+
+def test_fused_attention_flops_and_bytes_of_one_layer_by_hand():
+    """The tiny Llama's block: 2 sequences of 128 tokens, 8 query heads of 32 and 2 key/value heads
+    (grouped-query), causal; one 128 x 128 tile per (sequence, head) so the causal kernel computes
+    the one diagonal tile whole."""
+    graphs, _ = tiny_llama_gemm()
+    graph = graphs.op_graph
+    (kernel,) = [kernel for kernel in attention_kernels(graph) if kernel.layer == 1]
+    assert kernel.fraction == 1.0 and causal_fraction(256, 256) == 3 / 4  # 2 x 2 tiles: 3 on or below
+    # bytes (bf16): Q [2, 8, 128, 32], K and V before repeat_kv [2, 2, 128, 32], O as Q, fp32 log-sum-exp per row
+    q, kv, o, lse = 2 * 8 * 128 * 32 * 2, 2 * 2 * 128 * 32 * 2, 2 * 8 * 128 * 32 * 2, 2 * 8 * 128 * 4
+    assert (kernel.query_bytes, kernel.input_bytes, kernel.output_bytes) == (q, q + 2 * kv, o)
+    assert kernel.forward_bytes == q + 2 * kv + o + lse and kernel.saved_bytes == q + 2 * kv + lse
+    # FLOPs: QKᵀ and PV, 2 x (2·8 heads x 128 x 128 x 32) multiply-accumulates, 2 FLOPs each; backward 2.5x
+    flops = 2 * 2 * (2 * 8 * 128 * 128 * 32)
+    units = 2 * 8 * 1  # (sequence, head, query tile): 16 of the 132 SMs busy
+    rate = H100.peak_flops * H100.attention_efficiency * units / 132
+    bandwidth = H100.hbm_bandwidth * H100.memory_efficiency
+    assert attention_seconds(graph, kernel, "forward", H100) == pytest.approx(
+        max(flops / rate, kernel.forward_bytes / bandwidth), rel=1e-12)
+    assert attention_seconds(graph, kernel, "backward", H100) == pytest.approx(
+        max(2.5 * flops / rate, 2 * kernel.forward_bytes / bandwidth), rel=1e-12)
+    # the layer's time holds the kernel instead of the unfused core's operators
+    fused = layer_times(graph, 1, H100, KernelOptions())
+    unfused = layer_times(graph, 1, H100, KernelOptions(flash_attention=False))
+    assert fused.forward != unfused.forward and fused.attention_core_forward == 0.0
