@@ -292,6 +292,9 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     STEP_MODELS[step_model].check(question)
     if known is not None:
         known.check_precision(question.kernels.precision)
+    elif question.kernels.fp8:  # the template's area and energy model has 16-bit MACs only (issue 22: not yet)
+        raise InputError("precision: a template chip prices 16-bit multiply-accumulates only; allowed: bf16, fp16 "
+                         "(fp8 on a chip with FP8 figures: chip=h100_sxm)")
     axes = Axes(
         micro_batch_sizes=micro_batch_sizes,
         memory_capacities=tuple(hbm_bytes(size) for size in hbm_sizes),

@@ -46,6 +46,7 @@ def phaze(*arguments, cwd):
         (["flash_attention=maybe"], "flash_attention: must be true or false, got 'maybe'"),
         (["precision=fp4"], "precision: unknown 'fp4'; allowed: bf16, fp16, fp8"),
         (["chip=a100_80gb", "precision=fp8"], "precision: a100_80gb has no FP8 tensor cores"),
+        (["precision=fp8"], "precision: a template chip prices 16-bit multiply-accumulates only; allowed: bf16, fp16"),
         (["grad_reduce_in_bf16=2"], "grad_reduce_in_bf16: must be true or false, got 2"),
         (["overlap_param_gather=true"], "overlap_param_gather: needs data_parallel_sharding=optimizer and "
                                         "overlap_grad_reduce=true"),
