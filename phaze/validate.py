@@ -340,22 +340,20 @@ def case(run: dict) -> Case | str:
             model = {**model, "vocab_size": vocabulary}
             assumed.append("vocabulary")
     t, p = parallel["tensor_parallel"], parallel["pipeline_parallel"]
-    recompute, precision = training["activation_recompute"], training["precision"]
-    micro_batch = batch["micro_batch_size_seqs"]
+    settings = {"recompute": training["activation_recompute"], "precision": training["precision"],
+                "micro-batch": batch["micro_batch_size_seqs"]}
     sequence_parallel = parallel["sequence_parallel"]
     if recipe is not None:  # what the run does not state, from its framework's recipe
-        for name, value, default in (("recompute", recompute, (model_recipe and model_recipe.recompute)
-                                      or recipe.recompute),
-                                     ("precision", precision, recipe.precision),
-                                     ("micro-batch", micro_batch, recipe.micro_batch_size)):
-            if value is None and default is not None:
-                recompute, precision, micro_batch = (default if name == "recompute" else recompute,
-                                                     default if name == "precision" else precision,
-                                                     default if name == "micro-batch" else micro_batch)
+        defaults = {"recompute": (model_recipe and model_recipe.recompute) or recipe.recompute,
+                    "precision": recipe.precision, "micro-batch": recipe.micro_batch_size}
+        for name, default in defaults.items():
+            if settings[name] is None and default is not None:
+                settings[name] = default
                 assumed.append(name)
         if sequence_parallel is None and (t or 1) > 1:  # no meaning at t = 1
             sequence_parallel = recipe.sequence_parallel
             assumed.append("sequence parallel")
+    recompute, precision, micro_batch = settings["recompute"], settings["precision"], settings["micro-batch"]
     sequence_parallel = bool(sequence_parallel) and (t or 1) > 1
     options, implied = stated_training(run, sequence_parallel, recipe, model_recipe)
     assumed += implied

@@ -71,10 +71,10 @@ def core_problem(fused: FusedLayer, core: frozenset[int], accelerator: Accelerat
     return schedule_problem(part, accelerator)
 
 
-def matrix_seconds(fused: FusedLayer, graph) -> float:
-    """The time of a fused layer's block weight products each split over all the tensor cores (what
-    overlapped tensor-parallel collectives can hide behind)."""
-    products = block_weight_products(graph)
+def matrix_seconds(fused: FusedLayer, products: tuple[bool, ...]) -> float:
+    """The time of a fused layer's block weight products (`products`: per operator, whether it is
+    one) each split over all the tensor cores (what overlapped tensor-parallel collectives can hide
+    behind)."""
     return sum(op.parallel_latency for op in fused.ops if any(products[member] for member in op.members))
 
 
@@ -82,12 +82,13 @@ def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: Accele
     """(width, group, forward, backward, attention core or None, weight products' forward and
     backward seconds) of every repeat group."""
     for width, graphs in graphs_by_width.items():
+        products = block_weight_products(graphs.op_graph)
         for group in graphs.repeat_groups:
             forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
                                  for direction in DIRECTIONS)
             yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
                    core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator),
-                   (matrix_seconds(forward, graphs.op_graph), matrix_seconds(backward, graphs.op_graph)))
+                   (matrix_seconds(forward, products), matrix_seconds(backward, products)))
 
 
 def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
