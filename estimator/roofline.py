@@ -53,6 +53,8 @@ class LayerTimes:
     attention_core_forward: float
     matrix_forward: float = 0.0  # of `forward`, the transformer blocks' weight products
     matrix_backward: float = 0.0
+    attention_forward: float = 0.0  # of `forward`, the fused attention kernels
+    attention_backward: float = 0.0
 
 
 def waves(gemm: Gemm, processors: int) -> float:
@@ -138,11 +140,12 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
     ops = [op for op in fused.ops if op.members[0] not in inside]
     forward = [op_seconds(graph, op, FORWARD, chip, split, narrow) for op in ops]
     backward = [op_seconds(graph, op, BACKWARD, chip, split, narrow) for op in ops]
-    forward += [attention_seconds(graph, kernel, FORWARD, chip) for kernel in fused_kernels]
-    backward += [attention_seconds(graph, kernel, BACKWARD, chip) for kernel in fused_kernels]
+    attention_forward = [attention_seconds(graph, kernel, FORWARD, chip) for kernel in fused_kernels]
+    attention_backward = [attention_seconds(graph, kernel, BACKWARD, chip) for kernel in fused_kernels]
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
     products = block_weight_products(graph)
     matrix = [any(products[member] for member in op.members) for op in ops]
-    return LayerTimes(sum(forward), sum(backward), sum(attention),
+    return LayerTimes(sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward), sum(attention),
                       sum(seconds for seconds, is_matrix in zip(forward, matrix) if is_matrix),
-                      sum(seconds for seconds, is_matrix in zip(backward, matrix) if is_matrix))
+                      sum(seconds for seconds, is_matrix in zip(backward, matrix) if is_matrix),
+                      sum(attention_forward), sum(attention_backward))

@@ -49,7 +49,8 @@ class Layer:
     kernel (its Q, K, V and softmax statistics kept instead of the s × s tensors);
     `matrix_input_activation_bytes` (and its replicated part) are the saved tensors only a block's
     weight products keep (FP8 keeps them in one byte an element); `matrix_parameter_bytes` are the
-    weights those products read (FP8 adds an 8-bit copy of them).
+    weights those products read (FP8 adds an 8-bit copy of them); `key_value_bytes` are the keys and
+    values its attention cores read (what context parallelism's ring passes on).
     """
 
     id: int
@@ -71,6 +72,7 @@ class Layer:
     matrix_input_activation_bytes: int = 0
     replicated_matrix_input_activation_bytes: int = 0
     matrix_parameter_bytes: int = 0
+    key_value_bytes: int = 0
 
     @property
     def is_block(self) -> bool:
@@ -228,6 +230,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs),
                 replicated_matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs if replicated[key[1]]),
                 matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,
+                key_value_bytes=sum(kernel.key_value_bytes for kernel in layer_kernels),
             )
         )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())

@@ -56,6 +56,7 @@ def placement_record(evaluation: Evaluation) -> dict:
     return {
         **widths,
         "recompute": result.recompute,
+        "data_parallel_sharding": result.data_parallel_sharding,
         "stages": [
             {"layers": list(stage.layer_ids), "devices": stage.devices, "parameters": stage.parameters,
              "memory_bytes": stage.memory}

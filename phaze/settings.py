@@ -50,7 +50,7 @@ from phaze.model_config import fixed_megatron, model_spec
 from solver.codesign import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
 from solver.layout import Layout
 from solver.predict import fit_rules
-from solver.question import Axes, Question, check_expert_widths, check_micro_batches
+from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
 from solver.training_step import SHARDINGS, TrainingOptions
@@ -183,6 +183,33 @@ def _expert_widths(config: Mapping, spec: ModelSpec) -> tuple[int, ...]:
                                for width in values("expert_parallel_width", value)))
 
 
+#: Tokens per context-parallel rank the default search keeps at least (Llama 3's 128K-token stage ran
+#: c = 16: 8K tokens a rank; Dubey et al. 2024, Sec. 3.3.2).
+CONTEXT_CHUNK_TOKENS = 4096
+
+
+def _context_widths(config: Mapping, sequence_length: int) -> tuple[int, ...]:
+    """The context-parallel widths searched: the given ones, or every power of two up to
+    `max_context_parallel_width` (null: the largest leaving each rank `CONTEXT_CHUNK_TOKENS` tokens) that
+    splits the sequence into 2c chunks (predict: 1)."""
+    value = config.get("context_parallel_width")
+    if value is not None:
+        return tuple(dict.fromkeys(integer("context_parallel_width", width, 1)
+                                   for width in values("context_parallel_width", value)))
+    if config["mode"] == "predict":
+        return (1,)
+    most = config.get("max_context_parallel_width")
+    most = (max(1, sequence_length // CONTEXT_CHUNK_TOKENS) if most is None
+            else positive_integer("max_context_parallel_width", most, MAX_DEVICES))
+    return tuple(c for c in (2**i for i in range(most.bit_length())) if c == 1 or sequence_length % (2 * c) == 0)
+
+
+def _shardings(config: Mapping) -> tuple[str, ...]:
+    """The data-parallel shardings: one, or a list searched in one run."""
+    return tuple(dict.fromkeys(choice("data_parallel_sharding", mode, SHARDINGS)
+                               for mode in values("data_parallel_sharding", config["data_parallel_sharding"])))
+
+
 def _virtual_stages(config: Mapping, spec: ModelSpec, step_model: str) -> tuple[int, ...] | None:
     model = STEP_MODELS[step_model]
     if config["virtual_stages"] is None:
@@ -231,7 +258,9 @@ def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kn
         raise InputError("tensor_parallel_width: predict prices one placement; give tensor_parallel_width=t")
     for key, given in (("micro_batch_size", axes.micro_batch_sizes), ("hbm_size", axes.memory_capacities),
                        ("recompute", axes.recompute), ("virtual_stages", axes.virtual_stages or (1,)),
-                       ("expert_parallel_width", axes.expert_parallel_widths)):
+                       ("expert_parallel_width", axes.expert_parallel_widths),
+                       ("context_parallel_width", axes.context_parallel_widths),
+                       ("data_parallel_sharding", axes.shardings(question))):
         if len(given) != 1:
             shown = [round(size / GIB, 9) for size in given] if key == "hbm_size" else list(given)
             hint = f" ({', '.join(STEP_MODELS[step_model].recompute_modes)})" if key == "recompute" else ""
@@ -239,7 +268,10 @@ def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kn
     layout = Layout(axes.tensor_parallel_widths[0],
                     positive_integer("pipeline_parallel_width", config["pipeline_parallel_width"]),
                     positive_integer("data_parallel_width", config["data_parallel_width"]),
-                    (axes.virtual_stages or (1,))[0], axes.expert_parallel_widths[0])
+                    (axes.virtual_stages or (1,))[0], axes.expert_parallel_widths[0], axes.context_parallel_widths[0])
+    problem = question.training.shard_problem(layout.context_parallel_width * layout.data_parallel_width)
+    if problem is not None:
+        raise InputError(problem)
     return fit_rules(question, axes).check(layout)
 
 
@@ -269,20 +301,25 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     global_batch_size = positive_integer("global_batch_size", config["global_batch_size"], MAX_BATCH)
     cluster, step_model = _system(config["system"],
                                   positive_integer("num_devices", config["num_devices"], MAX_DEVICES))
+    shardings = _shardings(config)
+    shard_width = config["data_parallel_shard_width"]
     question = Question(
         model=spec,
         sequence_length=sequence_length,
         global_batch_size=global_batch_size,
         cluster=cluster,
         training=TrainingOptions(choice("optimizer", config["optimizer"], OPTIMIZERS),
-                                 choice("data_parallel_sharding", config["data_parallel_sharding"], SHARDINGS),
+                                 shardings[0],
                                  boolean("overlap_grad_reduce", config["overlap_grad_reduce"]),
                                  boolean("grad_reduce_in_bf16", config["grad_reduce_in_bf16"]),
                                  boolean("overlap_param_gather", config["overlap_param_gather"]),
                                  boolean("tensor_parallel_overlap", config["tensor_parallel_overlap"]),
                                  boolean("overlap_pipeline_transfers", config["overlap_pipeline_transfers"]),
                                  boolean("master_weight_remainders", config["master_weight_remainders"]),
-                                 non_negative_number("framework_reserve_gb", config["framework_reserve_gb"]) * 1e9),
+                                 non_negative_number("framework_reserve_gb", config["framework_reserve_gb"]) * 1e9,
+                                 None if shard_width is None else positive_integer("data_parallel_shard_width",
+                                                                                   shard_width, MAX_DEVICES),
+                                 boolean("reshard_after_forward", config["reshard_after_forward"])),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS)),
@@ -302,8 +339,13 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         tensor_parallel_widths=widths,
         virtual_stages=_virtual_stages(config, spec, step_model),
         expert_parallel_widths=_expert_widths(config, spec),
+        context_parallel_widths=_context_widths(config, sequence_length),
+        data_parallel_shardings=shardings if len(shardings) > 1 else None,
     )
     check_expert_widths(question, axes)
+    check_context_widths(question, axes)
+    if step_model == "original" and (axes.context_parallel_widths != (1,) or len(shardings) > 1):
+        raise InputError("context_parallel_width: system=original has no cost for it; allowed: 1")
     if mode in ("run_solver", "predict"):
         check_micro_batches(question, axes)
     n_jobs = config["n_jobs"]

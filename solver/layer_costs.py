@@ -43,6 +43,8 @@ class LayerCost:
     gap: float  # the largest relative optimality gap of its schedules
     matrix_forward: float = 0.0  # of `forward`, the blocks' weight products (what overlapped collectives hide behind)
     matrix_backward: float = 0.0
+    attention_forward: float = 0.0  # of `forward`, the attention cores (what ring attention's transfers hide behind)
+    attention_backward: float = 0.0
 
 
 #: width -> layer id -> cost
@@ -71,24 +73,27 @@ def core_problem(fused: FusedLayer, core: frozenset[int], accelerator: Accelerat
     return schedule_problem(part, accelerator)
 
 
-def matrix_seconds(fused: FusedLayer, products: tuple[bool, ...]) -> float:
-    """The time of a fused layer's block weight products (`products`: per operator, whether it is
-    one) each split over all the tensor cores (what overlapped tensor-parallel collectives can hide
-    behind)."""
-    return sum(op.parallel_latency for op in fused.ops if any(products[member] for member in op.members))
+def marked_seconds(fused: FusedLayer, marked: tuple[bool, ...]) -> float:
+    """The time of a fused layer's operators that hold a marked one (`marked`: per operator of the op
+    graph), each split over all the cores: its block weight products (what overlapped
+    tensor-parallel collectives can hide behind) or its attention core (what ring attention's
+    transfers hide behind)."""
+    return sum(op.parallel_latency for op in fused.ops if any(marked[member] for member in op.members))
 
 
 def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable):
     """(width, group, forward, backward, attention core or None, weight products' forward and
-    backward seconds) of every repeat group."""
+    backward seconds, attention cores' forward and backward seconds) of every repeat group."""
     for width, graphs in graphs_by_width.items():
         products = block_weight_products(graphs.op_graph)
+        core = tuple(node.id in graphs.attention_core for node in graphs.op_graph.nodes)
         for group in graphs.repeat_groups:
             forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
                                  for direction in DIRECTIONS)
             yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
                    core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator),
-                   (matrix_seconds(forward, products), matrix_seconds(backward, products)))
+                   (marked_seconds(forward, products), marked_seconds(backward, products)),
+                   (marked_seconds(forward, core), marked_seconds(backward, core)))
 
 
 def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
@@ -96,8 +101,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
     """Schedule each repeat group's representative on a template chip; its cost is the group's.
     `on_layer` is called after each group (progress)."""
     costs: LayerCosts = {}
-    for width, group, forward, backward, core, matrix in _layer_problems(kernels, graphs_by_width, accelerator,
-                                                                         table):
+    for width, group, forward, backward, core, matrix, attention in _layer_problems(kernels, graphs_by_width,
+                                                                                    accelerator, table):
         results = [schedule(forward), schedule(backward)]
         core_result = schedule(core) if core is not None else None
         busy = [
@@ -116,6 +121,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
             gap=max(r.gap for r in results + ([core_result] if core_result else [])),
             matrix_forward=min(matrix[0], results[0].makespan),
             matrix_backward=min(matrix[1], results[1].makespan),
+            attention_forward=min(attention[0], results[0].makespan),
+            attention_backward=min(attention[1], results[1].makespan),
         )
         costs.setdefault(width, {}).update({layer: cost for layer in group})
         on_layer()
@@ -130,7 +137,8 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
         for group in graphs.repeat_groups:
             times = layer_times(graphs.op_graph, group[0], chip, kernels, kernels.recomputed_core(graphs.attention_core))
             cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-                             times.matrix_forward, times.matrix_backward)
+                             times.matrix_forward, times.matrix_backward, times.attention_forward,
+                             times.attention_backward)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
@@ -166,6 +174,9 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 matrix_parameters=layer.matrix_parameter_bytes / TRAINING_DTYPE_BYTES,
                 matrix_forward=cost[layer.id].matrix_forward,
                 matrix_backward=cost[layer.id].matrix_backward,
+                attention_forward=cost[layer.id].attention_forward,
+                attention_backward=cost[layer.id].attention_backward,
+                key_value_bytes=layer.key_value_bytes,
             )
             for layer in layer_graph.layers
         )

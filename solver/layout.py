@@ -10,9 +10,13 @@ tp-cp-ep-dp-pp (Megatron-Core's default `order`):
     rank = tensor + t·(context + c·(data + d·pipeline)),  the expert rank = data mod e
 
 so a tensor-parallel group is t consecutive devices, a context-parallel group c devices t apart, an
-expert-parallel group e devices t·c apart, a data-parallel group d devices t·c apart (the replicas
-holding the same experts: d/e devices t·c·e apart), and consecutive pipeline stages t·c·d apart
-(`Layout.groups`; the cluster says which tier of links each group spans).
+expert-parallel group e devices t·c apart, a data-parallel group d devices t·c apart, and
+consecutive pipeline stages t·c·d apart (`Layout.groups`; the cluster says which tier of links each
+group spans). The ranks holding the same weights, which reduce their gradients together and share
+a sharded model state, are the c·d context- and data-parallel ranks: c·d devices t apart
+(Megatron-Core's data-parallel group with context parallelism); those holding the same experts,
+the c·d/e ranks of the context group and of the d/e replicas with the same experts (taken as c·d/e
+devices t·e apart when d/e > 1: the same size and span).
 """
 
 from __future__ import annotations
@@ -69,12 +73,15 @@ class Layout:
         return dataclasses.replace(self, **widths)
 
     def groups(self) -> dict[str, Group]:
-        """The communicator of each dimension (module docstring), and `expert_data`: the replicas that
-        hold the same experts."""
+        """The communicator of each dimension (module docstring), and `weights` and `expert_weights`:
+        the ranks that hold the same dense weights, and the same experts."""
         t, c, e = self.tensor_parallel_width, self.context_parallel_width, self.expert_parallel_width
         d, p = self.data_parallel_width, self.pipeline_parallel_width
+        expert_replicas = max(d // e, 1)
         return {"tensor": Group(t, 1), "context": Group(c, t), "expert": Group(e, t * c), "data": Group(d, t * c),
-                "expert_data": Group(max(d // e, 1), t * c * e), "pipeline": Group(p, t * c * d)}
+                "weights": Group(c * d, t),
+                "expert_weights": Group(c * expert_replicas, t * e if expert_replicas > 1 else t),
+                "pipeline": Group(p, t * c * d)}
 
     def text(self) -> str:
         """t=8 p=16 d=8 v=1 (and the others when > 1: e=4)."""

@@ -22,7 +22,7 @@ from graph_extract import ExtractedModel, KernelOptions
 from hardware import KnownChip
 from solver.layout import FitRules, Layout
 from solver.placement.layouts import megatron_chunks
-from solver.question import Axes, Question
+from solver.question import Axes, Question, context_problem
 from solver.step_models import TrainingStepModel
 from solver.training_step import Placement, StepGraph, StepResult, TrainingStep
 
@@ -143,6 +143,10 @@ def predict(question: Question, axes: Axes, layout: Layout, graphs: ExtractedMod
     HBM size and recomputation mode; `step_graph` is the graphs' width with the chip's layer costs
     (`solver.layer_costs.step_graphs`). InputError when the layout breaks a rule (`fit_rules`)."""
     fit_rules(question, axes).check(layout)
+    problem = (context_problem(question, layout.context_parallel_width)
+               or question.training.shard_problem(layout.context_parallel_width * layout.data_parallel_width))
+    if problem is not None:
+        raise InputError(problem)
     (recompute,) = axes.recompute
     step = TrainingStepModel.step(question, axes, step_graph, chip.hbm_bandwidth, layout.shard)
     return prediction(question, axes, step, megatron_placement(step_graph, layout, recompute), chip,

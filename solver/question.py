@@ -4,7 +4,8 @@
   training and kernel options), the step model that prices it and the fixed layout compared against.
   Nothing in it is searched.
 * `Axes`: what is swept — micro-batch sizes, HBM sizes, recomputation modes, tensor-parallel widths,
-  virtual stages, expert-parallel widths. A search over one micro-batch size and one HBM size is
+  virtual stages, expert-parallel widths, context-parallel widths and data-parallel shardings (None:
+  the question's `training.data_parallel_sharding`). A search over one micro-batch size and one HBM size is
   `axes.at(micro_batch_size=..., memory_capacity=...)`; the placement search covers the rest.
 """
 
@@ -17,7 +18,7 @@ from common.checks import InputError, choice
 from graph_extract import KernelOptions, ModelSpec
 from hardware import Network
 from solver.layout import Layout
-from solver.training_step.memory import RECOMPUTE_MODES
+from solver.training_step.memory import RECOMPUTE_MODES, SHARDINGS
 from solver.training_step.options import TrainingOptions
 
 
@@ -66,14 +67,22 @@ class Axes:
     tensor_parallel_widths: tuple[int, ...] = (1,)
     virtual_stages: tuple[int, ...] | None = None
     expert_parallel_widths: tuple[int, ...] = (1,)
+    context_parallel_widths: tuple[int, ...] = (1,)
+    data_parallel_shardings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for field in ("micro_batch_sizes", "memory_capacities", "recompute", "tensor_parallel_widths",
-                      "expert_parallel_widths"):
+                      "expert_parallel_widths", "context_parallel_widths"):
             if not getattr(self, field):
                 raise InputError(f"{field}: must hold at least one value")
         for mode in self.recompute:
             choice("recompute", mode, RECOMPUTE_MODES)
+        for mode in self.data_parallel_shardings or ():
+            choice("data_parallel_sharding", mode, SHARDINGS)
+
+    def shardings(self, question: Question) -> tuple[str, ...]:
+        """The data-parallel shardings searched: these axes', or the question's one."""
+        return self.data_parallel_shardings or (question.training.data_parallel_sharding,)
 
     def at(self, micro_batch_size: int | None = None, memory_capacity: int | None = None,
            recompute: str | None = None) -> Axes:
@@ -100,8 +109,10 @@ class Axes:
         return capacity
 
     def shards(self) -> list[Layout]:
-        """The shard shapes searched (t, e), by expert-parallel width, then tensor-parallel width."""
-        return [Layout(t, expert_parallel_width=e) for e in sorted(self.expert_parallel_widths)
+        """The shard shapes searched (t, e, c), by context-parallel width, then expert-parallel width,
+        then tensor-parallel width."""
+        return [Layout(t, expert_parallel_width=e, context_parallel_width=c)
+                for c in sorted(self.context_parallel_widths) for e in sorted(self.expert_parallel_widths)
                 for t in sorted(self.tensor_parallel_widths)]
 
     def record(self) -> dict:
@@ -124,3 +135,28 @@ def check_expert_widths(question: Question, axes: Axes) -> None:
             allowed = [e for e in range(1, question.experts + 1) if question.experts % e == 0]
             raise InputError(f"expert_parallel_width: {width!r} does not divide {what}; "
                              f"allowed: {', '.join(map(str, allowed))}")
+
+
+def context_problem(question: Question, width: int) -> str | None:
+    """Why the question's sequences cannot be split over `width` context-parallel ranks, or None:
+    the load-balanced split cuts each sequence into 2c equal chunks (Megatron-Core asserts the
+    sequence a multiple of 2c) and passes K and V around a fused attention kernel's ring
+    (Transformer Engine's context parallelism runs on flash attention only)."""
+    if width == 1:
+        return None
+    if question.sequence_length % (2 * width):
+        allowed = [c for c in (2**i for i in range(question.sequence_length.bit_length()))
+                   if c == 1 or question.sequence_length % (2 * c) == 0]
+        return (f"context_parallel_width: {width} does not split the {question.sequence_length}-token sequences "
+                f"into 2 x {width} equal chunks; allowed: {', '.join(map(str, allowed))}")
+    if not question.kernels.flash_attention:
+        return f"context_parallel_width: {width} needs flash_attention=true (ring attention runs on a fused kernel)"
+    return None
+
+
+def check_context_widths(question: Question, axes: Axes) -> None:
+    """InputError for a context-parallel width the question's sequences cannot take."""
+    for width in axes.context_parallel_widths:
+        problem = context_problem(question, width)
+        if problem is not None:
+            raise InputError(problem)

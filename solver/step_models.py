@@ -78,18 +78,23 @@ class TrainingStepModel:
         return None
 
     @staticmethod
-    def step(question: Question, axes: Axes, graph: StepGraph, hbm_bandwidth: float, shard: Layout) -> TrainingStep:
-        """The step model of one shard at the axes' micro-batch size, HBM size and recomputation mode."""
+    def step(question: Question, axes: Axes, graph: StepGraph, hbm_bandwidth: float, shard: Layout,
+             sharding: str | None = None) -> TrainingStep:
+        """The step model of one shard at the axes' micro-batch size, HBM size and recomputation mode,
+        with the data-parallel sharding `sharding` (None: the question's)."""
         (recompute,) = axes.recompute
-        return TrainingStep(graph, question.cluster, question.training, question.kernels,
+        training = question.training if sharding is None else question.training.with_sharding(sharding)
+        return TrainingStep(graph, question.cluster, training, question.kernels,
                             Device(axes.memory_capacity, hbm_bandwidth),
                             question.micro_batches(axes.micro_batch_size), recompute, shard)
 
     def steps(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], hbm_bandwidth: float
               ) -> list[TrainingStep]:
-        """The step models of every shard of the axes (`Axes.shards` order) whose width has a graph."""
-        return [self.step(question, axes, graphs[shard.tensor_parallel_width], hbm_bandwidth, shard)
-                for shard in axes.shards() if shard.tensor_parallel_width in graphs]
+        """The step models of every data-parallel sharding and shard of the axes (`Axes.shards` order)
+        whose width has a graph."""
+        return [self.step(question, axes, graphs[shard.tensor_parallel_width], hbm_bandwidth, shard, sharding)
+                for sharding in axes.shardings(question) for shard in axes.shards()
+                if shard.tensor_parallel_width in graphs]
 
     def place(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], hbm_bandwidth: float,
               upper_bound: float = math.inf) -> PlacementResult:
@@ -109,9 +114,10 @@ class TrainingStepModel:
     def lower_bound(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], work: np.ndarray,
                     width: int, hbm_bandwidth: float) -> np.ndarray:
         time = np.full(work.shape[1:], np.inf)
-        for shard in (shard for shard in axes.shards() if shard.tensor_parallel_width == width):
-            step = self.step(question, axes.at(recompute="none"), graphs[width], hbm_bandwidth, shard)
-            time = np.minimum(time, step.time_lower_bound(work, data_parallel_widths(step.fit_rules(), shard)))
+        for sharding in axes.shardings(question):
+            for shard in (shard for shard in axes.shards() if shard.tensor_parallel_width == width):
+                step = self.step(question, axes.at(recompute="none"), graphs[width], hbm_bandwidth, shard, sharding)
+                time = np.minimum(time, step.time_lower_bound(work, data_parallel_widths(step.fit_rules(), shard)))
         return time
 
 

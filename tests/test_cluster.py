@@ -93,11 +93,11 @@ def test_rank_groups_follow_megatron_core_order():
                     expert_parallel_width=2, context_parallel_width=2)
     assert layout.devices == 2 * 2 * 3 * 4
     groups = layout.groups()
-    assert list(groups) == ["tensor", "context", "expert", "data", "expert_data", "pipeline"]
+    assert list(groups) == ["tensor", "context", "expert", "data", "weights", "expert_weights", "pipeline"]
     assert groups == {"tensor": Group(2, 1), "context": Group(2, 2), "expert": Group(2, 4), "data": Group(4, 4),
-                      "expert_data": Group(2, 8), "pipeline": Group(3, 16)}
+                      "weights": Group(8, 2), "expert_weights": Group(4, 4), "pipeline": Group(3, 16)}
     cluster = two_tiers(devices=48, node=8)
     # tensor (2 at stride 1), context (2 at 2), expert (2 at 4) in a node of 8; data (4 at 4) and the
     # pipeline (stages 16 apart) cross nodes
     assert cluster.spans(groups) == {"tensor": "nvlink", "context": "nvlink", "expert": "nvlink", "data": "ib",
-                                     "expert_data": "ib", "pipeline": "ib"}
+                                     "weights": "ib", "expert_weights": "ib", "pipeline": "ib"}

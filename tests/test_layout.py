@@ -110,4 +110,10 @@ def test_rank_groups_are_strided_in_megatron_core_order():
         assert groups[name] == Group(len(ranks), ranks[1] - ranks[0])
         assert all(b - a == groups[name].stride for a, b in zip(ranks, ranks[1:]))
     assert groups["expert"] == Group(e, t * c)  # e consecutive data-parallel ranks
-    assert groups["expert_data"] == Group(d // e, t * c * e)  # the replicas holding the same experts
+    # the ranks holding the same dense weights: every context and data rank, c·d devices t apart
+    weights = sorted(rank[(0, cc, dd, 0)] for cc in range(c) for dd in range(d))
+    assert groups["weights"] == Group(c * d, t) and weights == list(range(0, t * c * d, t))
+    # the same experts: c·d/e ranks spanning what the real set spans (its first to its last rank)
+    experts = sorted(rank[(0, cc, dd, 0)] for cc in range(c) for dd in range(0, d, e))
+    group = groups["expert_weights"]
+    assert group.size == len(experts) and (group.size - 1) * group.stride >= experts[-1] - experts[0]

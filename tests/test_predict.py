@@ -178,7 +178,8 @@ def test_predict_writes_prediction_json(tmp_path):
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "run" / "prediction.json").read_text())
     assert record["feasible"] and record["reason"] is None
-    assert set(record["breakdown_s"]) == {"compute", "recompute", "tensor_parallel", "expert_parallel", "bubble", "pipeline_transfer",
+    assert set(record["breakdown_s"]) == {"compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
+                                          "sharded_data_parallel", "bubble", "pipeline_transfer",
                                           "data_parallel_sync", "optimizer"}
     assert math.isclose(sum(record["breakdown_s"].values()), record["time_per_batch_s"], rel_tol=1e-12)
     assert set(record["memory_bytes"]) == {"weights", "gradients", "optimizer_state", "activations", "framework_reserve",

@@ -75,15 +75,22 @@ def test_fp8_keeps_the_inputs_of_weight_products_in_one_byte(width):
 
 
 def test_model_state_per_parameter():
+    """Bytes per parameter on one of 8 ranks sharing them: ZeRO stages 0-3 (Rajbhandari et al. 2020,
+    Fig. 1: 2 + 2 + K with K = 12 for mixed-precision Adam; Megatron keeps fp32 main gradients, 4)."""
     for options, (weights, gradients, state) in (
             (TrainingOptions("adam", "none"), (2, 4, 18 - 6)),  # 2 + 4 + 12 (Megatron's 18 bytes)
             (TrainingOptions("adam", "optimizer"), (2, 4, 12 / 8)),  # 6 + 12/d
             (TrainingOptions("adam", "optimizer", grad_reduce_in_bf16=True), (2, 2, 12 / 8)),
+            (TrainingOptions("adam", "gradients"), (2, 4 / 8, 12 / 8)),  # ZeRO-2: 2 + 16/d
+            (TrainingOptions("adam", "full"), (2 / 8, 4 / 8, 12 / 8)),  # ZeRO-3: 18/d
             (TrainingOptions("sgd", "optimizer"), (2, 2, 0))):
         model = options.model_state
-        assert (model.weights, model.gradients, model.optimizer_share(8)) == (weights, gradients, state)
+        assert tuple(model.share(kind, 8) for kind in ("weights", "gradients", "optimizer_state")) == (
+            weights, gradients, state)
     with pytest.raises(ValueError, match="optimizer: unknown 'lamb'"):
-        ModelState.of("lamb", True)
+        ModelState.of("lamb", "optimizer")
+    with pytest.raises(ValueError, match="data_parallel_sharding: unknown 'zero3'"):
+        ModelState.of("adam", "zero3")
 
 
 def test_fp8_weights_have_two_8_bit_copies_and_a_tied_weight_is_held_once():
@@ -130,7 +137,7 @@ def test_a_step_by_hand():
     # m = 4 micro-batches per replica; each stage: 2 × (1 + 2) s of compute and one 1 MB transfer
     # each way (1 ms); bubble (p − 1)·ℓ. Sync (sharded): reduce-scatter of 2e6 × 4 bytes and
     # all-gather of 2e6 × 2 bytes among 2 replicas, S/(2B) each; optimizer: 2 × 2e6 × 12/2 / 1e12.
-    assert result.breakdown == pytest.approx({"compute": 24.0, "recompute": 0.0, "tensor_parallel": 0.0, "expert_parallel": 0.0,
+    assert result.breakdown == pytest.approx({"compute": 24.0, "recompute": 0.0, "tensor_parallel": 0.0, "context_parallel": 0.0, "expert_parallel": 0.0, "sharded_data_parallel": 0.0,
                                               "bubble": 6.001, "pipeline_transfer": 0.004,
                                               "data_parallel_sync": 4e-3 + 2e-3, "optimizer": 2.4e-5}, rel=1e-12)
     assert result.time_per_batch == pytest.approx(30.011024, rel=1e-12)

@@ -56,7 +56,8 @@ def placement_result(step: TrainingStep, placement: Placement, result: StepResul
         PlacedStage(tuple(ids[p] for p in placement.device_layers(device)), step.width, parameters, memory)
         for device, (parameters, memory) in enumerate(zip(result.parameters, result.memory))
     )
-    return PlacementResult(stages, placement.layout, result.time_per_batch, placement.recompute, result.breakdown)
+    return PlacementResult(stages, placement.layout, result.time_per_batch, placement.recompute, result.breakdown,
+                           data_parallel_sharding=step.training.data_parallel_sharding)
 
 
 def fixed_megatron(step: TrainingStep, layout: Layout) -> tuple[PlacementResult | None, str | None]:

@@ -70,7 +70,7 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
     """The fastest feasible 1F1B placement at this width and recomputation mode, or None (also
     when none beats `upper_bound`). `terms` are the stage terms of `space`'s candidate stages."""
     terms = step.stage_terms(space.members) if terms is None else terms
-    depth_cap = min(int(space.sizes[-1]), step.cluster.num_devices // step.width)
+    depth_cap = min(int(space.sizes[-1]), step.cluster.num_devices // step.stage_devices)
     scenarios, columns = [], {}
     loads, feasible, keys = [], [], []
     by_parameters = step.tail_keys_are_parameters()
@@ -80,7 +80,7 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
             continue
         key = terms.parameters if by_parameters else sum(step.tail(terms, degree))
         for tier, fewest, most in step.pipeline_tier_depths(degree, most_stages):
-            load = step.load(terms, tier)
+            load = step.load(terms, tier, degree)
             signature = (fits.tobytes(), load.tobytes(), key.tobytes())
             if signature not in columns:
                 columns[signature] = len(loads)
@@ -95,8 +95,8 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
     best = search.run()
     if best.table is None:
         return None
-    pairs = backtrace(space, best.table, best.stages, best.x, DeviceModel(step.width, 1), len(space.sizes) - 1,
-                      best.depth, best.depth * step.width)
+    pairs = backtrace(space, best.table, best.stages, best.x, DeviceModel(step.stage_devices, 1), len(space.sizes) - 1,
+                      best.depth, best.depth * step.stage_devices)
     chunks = tuple(tuple(space.stage_positions(pair)) for pair in pairs)
     placement = Placement(step.layout(best.depth, best.degree), chunks, step.recompute)
     result = step.price(placement)
@@ -174,9 +174,9 @@ class _CapSearch:
         caps = np.array([self.caps[c][i] for c, i in batch])
         allowed = self.keys[:, columns] <= caps[None, :]
         loads = self.loads[:, columns]
-        stages = StageTable(np.full(len(loads), self.step.width), loads, loads,
+        stages = StageTable(np.full(len(loads), self.step.stage_devices), loads, loads,
                             np.where(allowed, np.minimum(self.feasible[:, columns], depth_cap), 0))
-        table = fill_tables(self.space, stages, depth_cap, DeviceModel(self.step.width, 1), include_full=True)
+        table = fill_tables(self.space, stages, depth_cap, DeviceModel(self.step.stage_devices, 1), include_full=True)
         values = np.full((self.depth_cap + 1, len(batch)), INFTY)
         values[: depth_cap + 1] = table[-1, :, 0, :]  # [s, x]
         for x, (c, index) in enumerate(batch):

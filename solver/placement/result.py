@@ -40,6 +40,7 @@ class PlacementResult:
     breakdown: dict[str, float] = field(default_factory=dict)
     fixed_baseline_time: float | None = None
     fixed_baseline_infeasible_reason: str | None = None
+    data_parallel_sharding: str | None = None  # the training step model's (None: the original's)
 
     @property
     def feasible(self) -> bool:

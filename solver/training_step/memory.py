@@ -8,7 +8,12 @@ parameter held by the device:
           weights and two moments (12; 10 with the master weights as 16-bit remainders)
     sgd   16-bit weights (2) + 16-bit gradients (2), no optimizer state (the original's "2 copies")
 
-A sharded optimizer (ZeRO-1 / distributed optimizer) keeps 1/d of the optimizer state per device.
+Sharded data parallelism (`SHARDINGS`; ZeRO, Rajbhandari et al. 2020, stages 1-3) keeps 1/n of some
+kinds per device, n the shard group (the data-parallel replicas, with context parallelism the c·d
+ranks, or `data_parallel_shard_width` of them): `optimizer` the optimizer state (ZeRO-1, Megatron's
+distributed optimizer), `gradients` also the gradients (ZeRO-2), `full` also the weights (ZeRO-3,
+PyTorch FSDP's FULL_SHARD, MaxText's fsdp axis), whose gathered copies the step holds while it runs
+(`TrainingStep.gathered_weight_bytes`).
 In FP8 training (Transformer Engine) each weight of a block's weight products also has 8-bit copies
 (`FP8_WEIGHT_COPY_BYTES`) that its GEMMs read.
 
@@ -38,6 +43,10 @@ from graph_extract.kernels import KernelOptions
 OPTIMIZERS = ("adam", "sgd")
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "framework_reserve")
+#: What the data-parallel replicas split among them (ZeRO stages 0-3), and the kinds each splits.
+SHARDINGS = ("none", "optimizer", "gradients", "full")
+SHARDED_KINDS = {"none": (), "optimizer": ("optimizer_state",), "gradients": ("optimizer_state", "gradients"),
+                 "full": ("optimizer_state", "gradients", "weights")}
 
 
 #: Bytes per parameter of the 8-bit copies of a weight FP8 products read: on Hopper Transformer Engine
@@ -48,25 +57,35 @@ FP8_WEIGHT_COPY_BYTES = 2.0
 
 @dataclass(frozen=True)
 class ModelState:
-    """Bytes per parameter a device holds: weights, gradients and optimizer state (maybe sharded), and
-    per weight of an FP8 product its 8-bit copy."""
+    """Bytes per parameter of each kind of model state (weights, gradients, optimizer state) and which
+    kinds the data-parallel shard group splits (`sharding`, one of `SHARDINGS`)."""
 
     weights: float
     gradients: float
     optimizer_state: float
-    sharded: bool
+    sharding: str = "none"
 
     @classmethod
-    def of(cls, optimizer: str, sharded: bool, gradients_in_16bit: bool = False, remainders: bool = False
+    def of(cls, optimizer: str, sharding: str = "none", gradients_in_16bit: bool = False, remainders: bool = False
            ) -> ModelState:
         choice("optimizer", optimizer, OPTIMIZERS)
+        choice("data_parallel_sharding", sharding, SHARDINGS)
         weights, gradients, state = {"adam": (2.0, 2.0 if gradients_in_16bit else 4.0, 10.0 if remainders else 12.0),
                                      "sgd": (2.0, 2.0, 0.0)}[optimizer]
-        return cls(weights, gradients, state, sharded)
+        return cls(weights, gradients, state, sharding)
 
-    def optimizer_share(self, degree):
-        """Optimizer-state bytes per parameter on one of `degree` data-parallel replicas."""
-        return self.optimizer_state / degree if self.sharded else self.optimizer_state * np.ones_like(degree)
+    @property
+    def sharded(self) -> bool:
+        return self.sharding != "none"
+
+    def splits(self, kind: str) -> bool:
+        """Whether the shard group splits `kind` ("weights", "gradients" or "optimizer_state")."""
+        return kind in SHARDED_KINDS[self.sharding]
+
+    def share(self, kind: str, shard_size):
+        """Bytes per parameter of `kind` on one of `shard_size` ranks sharing it."""
+        full = getattr(self, kind)
+        return full / shard_size if self.splits(kind) else full * np.ones_like(shard_size, dtype=float)
 
 
 def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:

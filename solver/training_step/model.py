@@ -46,6 +46,7 @@ interleaved chunks are charged their average activations (`memory.in_flight`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -58,8 +59,8 @@ from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES, RECOMPUTE_MODES, 
 from solver.training_step.options import TrainingOptions
 
 #: The terms of `StepResult.breakdown`, in the order they happen.
-BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "expert_parallel", "bubble", "pipeline_transfer",
-                  "data_parallel_sync", "optimizer")
+BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
+                  "sharded_data_parallel", "bubble", "pipeline_transfer", "data_parallel_sync", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,9 @@ class StepLayer:
     matrix_parameters: float = 0.0  # of `parameters`, those weight products read (FP8: an 8-bit copy)
     matrix_forward: float = 0.0  # of `forward`, the weight products' time (what overlapped collectives hide behind)
     matrix_backward: float = 0.0  # of `backward`, the weight products' time
+    attention_forward: float = 0.0  # of `forward`, the attention core's time (what ring attention hides behind)
+    attention_backward: float = 0.0  # of `backward`, the attention core's time
+    key_value_bytes: float = 0.0  # the keys and values the attention core reads (what ring attention passes on)
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,8 @@ class StageTerms:
     recompute: np.ndarray
     tensor_parallel: np.ndarray  # exposed
     tensor_parallel_hidden: np.ndarray  # hidden behind weight products (`tensor_parallel_overlap`)
+    context_parallel: np.ndarray  # ring attention's transfers, exposed
+    context_parallel_hidden: np.ndarray  # ring attention's transfers hidden behind the attention
     expert_parallel: np.ndarray  # token all-to-alls [s]
     forward: np.ndarray  # forward compute: what an overlapped weight all-gather can hide behind
     backward: np.ndarray  # backward compute + its collectives: what an overlapped sync can hide behind
@@ -166,6 +172,7 @@ class StageTerms:
     matrix_parameters: np.ndarray  # of `parameters`, those FP8 products read
     held_activations: np.ndarray  # bytes per micro-batch in flight
     working_activations: np.ndarray  # bytes while a layer is recomputed
+    largest_parameters: np.ndarray  # the parameters of the stage's largest layer (what `full` sharding gathers at once)
 
 
 @dataclass(frozen=True)
@@ -259,25 +266,34 @@ class TrainingStep:
             raise ValueError(f"shard: {self.shard.text()} is not the shard of a width-{self.graph.width} graph "
                              "(t its width, p = d = v = 1)")
         layers, width = self.graph.layers, self.graph.width
+        tokens = self.token_share
         tensor = self.tensor_parallel_collective
         full = self.recompute == "full"
         blocks = np.array([layer.is_block for layer in layers], bool)
-        forward_tp = np.array([sum(map(tensor.scalar, layer.forward_collective_bytes)) for layer in layers], float)
-        backward_tp = np.array([sum(map(tensor.scalar, layer.backward_collective_bytes)) for layer in layers], float)
-        forward = np.array([layer.forward for layer in layers], float)
-        backward = np.array([layer.backward for layer in layers], float)
+
+        def each(name: str) -> np.ndarray:
+            return np.array([getattr(layer, name) for layer in layers], float)
+
+        forward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.forward_collective_bytes)
+                               for layer in layers], float)
+        backward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.backward_collective_bytes)
+                                for layer in layers], float)
+        forward, backward = each("forward") * tokens, each("backward") * tokens
         raw_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
         if self.training.tensor_parallel_overlap:
-            forward_tp = np.maximum(forward_tp - np.array([layer.matrix_forward for layer in layers], float), 0.0)
-            backward_tp = np.maximum(backward_tp - np.array([layer.matrix_backward for layer in layers], float), 0.0)
+            forward_tp = np.maximum(forward_tp - each("matrix_forward") * tokens, 0.0)
+            backward_tp = np.maximum(backward_tp - each("matrix_backward") * tokens, 0.0)
         exposed_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
+        ring_forward, ring_backward, sent_forward, sent_backward = self.ring_attention(
+            each("key_value_bytes") * tokens, each("attention_forward") * tokens, each("attention_backward") * tokens)
+        exposed_ring = ring_forward + ring_backward + np.where(blocks & full, ring_forward, 0.0)
+        raw_ring = sent_forward + sent_backward + np.where(blocks & full, sent_forward, 0.0)
         experts = self.expert_parallel_collective
-        all_to_all = np.array([sum(experts.scalar(b / width) for b in layer.all_to_all_bytes) for layer in layers],
-                              float)
-        expert_parameters = (np.array([layer.expert_parameters for layer in layers], float)
-                             / self.shard.expert_parallel_width)
+        all_to_all = np.array([sum(experts.scalar(b * tokens / width) for b in layer.all_to_all_bytes)
+                               for layer in layers], float)
+        expert_parameters = each("expert_parameters") / self.shard.expert_parallel_width
         rerun = {"none": np.zeros(len(layers)), "full": forward,
-                 "selective": np.array([layer.attention_core_forward for layer in layers], float)}[self.recompute]
+                 "selective": each("attention_core_forward") * tokens}[self.recompute]
         held, working = held_activations(layers, self.recompute, width, self.kernels)
         object.__setattr__(self, "_collectives", {})
         object.__setattr__(self, "_data_groups", {})
@@ -286,21 +302,58 @@ class TrainingStep:
             "recompute": np.where(blocks, rerun, 0.0),
             "tensor_parallel": exposed_tp,
             "tensor_parallel_hidden": raw_tp - exposed_tp,
+            "context_parallel": exposed_ring,
+            "context_parallel_hidden": raw_ring - exposed_ring,
             "expert_parallel": 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0),
             "forward": forward,
-            "backward": backward + backward_tp + all_to_all,
-            "parameters": np.array([layer.parameters - layer.expert_parameters for layer in layers], float)
-            + expert_parameters,
+            "backward": backward + backward_tp + ring_backward + all_to_all,
+            "parameters": each("parameters") - each("expert_parameters") + expert_parameters,
             "expert_parameters": expert_parameters,
-            "matrix_parameters": np.array([layer.matrix_parameters - layer.expert_parameters for layer in layers], float)
-            + expert_parameters,
-            "held": held,
-            "working": working,
+            "matrix_parameters": each("matrix_parameters") - each("expert_parameters") + expert_parameters,
+            "held": held * tokens,
+            "working": working * tokens,
         })
+
+    @property
+    def token_share(self) -> float:
+        """The share of each sequence's tokens one device of the context-parallel group runs: 1/c.
+        Every per-token cost of the width-t graph (its layers' times, activations, collectives and
+        transfers) is divided by c; the causal attention too, as the 2c load-balanced chunks give each
+        device 1/c of the score tiles (Megatron-Core / Transformer Engine's context parallelism)."""
+        return 1.0 / self.shard.context_parallel_width
+
+    def ring_attention(self, key_value_bytes: np.ndarray, attention_forward: np.ndarray,
+                       attention_backward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer: (exposed forward, exposed backward, all forward, all backward) seconds of ring
+        attention's transfers
+        over the c ranks of the context-parallel group, given a device's K and V chunk and its
+        attention time (after the 1/c split).
+
+        Forward, c − 1 times each device passes its K and V chunk to the next rank while it computes
+        the attention of the chunk in hand, 1/c of its attention; backward it passes K, V and their
+        gradients (twice the bytes) behind 1/c of the backward attention (Transformer Engine's ring
+        exchange, Liu et al. 2023). Each transfer hides behind the step it overlaps: exposed = (c − 1)
+        · max(transfer − step, 0) per direction; the point-to-point sends are on the tier the
+        context-parallel group spans.
+        """
+        c = self.shard.context_parallel_width
+        if c == 1:
+            zero = np.zeros(len(key_value_bytes))
+            return zero, zero, zero, zero
+        link = self.cluster.send(self.cluster.tier_joining(self.shard.groups()["context"]))
+        forward_send, backward_send = link.time(key_value_bytes), link.time(2 * key_value_bytes)
+        exposed_forward = (c - 1) * np.maximum(forward_send - attention_forward / c, 0.0)
+        exposed_backward = (c - 1) * np.maximum(backward_send - attention_backward / c, 0.0)
+        return exposed_forward, exposed_backward, (c - 1) * forward_send, (c - 1) * backward_send
 
     @property
     def width(self) -> int:
         return self.graph.width
+
+    @property
+    def stage_devices(self) -> int:
+        """Devices of one pipeline stage of one replica: the t·c ranks splitting its layers."""
+        return self.graph.width * self.shard.context_parallel_width
 
     def layout(self, stages: int = 1, degree: int = 1, virtual_stages: int = 1) -> Layout:
         """The layout of this shard with p stages, d replicas and v chunks per device."""
@@ -317,12 +370,28 @@ class TrainingStep:
         return FitRules(self.cluster.num_devices, self.micro_batches, self.graph.n, blocks, None)
 
     def data_groups(self, degree: int) -> tuple[Group, Group]:
-        """(the data-parallel group, the group of replicas holding the same experts) at width d."""
+        """(the ranks holding the same dense weights, those holding the same experts) at width d:
+        with context parallelism, c·d ranks and c·d/e (`Layout.groups`)."""
         found = self._data_groups.get(degree)
         if found is None:
             groups = self.layout(1, degree).groups()
-            found = self._data_groups[degree] = (groups["data"], groups["expert_data"])
+            found = self._data_groups[degree] = (groups["weights"], groups["expert_weights"])
         return found
+
+    def shard_groups(self, group: Group) -> tuple[Group, Group]:
+        """(shard group, replica group) of the ranks `group` holding the same weights: all of them and
+        none (`data_parallel_shard_width` None), or groups of that width and the ranks holding the
+        same shard across them (hybrid sharding); a group the width does not divide (a class of
+        experts) is sharded over the largest common divisor."""
+        width = self.training.data_parallel_shard_width
+        if width is None or width >= group.size:
+            return group, Group(1, group.stride * group.size)
+        width = math.gcd(width, group.size)
+        return Group(width, group.stride), Group(group.size // width, group.stride * width)
+
+    def sharding_problem(self, degree: int) -> str | None:
+        """Why the shard width cannot split the c·d ranks of width d, or None."""
+        return self.training.shard_problem(self.data_groups(degree)[0].size)
 
     @cached_property
     def tensor_parallel_collective(self) -> Collective:
@@ -349,9 +418,10 @@ class TrainingStep:
         crossing = [(source, dest, size) for source, dest, size in self.graph.edges
                     if chunk_of[source] != chunk_of[dest]]
         ends = np.array([chunk_of[node] for source, dest, _ in crossing for node in (dest, source)], dtype=np.int64)
-        sizes = np.array([size / self.width for _, _, size in crossing for _ in (0, 1)], float)
-        working = np.zeros(count)
+        sizes = np.array([size * self.token_share / self.width for _, _, size in crossing for _ in (0, 1)], float)
+        working, largest = np.zeros(count), np.zeros(count)
         np.maximum.at(working, chunk_of, values["working"])
+        np.maximum.at(largest, chunk_of, values["parameters"])
         parameters = summed("parameters")
         for first, second, shared in self.graph.tied:
             if chunk_of[first] == chunk_of[second]:
@@ -361,6 +431,8 @@ class TrainingStep:
             recompute=summed("recompute"),
             tensor_parallel=summed("tensor_parallel"),
             tensor_parallel_hidden=summed("tensor_parallel_hidden"),
+            context_parallel=summed("context_parallel"),
+            context_parallel_hidden=summed("context_parallel_hidden"),
             expert_parallel=summed("expert_parallel"),
             forward=summed("forward"),
             backward=summed("backward"),
@@ -371,6 +443,7 @@ class TrainingStep:
             matrix_parameters=summed("matrix_parameters"),
             held_activations=summed("held"),
             working_activations=working,
+            largest_parameters=largest,
         )
 
     def stage_terms(self, members: np.ndarray) -> StageTerms:
@@ -380,7 +453,7 @@ class TrainingStep:
         messages = np.zeros(members.shape[1])
         for source, dest, size in self.graph.edges:
             crossing = members[dest] != members[source]  # into one stage, out of the other
-            transfer_bytes = transfer_bytes + np.where(crossing, size / self.width, 0.0)
+            transfer_bytes = transfer_bytes + np.where(crossing, size * self.token_share / self.width, 0.0)
             messages = messages + crossing
         parameters = stage_sum(members, values["parameters"])
         for first, second, shared in self.graph.tied:
@@ -390,6 +463,8 @@ class TrainingStep:
             recompute=stage_sum(members, values["recompute"]),
             tensor_parallel=stage_sum(members, values["tensor_parallel"]),
             tensor_parallel_hidden=stage_sum(members, values["tensor_parallel_hidden"]),
+            context_parallel=stage_sum(members, values["context_parallel"]),
+            context_parallel_hidden=stage_sum(members, values["context_parallel_hidden"]),
             expert_parallel=stage_sum(members, values["expert_parallel"]),
             forward=stage_sum(members, values["forward"]),
             backward=stage_sum(members, values["backward"]),
@@ -400,6 +475,7 @@ class TrainingStep:
             matrix_parameters=stage_sum(members, values["matrix_parameters"]),
             held_activations=stage_sum(members, values["held"]),
             working_activations=stage_max(members, values["working"]),
+            largest_parameters=stage_max(members, values["parameters"]),
         )
 
     def pipeline_tier(self, stages: int, degree: int) -> int:
@@ -414,55 +490,77 @@ class TrainingStep:
         link = self.cluster.send(tier)
         return link.per_byte * terms.transfer_bytes + link.fixed * terms.transfer_messages
 
-    def load(self, terms: StageTerms, tier: int) -> np.ndarray:
-        """Time per micro-batch of each stage with its transfers on `tier`."""
-        return self.busy(terms) + self.transfer_time(terms, tier)
+    def load(self, terms: StageTerms, tier: int, degree: int) -> np.ndarray:
+        """Time per micro-batch of each stage with its transfers on `tier`, at data-parallel width d."""
+        return self.busy(terms) + self.transfer_time(terms, tier) + self.sharded_traffic(terms, degree)[0]
 
     @staticmethod
     def busy(terms: StageTerms) -> np.ndarray:
         """Per micro-batch: compute, recomputation and the blocking collectives of each stage."""
-        return ((terms.compute + terms.recompute) + terms.tensor_parallel) + terms.expert_parallel
+        return (((terms.compute + terms.recompute) + terms.tensor_parallel) + terms.expert_parallel
+                + terms.context_parallel)
 
     def activation_bytes(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
         return micro_batches_in_flight * terms.held_activations + terms.working_activations
 
     def memory_bytes(self, terms: StageTerms, micro_batches_in_flight, degree: int) -> np.ndarray:
         """Peak bytes per device of each stage holding this many micro-batches' activations."""
-        return self.static_bytes(terms.parameters, degree, terms.expert_parameters,
-                                 terms.matrix_parameters) + self.activation_bytes(terms, micro_batches_in_flight)
+        return self.static_bytes(terms, degree) + self.activation_bytes(terms, micro_batches_in_flight)
 
-    def parameter_classes(self, parameters, degree: int, expert_parameters=0.0) -> list[tuple[Group, object]]:
-        """(data-parallel group, parameters) of each class of parameters per device: the dense ones
-        over the d replicas, the experts' over the d/e replicas holding the same experts; classes of
-        the same group as one (their counts are whole numbers: the sum is exact)."""
+    def parameter_classes(self, parameters, degree: int, expert_parameters=0.0) -> list[tuple[Group, Group, object]]:
+        """(shard group, replica group, parameters) of each class of parameters per device: the dense
+        ones over the c·d ranks holding them, the experts' over the c·d/e holding the same experts
+        (`shard_groups` splits each into shard and replica groups); classes of the same groups as one
+        (their counts are whole numbers: the sum is exact)."""
         data, expert_data = self.data_groups(degree)
         merged: dict[Group, object] = {}
         for group, count in ((data, parameters - expert_parameters), (expert_data, expert_parameters)):
             merged[group] = merged[group] + count if group in merged else count
-        return list(merged.items())
+        return [(*self.shard_groups(group), count) for group, count in merged.items()]
 
-    def optimizer_state_bytes(self, parameters, degree: int, expert_parameters=0.0):
-        """Optimizer state of `parameters` per device, of which `expert_parameters` are experts' (each
-        class sharded over its own replicas)."""
+    def state_bytes(self, kind: str, parameters, degree: int, expert_parameters=0.0):
+        """Bytes per device of one kind of model state ("weights", "gradients", "optimizer_state") of
+        `parameters`, each class sharded over its shard group when the sharding splits that kind."""
         state, total = self.training.model_state, 0.0
-        for group, count in self.parameter_classes(parameters, degree, expert_parameters):
-            total = total + count * state.optimizer_share(group.size)
+        for shard, _, count in self.parameter_classes(parameters, degree, expert_parameters):
+            total = total + count * state.share(kind, shard.size)
         return total
 
-    def weight_bytes(self, parameters, matrix_parameters=0.0):
-        """16-bit weights, and in FP8 the 8-bit copies of those FP8 products read."""
-        copies = FP8_WEIGHT_COPY_BYTES * matrix_parameters if self.kernels.fp8 else 0.0
-        return parameters * self.training.model_state.weights + copies
+    def optimizer_state_bytes(self, parameters, degree: int, expert_parameters=0.0):
+        """Optimizer state of `parameters` per device, of which `expert_parameters` are experts'."""
+        return self.state_bytes("optimizer_state", parameters, degree, expert_parameters)
 
-    def static_bytes(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
-        """Weights, gradients and optimizer state of `parameters` per device (`expert_parameters` of
-        them experts', `matrix_parameters` read by weight products), and the framework's reserve."""
-        return (self.weight_bytes(parameters, matrix_parameters) + parameters * self.training.model_state.gradients
-                + self.optimizer_state_bytes(parameters, degree, expert_parameters) + self.training.framework_reserve)
+    def gathered_weight_bytes(self, terms: StageTerms) -> np.ndarray:
+        """The whole weights a device holds besides its shards with `full` sharding: those of the layer
+        running and of the one prefetched (twice its largest layer's), or with
+        `reshard_after_forward` false every weight of the stage, kept all step."""
+        if not self.training.model_state.splits("weights"):
+            return np.zeros_like(terms.parameters)
+        whole = terms.parameters if not self.training.reshard_after_forward else 2.0 * terms.largest_parameters
+        return whole * self.training.model_state.weights
+
+    def weight_bytes(self, terms: StageTerms, degree: int):
+        """16-bit weights (their shards and what `full` sharding gathers), and in FP8 the 8-bit copies
+        of the weights FP8 products read (sharded as the weights)."""
+        weights = self.state_bytes("weights", terms.parameters, degree, terms.expert_parameters)
+        if self.kernels.fp8:
+            share = weights / np.where(terms.parameters > 0, terms.parameters, 1.0) / self.training.model_state.weights
+            weights = weights + FP8_WEIGHT_COPY_BYTES * terms.matrix_parameters * share
+        return weights + self.gathered_weight_bytes(terms)
+
+    def static_bytes(self, terms: StageTerms, degree: int):
+        """Weights, gradients and optimizer state per device of each stage, and the framework's
+        reserve."""
+        return (self.weight_bytes(terms, degree)
+                + self.state_bytes("gradients", terms.parameters, degree, terms.expert_parameters)
+                + self.optimizer_state_bytes(terms.parameters, degree, terms.expert_parameters)
+                + self.training.framework_reserve)
 
     def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
         """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
         end of a 1F1B pipeline (holding min(q, m) micro-batches); 0 if it never fits."""
+        if self.sharding_problem(degree) is not None:
+            return np.zeros(len(terms.parameters), dtype=np.int64)
         micro_batches = self.micro_batches // degree
         capacity = self.device.memory_capacity
         fits_all = self.memory_bytes(terms, min(limit, micro_batches), degree) <= capacity
@@ -477,31 +575,77 @@ class TrainingStep:
         guess = np.where((above > guess) & (self.memory_bytes(terms, above, degree) <= capacity), above, guess)
         return np.where(fits_all, limit, np.maximum(guess, 0))
 
-    def sync_collectives(self, group: Group) -> tuple[Collective, Collective]:
-        """(gradient collective, weight collective) of a data-parallel group: an all-reduce of the
-        gradients, or with a sharded optimizer a reduce-scatter of them and an all-gather of the
-        updated weights."""
-        found = self._collectives.get(group)
+    def collectives(self, shard: Group, replicas: Group) -> dict[str, Collective]:
+        """The collectives of a class's shard and replica groups: all-reduce over the whole of them,
+        reduce-scatter and all-gather within the shard group, all-reduce across the replicas."""
+        found = self._collectives.get((shard, replicas))
         if found is None:
-            if self.training.model_state.sharded:
-                found = (self.cluster.reduce_scatter(group), self.cluster.all_gather(group))
-            else:
-                found = (self.cluster.all_reduce(group), Collective(0.0, 0.0))
-            self._collectives[group] = found
+            whole = Group(shard.size * replicas.size, shard.stride)
+            found = {"all_reduce": self.cluster.all_reduce(whole), "reduce_scatter": self.cluster.reduce_scatter(shard),
+                     "all_gather": self.cluster.all_gather(shard), "across": self.cluster.all_reduce(replicas)}
+            self._collectives[(shard, replicas)] = found
         return found
 
     def sync_times(self, parameters, degree: int, expert_parameters=0.0):
-        """(gradient reduction, weight all-gather) of stages holding `parameters` per device, not
-        overlapped, each class of parameters over its own group."""
-        state, reduction, gather = self.training.model_state, 0.0, 0.0
-        for group, count in self.parameter_classes(parameters, degree, expert_parameters):
-            gradients, weights = self.sync_collectives(group)
-            reduction = reduction + gradients.time(count * state.gradients)
-            gather = gather + weights.time(count * state.weights)
+        """(gradient reduction, weight all-gather) once a step, after the last backward, of stages
+        holding `parameters` per device, not overlapped, each class over its own groups:
+
+            none       all-reduce of the gradients over the ranks holding the weights
+            optimizer  reduce-scatter within the shard group, all-reduce of the shard across the
+                       replicas, all-gather of the updated weights within the shard group
+            gradients  (reduce-scattered every micro-batch: `sharded_traffic`) the all-reduce across
+                       the replicas and the all-gather of the updated weights
+            full       the all-reduce across the replicas; with `reshard_after_forward` false the one
+                       all-gather of the weights a step (before the next step's first forward)
+        """
+        state, sharding, reduction, gather = self.training.model_state, self.training.data_parallel_sharding, 0.0, 0.0
+        for shard, replicas, count in self.parameter_classes(parameters, degree, expert_parameters):
+            collective = self.collectives(shard, replicas)
+            gradients, weights = count * state.gradients, count * state.weights
+            if sharding == "none":
+                reduction = reduction + collective["all_reduce"].time(gradients)
+                continue
+            if sharding == "optimizer":
+                reduction = reduction + collective["reduce_scatter"].time(gradients)
+            reduction = reduction + collective["across"].time(gradients / shard.size)
+            if sharding != "full" or not self.training.reshard_after_forward:
+                gather = gather + collective["all_gather"].time(weights)
         return reduction, gather
 
+    def sharded_traffic(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per micro-batch of each stage: (exposed, hidden) seconds of the collectives sharded model
+        state runs every micro-batch. `gradients` and `full` reduce-scatter each micro-batch's
+        gradients within the shard group (into the device's gradient shard); `full` with
+        `reshard_after_forward` also all-gathers the weights before the forward and again before the
+        backward. `full` prefetches them behind the compute as FSDP does: the forward's gathers hide
+        behind the forward compute, the backward's gathers and reduce-scatters behind the backward
+        and recomputation, exposed = the excess (the first layer's gather, which nothing precedes, is
+        not charged apart: a simplification); `gradients` hides its reduce-scatters behind the
+        backward with `overlap_grad_reduce` (DeepSpeed's overlap_comm), else they are exposed."""
+        zero = np.zeros_like(terms.parameters)
+        sharding = self.training.data_parallel_sharding
+        if sharding not in ("gradients", "full"):
+            return zero, zero
+        state, forward, backward = self.training.model_state, 0.0, 0.0
+        regather = sharding == "full" and self.training.reshard_after_forward
+        for shard, replicas, count in self.parameter_classes(terms.parameters, degree, terms.expert_parameters):
+            collective = self.collectives(shard, replicas)
+            backward = backward + collective["reduce_scatter"].time(count * state.gradients)
+            if regather:
+                gathered = collective["all_gather"].time(count * state.weights)
+                forward, backward = forward + gathered, backward + gathered
+        forward, backward = forward + zero, backward + zero
+        if sharding == "full":
+            exposed = (np.maximum(forward - terms.forward, 0.0)
+                       + np.maximum(backward - (terms.backward + terms.recompute), 0.0))
+        elif self.training.overlap_grad_reduce:
+            exposed = np.maximum(backward - (terms.backward + terms.recompute), 0.0)
+        else:
+            exposed = forward + backward
+        return exposed, forward + backward - exposed
+
     def sync_time(self, parameters, degree: int, expert_parameters=0.0):
-        """Data-parallel sync of stages holding `parameters` per device, not overlapped."""
+        """Data-parallel sync once a step of stages holding `parameters` per device, not overlapped."""
         reduction, gather = self.sync_times(parameters, degree, expert_parameters)
         return reduction + gather
 
@@ -518,17 +662,19 @@ class TrainingStep:
     def tail(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
         """(exposed sync, optimizer step) of each stage after the last backward: the gradient reduction
         less the last backward pass it hides behind (`overlap_grad_reduce`), the weight all-gather less
-        the next step's first forward pass (`overlap_param_gather`), each never below zero."""
+        the next step's first forward pass (`overlap_param_gather`, and `full` sharding's one gather a
+        step, prefetched), each never below zero."""
         reduction, gather = self.sync_times(terms.parameters, degree, terms.expert_parameters)
         if self.training.overlap_grad_reduce:
             reduction = np.maximum(reduction - terms.backward, 0.0)
-        if self.training.overlap_param_gather:
+        if self.training.overlap_param_gather or self.training.data_parallel_sharding == "full":
             gather = np.maximum(gather - terms.forward, 0.0)
         return reduction + gather, self.optimizer_time(terms.parameters, degree, terms.expert_parameters)
 
     @property
     def sync_overlaps(self) -> bool:
-        return self.training.overlap_grad_reduce or self.training.overlap_param_gather
+        return (self.training.overlap_grad_reduce or self.training.overlap_param_gather
+                or self.training.data_parallel_sharding == "full")
 
     def tail_keys_are_parameters(self) -> bool:
         """Whether every stage's tail grows with its parameters alone (so a cap on parameters is a
@@ -554,7 +700,7 @@ class TrainingStep:
         parameters P* has at least the tail of P* (its optimizer step only, when the sync may
         hide behind the backward pass). Minimised over d and p ≤ min(layers, devices/(t·d)).
         """
-        compute = np.asarray(compute, float)
+        compute = np.asarray(compute, float) * self.token_share  # the device's 1/c of each sequence
         # overlapped tensor-parallel collectives may hide entirely behind a chip's weight products
         tensor = 0.0 if self.training.tensor_parallel_overlap else self._layers["tensor_parallel"]
         collectives = tensor + self._layers["expert_parallel"]
@@ -564,7 +710,7 @@ class TrainingStep:
         blocks = sum(layer.is_block for layer in self.graph.layers)
         best = np.full(total.shape, np.inf)
         for degree in degrees:
-            stages = np.arange(1, min(self.graph.n, self.cluster.num_devices // (self.width * degree)) + 1)
+            stages = np.arange(1, min(self.graph.n, self.cluster.num_devices // (self.width * self.shard.context_parallel_width * degree)) + 1)
             if not len(stages):
                 continue
             interleave = np.maximum(1, blocks // stages) if self.graph.is_chain() else np.ones(len(stages))
@@ -583,6 +729,7 @@ class TrainingStep:
         order; its working memory is the largest of its chunks'."""
         fields = {name: per_device(getattr(chunk_terms, name), stages) for name in StageTerms.__dataclass_fields__}
         fields["working_activations"] = chunk_terms.working_activations.reshape(-1, stages).max(axis=0)
+        fields["largest_parameters"] = chunk_terms.largest_parameters.reshape(-1, stages).max(axis=0)
         return StageTerms(**fields)
 
     def score(self, chunk_terms: StageTerms, layouts: list[Layout]) -> dict:
@@ -598,7 +745,9 @@ class TrainingStep:
         if virtual_stages > 1 and self.training.overlap_pipeline_transfers:
             hidden = np.minimum(transfer, terms.compute + terms.recompute)
         transfer = transfer - hidden
-        loads = self.busy(terms) + transfer  # [layout, device]
+        sharded = [self.sharded_traffic(terms, int(d)) for d in degrees]
+        sharded_exposed, sharded_hidden = np.array([t[0] for t in sharded]), np.array([t[1] for t in sharded])
+        loads = self.busy(terms) + transfer + sharded_exposed  # [layout, device]
         flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
         memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
         tails = [self.tail(terms, int(d)) for d in degrees]
@@ -607,8 +756,10 @@ class TrainingStep:
         time = time + (sync + optimizer).max(axis=1)
         rules = self.fit_rules()
         fits = (memory <= self.device.memory_capacity).all(axis=1)
-        fits &= np.array([rules.widths_problem(layout) is None for layout in layouts])
+        fits &= np.array([rules.widths_problem(layout) is None and self.sharding_problem(layout.data_parallel_width)
+                          is None for layout in layouts])
         return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "transfer_hidden": hidden,
+                "sharded": sharded_exposed, "sharded_hidden": sharded_hidden,
                 "memory": memory,
                 "in_flight": flight, "sync": sync, "optimizer": optimizer, "terms": terms}
 
@@ -629,7 +780,9 @@ class TrainingStep:
             "compute": micro_batches * float(terms.compute[slowest]),
             "recompute": micro_batches * float(terms.recompute[slowest]),
             "tensor_parallel": micro_batches * float(terms.tensor_parallel[slowest]),
+            "context_parallel": micro_batches * float(terms.context_parallel[slowest]),
             "expert_parallel": micro_batches * float(terms.expert_parallel[slowest]),
+            "sharded_data_parallel": micro_batches * float(scored["sharded"][0][slowest]),
             "bubble": (stages - 1) / v * float(loads[slowest]),
             "pipeline_transfer": micro_batches * float(transfer[slowest]),
             "data_parallel_sync": float(scored["sync"][0][last_out]),
@@ -637,20 +790,21 @@ class TrainingStep:
         }
         hidden = {
             "tensor_parallel": micro_batches * float(terms.tensor_parallel_hidden[slowest]),
+            "context_parallel": micro_batches * float(terms.context_parallel_hidden[slowest]),
+            "sharded_data_parallel": micro_batches * float(scored["sharded_hidden"][0][slowest]),
             "pipeline_transfer": micro_batches * float(scored["transfer_hidden"][0][slowest]),
             "data_parallel_sync": float(self.sync_time(terms.parameters[last_out], degree,
                                                        terms.expert_parameters[last_out])
                                         - scored["sync"][0][last_out]),
         }
-        state = self.training.model_state
         activations = self.activation_bytes(terms, scored["in_flight"][0])
+        weights = self.weight_bytes(terms, degree)
+        gradients = self.state_bytes("gradients", terms.parameters, degree, terms.expert_parameters)
+        optimizer_state = self.optimizer_state_bytes(terms.parameters, degree, terms.expert_parameters)
         memory = []
         for index in range(stages):
-            parameters = float(terms.parameters[index])
-            optimizer_state = self.optimizer_state_bytes(parameters, degree, float(terms.expert_parameters[index]))
-            weights = float(self.weight_bytes(parameters, float(terms.matrix_parameters[index])))
-            memory.append({"weights": weights, "gradients": parameters * state.gradients,
-                           "optimizer_state": float(optimizer_state),
+            memory.append({"weights": float(weights[index]), "gradients": float(gradients[index]),
+                           "optimizer_state": float(optimizer_state[index]),
                            "activations": float(activations[index]),
                            "framework_reserve": self.training.framework_reserve,
                            "total": float(scored["memory"][0][index])})
@@ -659,7 +813,7 @@ class TrainingStep:
 
     def why_not(self, memory: list[dict[str, float]], layout: Layout) -> str:
         """Why a placement with this memory per device cannot run."""
-        problem = self.fit_rules().widths_problem(layout)
+        problem = self.fit_rules().widths_problem(layout) or self.sharding_problem(layout.data_parallel_width)
         if problem is not None:
             return problem
         i = max(range(len(memory)), key=lambda index: memory[index]["total"])

@@ -3,8 +3,20 @@ search and every cache key read.
 
 * `optimizer`: `adam` (mixed precision: 16-bit weights, fp32 gradients, fp32 master weights and two
   moments) or `sgd` (16-bit weights and gradients, the original program's);
-* `data_parallel_sharding`: what the data-parallel replicas split among them: `none` (each holds
-  everything), `optimizer` (the optimizer state: ZeRO stage 1, Megatron's distributed optimizer);
+* `data_parallel_sharding`: what the data-parallel replicas split among them (ZeRO stages 0-3):
+  `none` (each holds everything), `optimizer` (the optimizer state: ZeRO-1, Megatron's distributed
+  optimizer), `gradients` (also the gradients, reduce-scattered every micro-batch: ZeRO-2), `full`
+  (also the weights, all-gathered before each layer runs and freed after: ZeRO-3, PyTorch FSDP's
+  FULL_SHARD, MaxText's fsdp axis; its gathers and reduce-scatters are prefetched behind the compute
+  as FSDP does);
+* `data_parallel_shard_width`: the ranks one shard group holds (None: every data-parallel rank, c·d
+  with context parallelism); smaller, the model state is sharded within groups of that many and
+  replicated across them, the gradients all-reduced across the groups once a step (hybrid sharding:
+  FSDP's HYBRID_SHARD / HSDP, Megatron's --num-distributed-optimizer-instances = c·d / width);
+* `reshard_after_forward`: with `full`, the gathered weights are freed after each forward and
+  gathered again for the backward pass (FSDP's default); false, they are kept from the first
+  forward of the step to its end: one gather a step instead of two a micro-batch, the stage's
+  weights unsharded in memory (FSDP's reshard_after_forward=False, Llama 3's training);
 * `overlap_grad_reduce`: each stage's gradient reduction hides behind its last micro-batch's backward
   pass (PyTorch DDP's buckets, Megatron's --overlap-grad-reduce; default false as in Megatron-LM);
 * `overlap_param_gather`: the distributed optimizer's all-gather of the updated weights hides behind
@@ -34,11 +46,8 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-from common.checks import InputError, boolean, choice, non_negative_number
-from solver.training_step.memory import OPTIMIZERS, ModelState
-
-#: What the data-parallel replicas may split among them.
-SHARDINGS = ("none", "optimizer")
+from common.checks import InputError, boolean, choice, non_negative_number, positive_integer
+from solver.training_step.memory import OPTIMIZERS, SHARDINGS, ModelState
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class TrainingOptions:
     overlap_pipeline_transfers: bool = True
     master_weight_remainders: bool = False
     framework_reserve: float = 1.0e9
+    data_parallel_shard_width: int | None = None
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -65,13 +76,36 @@ class TrainingOptions:
         boolean("overlap_pipeline_transfers", self.overlap_pipeline_transfers)
         boolean("master_weight_remainders", self.master_weight_remainders)
         non_negative_number("framework_reserve", self.framework_reserve)
-        if self.overlap_param_gather and not (self.data_parallel_sharding == "optimizer" and self.overlap_grad_reduce):
-            raise InputError("overlap_param_gather: needs data_parallel_sharding=optimizer and "
+        if self.data_parallel_shard_width is not None:
+            positive_integer("data_parallel_shard_width", self.data_parallel_shard_width)
+        boolean("reshard_after_forward", self.reshard_after_forward)
+        if self.overlap_param_gather and not (self.gathers_updated_weights and self.overlap_grad_reduce):
+            raise InputError("overlap_param_gather: needs data_parallel_sharding=optimizer or gradients and "
                              "overlap_grad_reduce=true (as Megatron-LM); allowed here: false")
+
+    def shard_problem(self, ranks: int) -> str | None:
+        """Why `data_parallel_shard_width` cannot split `ranks` ranks holding the same weights, or None."""
+        width = self.data_parallel_shard_width
+        if width is not None and width < ranks and ranks % width:
+            return (f"data_parallel_shard_width: {width} does not divide the {ranks} ranks holding the same weights "
+                    "(context x data parallel)")
+        return None
+
+    @property
+    def gathers_updated_weights(self) -> bool:
+        """Whether the step ends with an all-gather of the updated weights (the optimizer's shards
+        updated, the weights whole): `optimizer` and `gradients`."""
+        return self.data_parallel_sharding in ("optimizer", "gradients")
+
+    def with_sharding(self, sharding: str) -> TrainingOptions:
+        """These options with `sharding` (the weight-gather overlap kept only where it applies)."""
+        gathered = sharding in ("optimizer", "gradients")
+        return dataclasses.replace(self, data_parallel_sharding=sharding,
+                                   overlap_param_gather=self.overlap_param_gather and gathered)
 
     @cached_property
     def model_state(self) -> ModelState:
-        return ModelState.of(self.optimizer, self.data_parallel_sharding == "optimizer", self.grad_reduce_in_bf16,
+        return ModelState.of(self.optimizer, self.data_parallel_sharding, self.grad_reduce_in_bf16,
                              self.master_weight_remainders)
 
     def record(self) -> dict:
