@@ -8,7 +8,8 @@
    of the process (its configuration, the graphs, the roofline).
 2. The search on that chip and cluster: every t (1-8), p, d, v, micro-batch (1, 2, 4, 8) and
    recomputation mode, from a cold graph cache, as `phaze run_solver chip=a100_80gb` runs it (budget
-   60 s).
+   60 s); then again, the graphs cached, over context-parallel widths 1, 2, 4 and the four
+   data-parallel shardings too (budget 10 s).
 Run from the repository root: python -m benchmarks.predict
 """
 
@@ -25,7 +26,7 @@ from hardware import cluster, known_chip
 from solver.evaluate import evaluate_placements
 from solver.layer_costs import roofline_costs
 from solver.question import Axes, Question
-from solver.training_step import RECOMPUTE_MODES
+from solver.training_step import RECOMPUTE_MODES, SHARDINGS
 
 GIB = 2**30
 GPT3 = get_spec("megatrongpt3").with_overrides(vocab_size=51200)
@@ -59,13 +60,14 @@ def one_prediction(cache_dir: Path) -> None:
           f"{result.time_per_batch_s:.2f} s per batch, MFU {result.mfu:.1%}")
 
 
-def search(cache_dir: Path) -> None:
+def search(cache_dir: Path, context_widths: tuple[int, ...] = (1,), shardings: tuple[str, ...] | None = None) -> None:
     chip = known_chip("a100_80gb")
     widths = valid_tensor_parallel_widths(GPT3, 8)
     question = Question(GPT3, SEQUENCE, BATCH, cluster("dgx_a100", DEVICES))
     start, best = time.perf_counter(), None
     for micro_batch_size in (1, 2, 4, 8):
-        axes = Axes((micro_batch_size,), (80 * GIB,), RECOMPUTE_MODES, widths)
+        axes = Axes((micro_batch_size,), (80 * GIB,), RECOMPUTE_MODES, widths, context_parallel_widths=context_widths,
+                    data_parallel_shardings=shardings)
         graphs = {width: extract(GPT3, micro_batch_size, SEQUENCE, width, cache_dir=cache_dir) for width in widths}
         costs = roofline_costs(question.kernels, graphs, chip)
         for evaluation in evaluate_placements(question, axes, graphs, chip, costs):
@@ -74,15 +76,19 @@ def search(cache_dir: Path) -> None:
     seconds = time.perf_counter() - start
     micro_batch_size, evaluation = best
     placement = evaluation.placement
+    over = (f" x context widths {context_widths} x shardings {shardings}, graphs cached" if shardings
+            else ", cold graph cache")
     print(f"2. placement search, GPT-3 175B on {DEVICES} A100 (4 micro-batch sizes x widths {widths} x every p, d, v "
-          f"x 3 recomputation modes), cold graph cache: {seconds:.1f} s; best: micro-batch {micro_batch_size}, "
-          f"{placement.layout.text()} {placement.recompute}: {placement.time_per_batch:.2f} s per batch")
+          f"x 3 recomputation modes{over}): {seconds:.1f} s; best: micro-batch {micro_batch_size}, "
+          f"{placement.layout.text()} {placement.recompute} {placement.data_parallel_sharding}: "
+          f"{placement.time_per_batch:.2f} s per batch")
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
         one_prediction(Path(first))
         search(Path(second))
+        search(Path(second), (1, 2, 4), SHARDINGS)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 FILE is a calibration set (arch_configs/calibration/runs.json). A run is predicted when it is a
 model on A100 or H100 GPUs whose configuration is given: the model's shape, t, p, d, the
 micro-batch and batch sizes, the recomputation, the precision (16-bit, or FP8 on a chip with FP8
-figures), a time per iteration, and a parallelism phaze models (not ZeRO-3 or FSDP, not context
-parallelism; for a mixture of experts, Megatron's EP x ETP ranks as e = EP·ETP / t replicas with
-the experts split t ways). Every other run is listed with why it is left out. A GPT run is a Megatron
+figures), a time per iteration, and a parallelism phaze models (t, p, d, v, context parallelism,
+weights sharded as ZeRO-3 / FSDP do; for a mixture of experts, Megatron's EP x ETP ranks as e =
+EP·ETP / t replicas with the experts split t ways). Every other run is listed with why it is left out. A GPT run is a Megatron
 GPT of its shape, a Llama or MoE run (Qwen3) a Llama-family model (`graph_extract.zoo.LLAMA_FAMILY`:
 grouped-query attention, SwiGLU, RMSNorm, untied embeddings; a Llama's vocabulary padded to 128·t
 as Megatron does); the cluster is
@@ -173,6 +173,13 @@ RECIPES = {
         "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, tokenizer "
         "Qwen/Qwen3-235B-A22B with --make-vocab-size-divisible-by 1187 (vocabulary 151,936 = 1187 x 128); "
         "no recomputation flag (the benchmark rows add theirs)"),
+    "Megatron-LM + DeepSpeed ZeRO-3": Recipe(
+        "full", False, TrainingOptions("adam", "full", grad_reduce_in_bf16=True),
+        "Narayanan et al. SC'21 Sec. 5.2 and Table 2 (the ZeRO-3 rows: DeepSpeed's ZeRO-3 on Megatron's "
+        "GPT-3 175B and 530B without model parallelism): every layer's activations recomputed, as the "
+        "paper's FLOP count (Eq. 3, four passes) assumes for these rows too; fp16 gradients reduced in "
+        "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
+        "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
 }
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
@@ -211,11 +218,17 @@ class Case:
     expert_parallel_width: int = 1
     flash_attention: bool = True
     moe: bool = False
+    context_parallel_width: int = 1
 
     @property
     def kernels(self) -> KernelOptions:
         """How the run's operators ran: its sequence parallelism, attention kernel and precision."""
         return KernelOptions(self.sequence_parallel, self.flash_attention, "fp8" if self.precision == "fp8" else "bf16")
+
+
+def fully_sharded(sharding: str) -> bool:
+    """Whether a run's `training.optimizer_sharding` says its weights are sharded too (ZeRO-3, FSDP)."""
+    return "ZeRO-3" in sharding or sharding.startswith("FSDP") or "FSDP on" in sharding
 
 
 def is_llama(model: dict) -> bool:
@@ -287,7 +300,8 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
     where it says nothing of an option, its recipe's (named in the list returned)."""
     other, sharding = run["training"]["other_settings"] or "", run["training"]["optimizer_sharding"] or ""
     options = {name: any(flag in other for flag in flags) for name, flags in STATED_OVERLAPS.items()}
-    options["data_parallel_sharding"] = ("optimizer" if "distributed" in sharding.lower()
+    options["data_parallel_sharding"] = ("full" if fully_sharded(sharding) else
+                                         "optimizer" if "distributed" in sharding.lower()
                                          or options["overlap_param_gather"] else "none")
     assumed = []
     if recipe is not None:
@@ -300,7 +314,7 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
                             ("tensor_parallel_overlap", "tensor-parallel overlap"),
                             ("grad_reduce_in_bf16", "gradients in 16-bit"),
                             ("master_weight_remainders", "master-weight remainders")):
-            said = options.get(name) is True or options.get(name) == "optimizer"  # a run states what it turns on
+            said = options.get(name) is True or options.get(name) in ("optimizer", "full")  # what a run turns on
             if not said and wanted[name] != options.get(name, getattr(TrainingOptions(), name)) and (
                     name != "overlap_grad_reduce" or "grad" not in other):
                 options[name] = wanted[name]
@@ -320,11 +334,6 @@ def case(run: dict) -> Case | str:
     if found is None or KNOWN_CHIPS[found.chip].cost_model != "roofline":
         return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
     chip, system = found.chip, found.name
-    sharding = training["optimizer_sharding"] or ""
-    if "ZeRO-3" in sharding or sharding.startswith("FSDP") or "FSDP on" in sharding:
-        return "fully sharded weights (ZeRO-3 / FSDP) are not modelled"
-    if (run["parallelism"]["context_parallel"] or 1) > 1:
-        return "context parallelism is not modelled"
     parallel, batch = run["parallelism"], run["batch"]
     recipe_name = run_recipe(run)
     recipe = RECIPES.get(recipe_name)
@@ -404,7 +413,7 @@ def case(run: dict) -> Case | str:
         time_from=time_from, assumed=tuple(assumed), recipe=recipe_name if assumed else "",
         expert_parallel_width=experts,
         flash_attention=not (training["framework"] or "").startswith(UNFUSED_ATTENTION_FRAMEWORKS),
-        moe=is_moe(model),
+        moe=is_moe(model), context_parallel_width=context,
     )
 
 
@@ -416,8 +425,9 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     cluster = cluster or SYSTEMS[item.system].cluster(item.devices)
     question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels)
     axes = Axes((item.micro_batch_size,), (80 * GIB,), (item.recompute,), (item.width,), (item.virtual_stages,),
-                (item.expert_parallel_width,))
-    layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width)
+                (item.expert_parallel_width,), (item.context_parallel_width,))
+    layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width,
+                    item.context_parallel_width)
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
     chip = chip or KNOWN_CHIPS[item.chip]
     costs = chip_costs(question, axes, {item.width: graphs}, chip, cache_dir)
@@ -705,7 +715,9 @@ def main(arguments: list[str]) -> int:
         errors.setdefault(f"{item.chip} {item.precision}{' MoE' if item.moe else ''}", []).append(abs(error))
         table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
                       str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
-                      + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else ""),
+                      + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else "")
+                      + (f" c{item.context_parallel_width}" if item.context_parallel_width > 1 else "")
+                      + (" fsdp" if item.training.data_parallel_sharding == "full" else ""),
                       str(item.micro_batch_size), str(item.global_batch_size), item.recompute,
                       f"{item.measured:.4g}{item.time_from}",
                       f"{result.step.time_per_batch:.4g}", f"{error:+.1%}", "yes" if result.step.feasible else "no")

@@ -48,13 +48,21 @@ def phaze(*arguments, cwd):
         (["chip=a100_80gb", "precision=fp8"], "precision: a100_80gb has no FP8 tensor cores"),
         (["precision=fp8"], "precision: a template chip prices 16-bit multiply-accumulates only; allowed: bf16, fp16"),
         (["grad_reduce_in_bf16=2"], "grad_reduce_in_bf16: must be true or false, got 2"),
-        (["overlap_param_gather=true"], "overlap_param_gather: needs data_parallel_sharding=optimizer and "
+        (["overlap_param_gather=true"], "overlap_param_gather: needs data_parallel_sharding=optimizer or gradients and "
                                         "overlap_grad_reduce=true"),
         (["sequence_parallel=false", "tensor_parallel_overlap=true"], "tensor_parallel_overlap: needs "
                                                                       "sequence_parallel=true"),
         (["overlap_pipeline_transfers=yes"], "overlap_pipeline_transfers: must be true or false, got 'yes'"),
         (["master_weight_remainders=1"], "master_weight_remainders: must be true or false, got 1"),
         (["framework_reserve_gb=-1"], "framework_reserve_gb: must be a finite number >= 0, got -1"),
+        (["data_parallel_sharding=zero3"], "data_parallel_sharding: unknown 'zero3'; allowed: none, optimizer, "
+                                           "gradients, full"),
+        (["data_parallel_shard_width=0"], "data_parallel_shard_width: must be a positive integer"),
+        (["reshard_after_forward=maybe"], "reshard_after_forward: must be true or false, got 'maybe'"),
+        (["context_parallel_width=3"], "context_parallel_width: 3 does not split the 512-token sequences into 2 x 3 "
+                                       "equal chunks"),
+        (["context_parallel_width=2", "flash_attention=false"], "context_parallel_width: 2 needs flash_attention=true"),
+        (["max_context_parallel_width=0"], "max_context_parallel_width: must be a positive integer"),
         (["system=original", "flash_attention=true"], "flash_attention: system=original has no cost for it; "
                                                       "allowed: false"),
     ],

@@ -1,0 +1,168 @@
+"""Sharded data parallelism (ZeRO stages 1-3, FSDP, hybrid sharding) and context parallelism (ring
+attention) in the training-step model: bytes and exposed times by hand on toy clusters, the tier of
+every group of a layout on a DGX H100 cluster, and the search over c and the sharding modes against
+brute force."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from graph_extract import KernelOptions
+from hardware import SYSTEMS, Cluster
+from solver.layout import Layout
+from solver.placement.best import best_placement
+from solver.training_step import SHARDINGS, Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
+from tests.test_placement_training import brute_force, random_steps
+
+INTRA, INTER = 100e9, 10e9  # bytes/s per device per direction, no latency
+
+
+def two_nodes() -> Cluster:
+    """2 nodes of 2 devices: an all-gather of S bytes over the 4 moves S/2 inside a node at 100 GB/s
+    (half of the ring's 2(g−1)/g = 1) and S/2·1/2 across at 10 GB/s: 3e-11 s a byte."""
+    return Cluster.build("toy", 4, 2, [dict(name="nvlink", bandwidth=INTRA), dict(name="ib", bandwidth=INTER)])
+
+
+def fsdp_step(**options) -> TrainingStep:
+    """2 blocks of 1e9 parameters (forward 0.05 s, backward 0.1 s each), t = 1, 8 micro-batches."""
+    layers = tuple(StepLayer(i, forward=0.05, backward=0.1, attention_core_forward=0.0, parameters=1e9,
+                             activation_bytes=1e6, is_block=True) for i in range(2))
+    graph = StepGraph(1, layers, ((0, 1, 1e6),))
+    return TrainingStep(graph, two_nodes(), TrainingOptions(**options), KernelOptions(), Device(1e12, 1e12), 8,
+                        "none", Layout(1))
+
+
+def price(step: TrainingStep):
+    return step.price(Placement(Layout(1, 1, 4), ((0, 1),)))
+
+
+def test_all_gather_per_byte_of_the_toy():
+    cluster = two_nodes()
+    assert cluster.all_gather(Layout(1, 1, 4).groups()["weights"]).per_byte == pytest.approx(
+        0.5 / INTRA + 0.25 / INTER, rel=1e-12)
+
+
+def test_fsdp_gathers_and_reduce_scatters_by_hand():
+    """FULL_SHARD on 4 replicas, m = 2 micro-batches each. Per micro-batch the device gathers its
+    stage's 2e9 weights (4e9 bytes: 0.12 s) before the forward and again before the backward, and
+    reduce-scatters 8e9 bytes of fp32 gradients (0.24 s); the forward hides 0.1 s of its 0.12, the
+    backward 0.2 of 0.36: 0.18 s exposed, 0.3 s hidden a micro-batch. Nothing is left for the end
+    of the step but the optimizer: 2 × 2e9 × 12/4 bytes at 1e12 B/s."""
+    result = price(fsdp_step(data_parallel_sharding="full"))
+    assert result.breakdown["compute"] == pytest.approx(2 * 0.3, rel=1e-12)
+    assert result.breakdown["sharded_data_parallel"] == pytest.approx(2 * (0.02 + 0.16), rel=1e-12)
+    assert result.hidden["sharded_data_parallel"] == pytest.approx(2 * (0.1 + 0.2), rel=1e-12)
+    assert result.breakdown["data_parallel_sync"] == 0.0
+    assert result.breakdown["optimizer"] == pytest.approx(2 * 2e9 * 3 / 1e12, rel=1e-12)
+    assert result.time_per_batch == pytest.approx(0.6 + 0.36 + 0.012, rel=1e-12)
+    (memory,) = result.memory  # weight shards 2e9·2/4 plus the running and the prefetched layer whole
+    assert memory["weights"] == pytest.approx(1e9 + 2 * 1e9 * 2, rel=1e-12)
+    assert (memory["gradients"], memory["optimizer_state"]) == pytest.approx((2e9, 6e9), rel=1e-12)
+
+
+def test_fsdp_without_resharding_gathers_once_a_step():
+    """reshard_after_forward=false: one gather a step (0.12 s, behind the first forward's 0.1 s: 0.02
+    exposed) and the reduce-scatters (0.24 s behind 0.2 s of backward: 0.04 a micro-batch); the stage's
+    weights stay whole all step."""
+    result = price(fsdp_step(data_parallel_sharding="full", reshard_after_forward=False))
+    assert result.breakdown["sharded_data_parallel"] == pytest.approx(2 * 0.04, rel=1e-12)
+    assert result.breakdown["data_parallel_sync"] == pytest.approx(0.02, rel=1e-12)
+    assert result.memory[0]["weights"] == pytest.approx(1e9 + 2e9 * 2, rel=1e-12)
+
+
+def test_hybrid_sharding_by_hand():
+    """Shard width 2: each node one shard group (NVLink: 0.5/100e9 s a byte for a gather), the two
+    nodes replicas of it. Per micro-batch: gather 4e9 B (0.02 s) twice and reduce-scatter 8e9 B (0.04
+    s), all hidden; once a step the 4e9-byte gradient shard is all-reduced across the nodes (a ring of
+    2 over 10 GB/s: 0.4 s)."""
+    result = price(fsdp_step(data_parallel_sharding="full", data_parallel_shard_width=2))
+    assert result.breakdown["sharded_data_parallel"] == 0.0
+    assert result.hidden["sharded_data_parallel"] == pytest.approx(2 * (0.02 + 0.06), rel=1e-12)
+    assert result.breakdown["data_parallel_sync"] == pytest.approx(0.4, rel=1e-12)
+    assert result.memory[0]["weights"] == pytest.approx(2e9 + 4e9, rel=1e-12)
+    assert result.memory[0]["optimizer_state"] == pytest.approx(2e9 * 12 / 2, rel=1e-12)
+    assert TrainingOptions(data_parallel_shard_width=3).shard_problem(4) == (
+        "data_parallel_shard_width: 3 does not divide the 4 ranks holding the same weights (context x data parallel)")
+    assert not price(fsdp_step(data_parallel_sharding="full", data_parallel_shard_width=3)).feasible
+
+
+def test_zero2_reduce_scatters_every_micro_batch():
+    """Gradients sharded: each micro-batch's 8e9 bytes reduce-scattered (0.24 s), exposed unless
+    overlapped with the backward (0.2 s); the updated weights all-gathered once a step (0.12 s)."""
+    plain = price(fsdp_step(data_parallel_sharding="gradients"))
+    assert plain.breakdown["sharded_data_parallel"] == pytest.approx(2 * 0.24, rel=1e-12)
+    assert plain.breakdown["data_parallel_sync"] == pytest.approx(0.12, rel=1e-12)
+    assert plain.memory[0]["gradients"] == pytest.approx(2e9 * 4 / 4, rel=1e-12)
+    assert plain.memory[0]["weights"] == pytest.approx(2e9 * 2, rel=1e-12)
+    overlapped = price(fsdp_step(data_parallel_sharding="gradients", overlap_grad_reduce=True))
+    assert overlapped.breakdown["sharded_data_parallel"] == pytest.approx(2 * 0.04, rel=1e-12)
+
+
+def ring_step(width: int, bandwidth: float = 10e9) -> TrainingStep:
+    """One block on one node of 8 (`bandwidth` per link), t = 1, c = `width`: forward 1 s (0.4 of it
+    attention), backward 2 s (1.0 attention), K and V of the whole sequence 8e9 bytes."""
+    layer = StepLayer(0, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6,
+                      activation_bytes=8e9, is_block=True, attention_forward=0.4, attention_backward=1.0,
+                      key_value_bytes=8e9)
+    cluster = Cluster.build("node", 8, 8, [dict(name="nvlink", bandwidth=bandwidth)])
+    return TrainingStep(StepGraph(1, (layer,), ()), cluster, TrainingOptions(), KernelOptions(), Device(1e12, 1e12),
+                        8, "none", Layout(1, context_parallel_width=width))
+
+
+@pytest.mark.parametrize("width, exposed, hidden", [
+    # c = 2: the chunk's K, V 4e9 B (0.4 s a step at 10 GB/s) behind 0.4/2/2 = 0.1 s of attention, once;
+    # backward K, V and their gradients 8e9 B (0.8 s) behind 1.0/4 = 0.25 s
+    (2, (0.4 - 0.1) + (0.8 - 0.25), 0.1 + 0.25),
+    # c = 4: 2e9 B (0.2 s) behind 0.4/16 = 0.025 s, 3 times; 4e9 B (0.4 s) behind 1/16 s
+    (4, 3 * (0.2 - 0.025) + 3 * (0.4 - 0.0625), 3 * (0.025 + 0.0625)),
+])
+def test_ring_attention_bytes_and_overlap_by_hand(width, exposed, hidden):
+    step = ring_step(width)
+    result = step.price(Placement(Layout(1, 1, 1, context_parallel_width=width), ((0,),)))
+    assert result.breakdown["compute"] == pytest.approx(8 * 3.0 / width, rel=1e-12)  # 1/c of the tokens
+    assert result.breakdown["context_parallel"] == pytest.approx(8 * exposed, rel=1e-12)
+    assert result.hidden["context_parallel"] == pytest.approx(8 * hidden, rel=1e-12)
+    assert result.memory[0]["activations"] == pytest.approx(8e9 / width, rel=1e-12)  # 1F1B, one stage: m = 1 held
+    fast = ring_step(width, bandwidth=1e12).price(Placement(Layout(1, 1, 1, context_parallel_width=width), ((0,),)))
+    assert fast.breakdown["context_parallel"] == 0.0  # every transfer shorter than its attention step
+
+
+def test_the_tier_of_every_group_on_dgx_h100():
+    """64 H100 in 8 DGX nodes; t=2 c=2 d=4 p=4 in Megatron-Core's order tp-cp-ep-dp-pp: tensor ranks
+    1 apart and context ranks 2 apart stay in a node (NVLink), no expert group (e = 1); data ranks 4 apart span 16 ranks, the
+    c·d = 8 weight-holding ranks 2 apart too, pipeline stages 16 apart: InfiniBand."""
+    cluster = SYSTEMS["dgx_h100"].cluster(64)
+    layout = Layout(2, 4, 4, context_parallel_width=2)
+    assert layout.devices == 64
+    intra, inter = (tier.name for tier in cluster.tiers)
+    assert cluster.spans(layout.groups()) == {"tensor": intra, "context": intra, "expert": "none", "data": inter,
+                                              "weights": inter, "expert_weights": inter, "pipeline": inter}
+    wide = Layout(8, 1, 2, context_parallel_width=4)  # t = 8 fills a node: every other group crosses nodes
+    assert cluster.spans(wide.groups())["context"] == inter and cluster.spans(wide.groups())["tensor"] == intra
+
+
+def with_attention(step: TrainingStep, width: int, sharding: str) -> TrainingStep:
+    """The step with attention times and K, V bytes on its blocks, at context width `width`."""
+    layers = tuple(dataclasses.replace(layer, attention_forward=layer.forward / 3, attention_backward=layer.backward / 3,
+                                       key_value_bytes=2e6 * layer.is_block) for layer in step.graph.layers)
+    graph = dataclasses.replace(step.graph, layers=layers)
+    return dataclasses.replace(step, graph=graph, training=step.training.with_sharding(sharding),
+                               shard=step.shard.replace(context_parallel_width=width))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_search_over_context_widths_and_shardings_equals_brute_force(seed):
+    rng = random.Random(500 + seed)
+    for mode, steps in random_steps(500 + seed, rng.randint(3, 7)).items():
+        devices = next(iter(steps.values())).cluster.num_devices
+        candidates = [with_attention(step, c, sharding) for sharding in SHARDINGS for c in (1, 2)
+                      for step in steps.values() if step.width * c <= devices]
+        result = best_placement(candidates)
+        expected = min(brute_force(step, interleaving=True) for step in candidates)
+        assert result.time_per_batch == pytest.approx(expected, rel=1e-12), mode
+        if result.feasible:
+            assert result.data_parallel_sharding in SHARDINGS and not math.isinf(result.time_per_batch)
