@@ -323,8 +323,9 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
         options["tensor_parallel_overlap"] = False
     if options["data_parallel_sharding"] != "optimizer" or not options["overlap_grad_reduce"]:
         options["overlap_param_gather"] = False
-    return TrainingOptions(**options), [words for words in assumed if words != "tensor-parallel overlap"
-                                        or options["tensor_parallel_overlap"]]
+    return TrainingOptions(**options), [words for words in assumed
+                                        if (words != "tensor-parallel overlap" or options["tensor_parallel_overlap"])
+                                        and (words != "weight-gather overlap" or options["overlap_param_gather"])]
 
 
 def case(run: dict) -> Case | str:

@@ -39,6 +39,14 @@ group's collectives on the tiers it spans.
   block's token dispatch and combine are all-to-alls over the e replicas, 1/t of the routed tokens
   per device, twice forward and twice backward (and again when fully recomputed), blocking like the
   tensor-parallel collectives.
+* Sharded data parallelism (`TrainingOptions.data_parallel_sharding`, ZeRO stages 1-3 / FSDP):
+  the ranks holding the same weights (c·d with context parallelism, or groups of
+  `data_parallel_shard_width` of them) split the optimizer state, the gradients and the weights;
+  `sync_times` (once a step) and `sharded_traffic` (every micro-batch, exposed beyond the compute it
+  is prefetched behind) price their collectives.
+* Context parallelism (width c): 1/c of every per-token cost (`token_share`), plus ring attention's
+  K, V transfers on the context group's tier, exposed beyond the attention step they overlap
+  (`ring_attention`).
 Simplifications: recomputation applies to every stage (as Megatron does); the embedding-gradient
 all-reduce between the first and last stage and the scatter/gather's all-gather are not charged;
 interleaved chunks are charged their average activations (`memory.in_flight`).
