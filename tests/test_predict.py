@@ -142,7 +142,8 @@ def test_a_prediction_term_by_term():
 def test_the_published_runs_are_predicted_within_the_bar():
     runs = json.loads(CALIBRATION.read_text())
     predicted, left_out = validate(runs, REPOSITORY / "outputs" / "cache")
-    dense = [(item, result) for item, result in predicted if item.chip == "a100_80gb"]
+    dense = [(item, result) for item, result in predicted  # Table 1 (PTD-P); Table 2's ZeRO-3 rows: README
+             if item.chip == "a100_80gb" and item.training.data_parallel_sharding != "full"]
     errors = [abs(result.step.time_per_batch / item.measured - 1) for item, result in dense]
     assert len(dense) == 10 and all(item.precision == "16-bit" for item, _ in dense)
     assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.20
@@ -152,7 +153,7 @@ def test_the_published_runs_are_predicted_within_the_bar():
 
 def test_runs_left_out_say_why():
     runs = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
-    assert "ZeRO-3" in case(runs["sc21_t2_ZeRO-3_174.6B_384gpu"])
+    assert case(runs["sc21_t2_ZeRO-3_174.6B_384gpu"]).training.data_parallel_sharding == "full"  # predicted now
     assert case(runs["megatron2020_mp_1B_DGX-A100"]) == (
         "not stated: batch.micro_batch_size_seqs, training.activation_recompute")
     assert case(runs["sc21_t1_145.6B"]).training.overlap_grad_reduce is False

@@ -107,14 +107,16 @@ def test_a_megatron_core_weak_scaling_run_times_its_model_tflops_by_megatrons_fo
     assert item.assumed == ("recompute", "precision", "micro-batch")
 
 
-@pytest.mark.parametrize("run_id, reason", [
-    ("nemo2407_LLAMA3-8B_8gpu", "context parallelism is not modelled"),
-    ("nemo2407_LLAMA3-70B_64gpu", "context parallelism is not modelled"),
-    ("mbridge2511_LLAMA3.1_405B_h100_1024gpu", "context parallelism is not modelled"),
-    ("mbridge2511_LLAMA3_8B_h100_8gpu", "fully sharded weights (ZeRO-3 / FSDP) are not modelled"),
+@pytest.mark.parametrize("run_id, context, sharding", [
+    ("nemo2407_LLAMA3-8B_8gpu", 2, "optimizer"),  # the recipe's distributed Adam
+    ("nemo2407_LLAMA3-70B_64gpu", 2, "optimizer"),
+    ("mbridge2511_LLAMA3.1_405B_h100_1024gpu", 2, "optimizer"),  # "DDP (FSDP=0)": the recipe's distributed optimizer
+    ("mbridge2511_LLAMA3_8B_h100_8gpu", 1, "full"),  # Megatron-FSDP
 ])
-def test_llama_runs_phaze_cannot_model_say_why(run_id, reason):
-    assert case(RUNS[run_id]) == reason
+def test_context_parallel_and_fully_sharded_llama_runs_are_predicted(run_id, context, sharding):
+    item = case(RUNS[run_id])
+    assert (item.context_parallel_width, item.training.data_parallel_sharding) == (context, sharding)
+    assert item.devices == item.width * item.stages * item.degree * context
 
 
 def test_fp8_on_a_chip_without_fp8_is_left_out():
@@ -182,7 +184,7 @@ def test_the_dense_16_bit_a100_predictions_are_as_calibrated():
 
 def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps([RUNS["sc21_t1_1.7B"], RUNS["nemo2407_LLAMA2-7B_8gpu"],
-                                                    RUNS["nemo2407_LLAMA3-8B_8gpu"]]))
+                                                    RUNS["maxtext_v4_22B_1x128"]]))
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "COLUMNS": "200",
                    "XDG_CACHE_HOME": str(tmp_path / "xdg")}  # its graphs cached under tmp_path
     run = subprocess.run([sys.executable, "-m", "phaze", "validate", "runs.json"], cwd=tmp_path, capture_output=True,
@@ -192,7 +194,7 @@ def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     assert "h100_sxm" in row and "fp8" in row and f"{128 * 4096 / (16847 * 8):.4g}†" in row
     assert "‡ NeMo 24.07: NeMo-Framework-Launcher" in run.stdout
     assert "a100_80gb 16-bit: 1 runs" in run.stdout and "h100_sxm fp8: 1 runs" in run.stdout
-    assert "context parallelism is not modelled: 1 (nemo2407_LLAMA3-8B_8gpu)" in run.stdout
+    assert "hardware TPU v4: not an A100 or H100: 1 (maxtext_v4_22B_1x128)" in run.stdout
 
 
 def test_fused_attention_flops_and_bytes_of_one_layer_by_hand():
