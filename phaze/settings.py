@@ -49,8 +49,8 @@ from phaze import environment
 from phaze.model_config import fixed_megatron, model_spec
 from solver.codesign import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
 from solver.layout import Layout
-from solver.predict import fit_rules
-from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches
+from solver.predict import check_layout
+from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches, context_widths
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
 from solver.training_step import SHARDINGS, TrainingOptions
@@ -201,7 +201,7 @@ def _context_widths(config: Mapping, sequence_length: int) -> tuple[int, ...]:
     most = config.get("max_context_parallel_width")
     most = (max(1, sequence_length // CONTEXT_CHUNK_TOKENS) if most is None
             else positive_integer("max_context_parallel_width", most, MAX_DEVICES))
-    return tuple(c for c in (2**i for i in range(most.bit_length())) if c == 1 or sequence_length % (2 * c) == 0)
+    return context_widths(sequence_length, most)
 
 
 def _shardings(config: Mapping) -> tuple[str, ...]:
@@ -248,7 +248,7 @@ def _schedule(schedule: Mapping) -> ScheduleSettings:
 
 def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: KnownChip | None) -> Layout:
     """`phaze predict`'s layout: one value of every axis, a chip that exists, the training-step model,
-    and the layout's rules (solver.predict.fit_rules)."""
+    and the layout's rules (solver.predict.check_layout)."""
     step_model = question.step_model
     if not STEP_MODELS[step_model].prices_layouts:
         raise InputError(f"system: predict prices with the training-step model; system={step_model} has none")
@@ -269,10 +269,7 @@ def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kn
                     positive_integer("pipeline_parallel_width", config["pipeline_parallel_width"]),
                     positive_integer("data_parallel_width", config["data_parallel_width"]),
                     (axes.virtual_stages or (1,))[0], axes.expert_parallel_widths[0], axes.context_parallel_widths[0])
-    problem = question.training.shard_problem(layout.context_parallel_width * layout.data_parallel_width)
-    if problem is not None:
-        raise InputError(problem)
-    return fit_rules(question, axes).check(layout)
+    return check_layout(question, axes, layout)
 
 
 def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Settings:
@@ -344,8 +341,10 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     )
     check_expert_widths(question, axes)
     check_context_widths(question, axes)
-    if step_model == "original" and (axes.context_parallel_widths != (1,) or len(shardings) > 1):
+    if step_model == "original" and axes.context_parallel_widths != (1,):
         raise InputError("context_parallel_width: system=original has no cost for it; allowed: 1")
+    if step_model == "original" and len(shardings) > 1:
+        raise InputError("data_parallel_sharding: system=original has no cost for it; allowed: none")
     if mode in ("run_solver", "predict"):
         check_micro_batches(question, axes)
     n_jobs = config["n_jobs"]

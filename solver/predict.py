@@ -85,6 +85,16 @@ def fit_rules(question: Question, axes: Axes) -> FitRules:
                     question.experts, whole_cluster=True, split="even_or_ends")
 
 
+def check_layout(question: Question, axes: Axes, layout: Layout) -> Layout:
+    """`layout`, or InputError with the first rule it breaks: `fit_rules`, the sequence's split over
+    its context-parallel ranks, the shard width over its c·d ranks holding the same weights."""
+    problem = (fit_rules(question, axes).problem(layout) or context_problem(question, layout.context_parallel_width)
+               or question.training.shard_problem(layout.context_parallel_width * layout.data_parallel_width))
+    if problem is not None:
+        raise InputError(problem)
+    return layout
+
+
 def megatron_placement(graph: StepGraph, layout: Layout, recompute: str) -> Placement:
     """Megatron's even layout; when the blocks do not split into p·v chunks but do with the embedding
     and the loss counted as a block each, that layout (Megatron's --account-for-embedding-in-pipeline-
@@ -141,12 +151,8 @@ def predict(question: Question, axes: Axes, layout: Layout, graphs: ExtractedMod
             chip: KnownChip) -> Prediction:
     """Price Megatron's placement of `layout` (t the graphs' width) at the axes' one micro-batch size,
     HBM size and recomputation mode; `step_graph` is the graphs' width with the chip's layer costs
-    (`solver.layer_costs.step_graphs`). InputError when the layout breaks a rule (`fit_rules`)."""
-    fit_rules(question, axes).check(layout)
-    problem = (context_problem(question, layout.context_parallel_width)
-               or question.training.shard_problem(layout.context_parallel_width * layout.data_parallel_width))
-    if problem is not None:
-        raise InputError(problem)
+    (`solver.layer_costs.step_graphs`). InputError when the layout breaks a rule (`check_layout`)."""
+    check_layout(question, axes, layout)
     (recompute,) = axes.recompute
     step = TrainingStepModel.step(question, axes, step_graph, chip.hbm_bandwidth, layout.shard)
     return prediction(question, axes, step, megatron_placement(step_graph, layout, recompute), chip,

@@ -137,6 +137,12 @@ def check_expert_widths(question: Question, axes: Axes) -> None:
                              f"allowed: {', '.join(map(str, allowed))}")
 
 
+def context_widths(sequence_length: int, most: int) -> tuple[int, ...]:
+    """The powers of two c up to `most` whose 2c load-balanced chunks split a sequence evenly
+    (Megatron-Core asserts the sequence a multiple of 2c; 1: no split)."""
+    return tuple(c for c in (2**i for i in range(most.bit_length())) if c == 1 or sequence_length % (2 * c) == 0)
+
+
 def context_problem(question: Question, width: int) -> str | None:
     """Why the question's sequences cannot be split over `width` context-parallel ranks, or None:
     the load-balanced split cuts each sequence into 2c equal chunks (Megatron-Core asserts the
@@ -145,8 +151,7 @@ def context_problem(question: Question, width: int) -> str | None:
     if width == 1:
         return None
     if question.sequence_length % (2 * width):
-        allowed = [c for c in (2**i for i in range(question.sequence_length.bit_length()))
-                   if c == 1 or question.sequence_length % (2 * c) == 0]
+        allowed = context_widths(question.sequence_length, question.sequence_length)
         return (f"context_parallel_width: {width} does not split the {question.sequence_length}-token sequences "
                 f"into 2 x {width} equal chunks; allowed: {', '.join(map(str, allowed))}")
     if not question.kernels.flash_attention:

@@ -79,8 +79,9 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
         if not fits.any():
             continue
         key = terms.parameters if by_parameters else sum(step.tail(terms, degree))
+        sharded = step.sharded_traffic(terms, degree)[0]  # the same on every tier
         for tier, fewest, most in step.pipeline_tier_depths(degree, most_stages):
-            load = step.load(terms, tier, degree)
+            load = step.load(terms, tier) + sharded
             signature = (fits.tobytes(), load.tobytes(), key.tobytes())
             if signature not in columns:
                 columns[signature] = len(loads)

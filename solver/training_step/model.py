@@ -333,9 +333,8 @@ class TrainingStep:
     def ring_attention(self, key_value_bytes: np.ndarray, attention_forward: np.ndarray,
                        attention_backward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per layer: (exposed forward, exposed backward, all forward, all backward) seconds of ring
-        attention's transfers
-        over the c ranks of the context-parallel group, given a device's K and V chunk and its
-        attention time (after the 1/c split).
+        attention's transfers over the c ranks of the context-parallel group, given a device's K and
+        V chunk and its attention time (after the 1/c split).
 
         Forward, c − 1 times each device passes its K and V chunk to the next rank while it computes
         the attention of the chunk in hand, 1/c of its attention; backward it passes K, V and their
@@ -498,9 +497,10 @@ class TrainingStep:
         link = self.cluster.send(tier)
         return link.per_byte * terms.transfer_bytes + link.fixed * terms.transfer_messages
 
-    def load(self, terms: StageTerms, tier: int, degree: int) -> np.ndarray:
-        """Time per micro-batch of each stage with its transfers on `tier`, at data-parallel width d."""
-        return self.busy(terms) + self.transfer_time(terms, tier) + self.sharded_traffic(terms, degree)[0]
+    def load(self, terms: StageTerms, tier: int) -> np.ndarray:
+        """Time per micro-batch of each stage with its transfers on `tier`, before the exposed part of
+        sharded data parallelism's collectives (`sharded_traffic`, which depends on d)."""
+        return self.busy(terms) + self.transfer_time(terms, tier)
 
     @staticmethod
     def busy(terms: StageTerms) -> np.ndarray:
