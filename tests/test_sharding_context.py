@@ -9,14 +9,17 @@ import dataclasses
 import math
 import random
 
+import numpy as np
 import pytest
 
 from graph_extract import KernelOptions
 from hardware import SYSTEMS, Cluster
-from solver.layout import Layout
-from solver.placement.best import best_placement
+from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
+from solver.placement.best import best_placement, step_floor
+from solver.placement.layouts import megatron_chunks
 from solver.training_step import SHARDINGS, Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
-from tests.test_placement_training import brute_force, random_steps
+from solver.training_step.memory import in_flight
+from tests.test_placement_training import brute_force, partitions, random_steps
 
 INTRA, INTER = 100e9, 10e9  # bytes/s per device per direction, no latency
 
@@ -166,3 +169,32 @@ def test_search_over_context_widths_and_shardings_equals_brute_force(seed):
         assert result.time_per_batch == pytest.approx(expected, rel=1e-12), mode
         if result.feasible:
             assert result.data_parallel_sharding in SHARDINGS and not math.isinf(result.time_per_batch)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_search_floors_never_exceed_a_placement(seed):
+    """The bounds the search prunes with (`TrainingStep.time_floor`, `memory_floor`, `step_floor`) are
+    at most the time and memory of every placement brute force scores, at every width d, with each
+    sharding and context width."""
+    rng = random.Random(700 + seed)
+    for mode, steps in random_steps(700 + seed, rng.randint(3, 7)).items():
+        devices = next(iter(steps.values())).cluster.num_devices
+        for step in (with_attention(step, c, sharding) for sharding in SHARDINGS for c in (1, 2)
+                     for step in steps.values() if step.width * c <= devices):
+            options = data_parallel_widths(step.fit_rules(), step.shard)
+            floor = step_floor(step)
+            blocks = sum(layer.is_block for layer in step.graph.layers)
+            layouts = [(stages, 1) for stages in partitions(step)]
+            layouts += [(chunks, v) for v in allowed_virtual_stages(blocks)[1:] for p in range(2, blocks // v + 1)
+                        if (chunks := megatron_chunks(step.graph, p, v))]
+            for chunks, v in layouts if options else ():
+                members = np.zeros((step.graph.n, len(chunks)), dtype=bool)
+                for index, chunk in enumerate(chunks):
+                    members[list(chunk), index] = True
+                stages, chunk_terms = len(chunks) // v, step.stage_terms(members)
+                scored = step.score(chunk_terms, [step.layout(stages, d, v) for d in options])
+                times = step.time_floor(np.array(options), stages, v)
+                assert (times <= scored["time"]).all() and (floor <= scored["time"][scored["fits"]]).all(), (mode, v)
+                fewest = step.micro_batches // max(options)
+                memory = step.memory_floor(step.device_terms(chunk_terms, stages), in_flight(stages, v, fewest))
+                assert (memory <= scored["memory"]).all(), (mode, step.training.data_parallel_sharding)

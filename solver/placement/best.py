@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from solver.layout import Layout
 from solver.training_step.model import Placement, StepResult, TrainingStep
 
 from .candidates import StateSpace, chain_space, downset_space
-from .capped import place_capped
+from .capped import place_capped, plain_layouts
 from .layouts import interleaved, megatron_chunks
 from .result import PlacedStage, PlacementResult
 
@@ -30,23 +32,40 @@ def best_placement(steps: Sequence[TrainingStep], virtual_stages: tuple[int, ...
     that fits). Only a placement faster than `upper_bound` [s] is returned (none: an infeasible
     result)."""
     best: tuple[TrainingStep, Placement, StepResult] | None = None
+    terms_of, chunk_pairs = {}, {}  # kept for steps of equal layer values; of one graph
     for step in steps:
-        space = space or state_space(step)
-        terms = step.stage_terms(space.members)
         bound = best[2].time_per_batch if best else upper_bound
+        if step_floor(step) >= bound:
+            continue  # no placement of this shard and sharding can win
+        space = space or state_space(step)
+        if step.terms_key not in terms_of:
+            terms_of[step.terms_key] = step.stage_terms(space.members)
+        terms = terms_of[step.terms_key]
         found = []
         if virtual_stages is None or any(v > 1 for v in virtual_stages):
-            found.append(interleaved(step, space, terms, virtual_stages, bound))
+            pairs = chunk_pairs.setdefault(step.graph.width, {})
+            found.append(interleaved(step, space, terms, virtual_stages, bound, pairs))
             if found[-1] is not None:
                 bound = min(bound, found[-1][1].time_per_batch)
         if virtual_stages is None or 1 in virtual_stages:
             found.append(place_capped(step, space, terms, bound))
-        for item in found:
-            if item is not None and (best is None or item[1].time_per_batch < best[2].time_per_batch):
-                best = (step, *item)
+        item = next((item for item in reversed(found) if item is not None), None)  # capped only if faster
+        if item is not None:
+            best = (step, *item)
     if best is None:
         return PlacementResult((), None, math.inf, steps[0].recompute)
     return placement_result(*best)
+
+
+def step_floor(step: TrainingStep) -> float:
+    """A lower bound on every placement of the step's shard and mode (`TrainingStep.time_floor` at
+    each data-parallel width and depth, the bubble taken as none, as with unbounded interleaving)."""
+    plain = plain_layouts(step)
+    if not plain:
+        return math.inf
+    degrees, most = np.array(list(plain))[:, None], np.array(list(plain.values()))[:, None]
+    stages = np.arange(1, most.max() + 1)[None, :]
+    return float(np.where(stages <= most, step.time_floor(degrees, stages, np.inf), np.inf).min())
 
 
 def placement_result(step: TrainingStep, placement: Placement, result: StepResult) -> PlacementResult:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from solver.layout import layouts
+from solver.layout import FitRules, Layout, layouts
 from solver.training_step.model import Placement, StageTerms, StepResult, TrainingStep
 
 from .candidates import DeviceModel, StateSpace
@@ -61,8 +62,12 @@ class _Best:
 def plain_layouts(step: TrainingStep) -> dict[int, int]:
     """The most stages of a plain pipeline (v = 1) per data-parallel width d of the step's shard
     (every shallower pipeline fits too)."""
-    return {layout.data_parallel_width: layout.pipeline_parallel_width
-            for layout in layouts(step.fit_rules(), step.shard, (1,))}
+    return dict(_plain_layouts(step.fit_rules(), step.shard))
+
+
+@lru_cache(maxsize=256)
+def _plain_layouts(rules: FitRules, shard: Layout) -> tuple[tuple[int, int], ...]:
+    return tuple((layout.data_parallel_width, layout.pipeline_parallel_width) for layout in layouts(rules, shard, (1,)))
 
 
 def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None = None,
@@ -75,6 +80,8 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
     loads, feasible, keys = [], [], []
     by_parameters = step.tail_keys_are_parameters()
     for degree, most_stages in plain_layouts(step).items():
+        if step.time_floor(degree, np.arange(1, most_stages + 1)).min() >= upper_bound:
+            continue  # no pipeline of this width can beat the bound
         fits = step.deepest_position(terms, degree, depth_cap)
         if not fits.any():
             continue

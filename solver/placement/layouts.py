@@ -6,10 +6,13 @@ interleaved schedule (which layouts fit: `solver.layout`).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from solver.layout import Layout, layouts
-from solver.training_step.model import Placement, StageTerms, StepGraph, StepResult, TrainingStep
+from solver.layout import FitRules, Layout, layouts
+from solver.training_step.memory import in_flight
+from solver.training_step.model import Placement, StageTerms, StepGraph, StepResult, TrainingStep, per_device
 
 from .candidates import StateSpace
 
@@ -44,25 +47,48 @@ def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1,
     return tuple(tuple(chunk) for chunk in chunks)
 
 
+@lru_cache(maxsize=256)
+def interleaved_layouts(rules: FitRules, shard: Layout, choices: tuple[int, ...] | None
+                        ) -> tuple[tuple[tuple[int, int], tuple[Layout, ...]], ...]:
+    """The interleaved (v > 1) layouts of a shard by (p, v), in that order (the same for every
+    sharding and recomputation mode of one question: kept)."""
+    by_chunks: dict[tuple[int, int], list[Layout]] = {}
+    for layout in layouts(rules, shard, choices):
+        if layout.virtual_stages > 1:
+            by_chunks.setdefault((layout.pipeline_parallel_width, layout.virtual_stages), []).append(layout)
+    return tuple((key, tuple(options)) for key, options in sorted(by_chunks.items()))
+
+
 def interleaved(step: TrainingStep, space: StateSpace, terms: StageTerms, choices: tuple[int, ...] | None,
-                upper_bound: float) -> tuple[Placement, StepResult] | None:
+                upper_bound: float, chunk_pairs: dict | None = None) -> tuple[Placement, StepResult] | None:
     """The fastest interleaved (v > 1) Megatron layout faster than `upper_bound`, or None.
 
     `terms` are the chain's interval terms of `space` (every chunk is an interval); `choices`
-    restricts v (None: every v).
+    restricts v (None: every v); `chunk_pairs` (the caller's, for steps of one graph) keeps each
+    (p, v)'s chunks and their candidate stages.
     """
     if block_span(step.graph) is None:
         return None
-    n = step.graph.n
-    by_chunks: dict[tuple[int, int], list[Layout]] = {}
-    for layout in layouts(step.fit_rules(), step.shard, choices):
-        if layout.virtual_stages > 1:
-            by_chunks.setdefault((layout.pipeline_parallel_width, layout.virtual_stages), []).append(layout)
-    best, order = None, (upper_bound,)
-    for (stages, v), options in sorted(by_chunks.items()):
-        chunks = megatron_chunks(step.graph, stages, v)
-        pairs = [int(space.pair_start[n - chunk[0]]) + len(chunk) - 1 for chunk in chunks]
+    chunk_pairs = {} if chunk_pairs is None else chunk_pairs
+    best, order, busy, groups = None, (upper_bound,), step.busy(terms), []
+    for (stages, v), options in interleaved_layouts(step.fit_rules(), step.shard, choices):
+        if (stages, v) not in chunk_pairs:
+            chunks = megatron_chunks(step.graph, stages, v)
+            chunk_pairs[stages, v] = chunks, np.array([int(space.pair_start[step.graph.n - chunk[0]]) + len(chunk) - 1
+                                                       for chunk in chunks])
+        heaviest = float(per_device(busy[chunk_pairs[stages, v][1]], stages).max())
+        degrees = np.array([layout.data_parallel_width for layout in options])
+        groups.append((float(step.time_floor(degrees, stages, v, heaviest).min()), stages, v, options))
+    # the best is the least (time, d, p, v) whatever the order: the likeliest first, the rest cut by their floor
+    for floor, stages, v, options in sorted(groups, key=lambda group: group[:3]):
+        if floor > order[0]:
+            break  # no width of this p and v, nor of any later, can beat the best so far
+        chunks, pairs = chunk_pairs[stages, v]
         chunk_terms = StageTerms(**{name: getattr(terms, name)[pairs] for name in StageTerms.__dataclass_fields__})
+        fewest = step.micro_batches // max(layout.data_parallel_width for layout in options)
+        if (step.memory_floor(step.device_terms(chunk_terms, stages), in_flight(stages, v, fewest))
+                > step.device.memory_capacity).any():
+            continue  # a device overflows at every width of this p and v
         scored = step.score(chunk_terms, options)
         for index in np.flatnonzero(scored["fits"]):
             layout = options[index]

@@ -85,7 +85,9 @@ class ModelState:
     def share(self, kind: str, shard_size):
         """Bytes per parameter of `kind` on one of `shard_size` ranks sharing it."""
         full = getattr(self, kind)
-        return full / shard_size if self.splits(kind) else full * np.ones_like(shard_size, dtype=float)
+        if self.splits(kind):
+            return full / shard_size
+        return full if np.isscalar(shard_size) else full * np.ones_like(shard_size, dtype=float)
 
 
 def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:

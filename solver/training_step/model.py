@@ -266,6 +266,9 @@ class TrainingStep:
     _layers: dict = field(init=False, repr=False, compare=False)
     _collectives: dict = field(init=False, repr=False, compare=False)
     _data_groups: dict = field(init=False, repr=False, compare=False)
+    _tail_floors: dict = field(init=False, repr=False, compare=False)
+    _class_groups: dict = field(init=False, repr=False, compare=False)
+    _pipeline_tiers: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE_MODES:
@@ -305,6 +308,9 @@ class TrainingStep:
         held, working = held_activations(layers, self.recompute, width, self.kernels)
         object.__setattr__(self, "_collectives", {})
         object.__setattr__(self, "_data_groups", {})
+        object.__setattr__(self, "_tail_floors", {})
+        object.__setattr__(self, "_class_groups", {})
+        object.__setattr__(self, "_pipeline_tiers", {})
         object.__setattr__(self, "_layers", {
             "compute": forward + backward,
             "recompute": np.where(blocks, rerun, 0.0),
@@ -453,6 +459,12 @@ class TrainingStep:
             largest_parameters=largest,
         )
 
+    @cached_property
+    def terms_key(self) -> tuple:
+        """What `stage_terms` depends on: steps of equal keys (the data-parallel shardings of one shard
+        and mode) have equal terms."""
+        return self.graph, self.token_share, tuple(values.tobytes() for values in self._layers.values())
+
     def stage_terms(self, members: np.ndarray) -> StageTerms:
         """The terms of the stages given by `members[v, k]` (position v in stage k)."""
         values = self._layers
@@ -487,7 +499,11 @@ class TrainingStep:
 
     def pipeline_tier(self, stages: int, degree: int) -> int:
         """The tier of the slowest link between consecutive stages."""
-        return self.cluster.tier_joining(self.layout(stages, degree).groups()["pipeline"])
+        found = self._pipeline_tiers.get((stages, degree))
+        if found is None:
+            found = self._pipeline_tiers[stages, degree] = self.cluster.tier_joining(
+                self.layout(stages, degree).groups()["pipeline"])
+        return found
 
     def pipeline_tier_depths(self, degree: int, most: int) -> list[tuple[int, int, int]]:
         """(tier, fewest stages, most stages): the depths whose slowest stage boundary is on each tier."""
@@ -520,11 +536,24 @@ class TrainingStep:
         ones over the c·d ranks holding them, the experts' over the c·d/e holding the same experts
         (`shard_groups` splits each into shard and replica groups); classes of the same groups as one
         (their counts are whole numbers: the sum is exact)."""
-        data, expert_data = self.data_groups(degree)
-        merged: dict[Group, object] = {}
-        for group, count in ((data, parameters - expert_parameters), (expert_data, expert_parameters)):
-            merged[group] = merged[group] + count if group in merged else count
-        return [(*self.shard_groups(group), count) for group, count in merged.items()]
+        classes = []
+        for shard, replicas, dense, experts in self.class_groups(degree):
+            if dense:
+                count = parameters - expert_parameters
+                classes.append((shard, replicas, count + expert_parameters if experts else count))
+            else:
+                classes.append((shard, replicas, expert_parameters))
+        return classes
+
+    def class_groups(self, degree: int) -> tuple[tuple[Group, Group, bool, bool], ...]:
+        """(shard group, replica group, holds dense weights, holds experts) of each class at width d."""
+        found = self._class_groups.get(degree)
+        if found is None:
+            data, expert_data = self.data_groups(degree)
+            found = (((*self.shard_groups(data), True, True),) if data == expert_data else
+                     ((*self.shard_groups(data), True, False), (*self.shard_groups(expert_data), False, True)))
+            self._class_groups[degree] = found
+        return found
 
     def state_bytes(self, kind: str, parameters, degree: int, expert_parameters=0.0):
         """Bytes per device of one kind of model state ("weights", "gradients", "optimizer_state") of
@@ -563,6 +592,17 @@ class TrainingStep:
                 + self.state_bytes("gradients", terms.parameters, degree, terms.expert_parameters)
                 + self.optimizer_state_bytes(terms.parameters, degree, terms.expert_parameters)
                 + self.training.framework_reserve)
+
+    def memory_floor(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
+        """A lower bound on `memory_bytes` of each stage at every data-parallel width: the kinds of
+        model state the sharding does not split (the same at any d), what `full` gathers, the
+        activations and the reserve."""
+        state = self.training.model_state
+        whole = sum(getattr(state, kind) for kind in ("weights", "gradients", "optimizer_state")
+                    if not state.splits(kind))
+        floor = (whole * terms.parameters + self.gathered_weight_bytes(terms)
+                 + self.activation_bytes(terms, micro_batches_in_flight) + self.training.framework_reserve)
+        return floor * (1 - self.FLOOR_SLACK)
 
     def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
         """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
@@ -695,7 +735,41 @@ class TrainingStep:
     def pipeline_time(micro_batches, stages, virtual_stages, load):
         return (micro_batches + (stages - 1) / virtual_stages) * load
 
-    # A bound for the architecture search: no placement of any mode is faster.
+    # Bounds: no placement is faster (the architecture search's, over chips; the placement search's).
+
+    #: Relative slack of `time_floor`: its sums run in another order than a stage's (a last-bit difference).
+    FLOOR_SLACK = 1e-9
+
+    def tail_floor(self, degrees) -> np.ndarray:
+        """No stage's tail at width d is shorter (for each of `degrees`, an array): that of the layer
+        with the most parameters (a stage holding it holds at least its parameters; only its
+        optimizer step when the sync may hide)."""
+        degrees, known = np.asarray(degrees), self._tail_floors
+        for degree in set(degrees.flat) - known.keys():
+            parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
+            tail = self.optimizer_time if self.sync_overlaps else self.tail_time
+            known[degree] = float(np.max(tail(parameters, int(degree), experts), initial=0.0))
+        return np.array([known[degree] for degree in degrees.flat]).reshape(degrees.shape)
+
+    @cached_property
+    def layer_busy(self) -> np.ndarray:
+        """`busy` of each layer alone."""
+        layers = self._layers
+        return (((layers["compute"] + layers["recompute"]) + layers["tensor_parallel"]) + layers["expert_parallel"]
+                + layers["context_parallel"])
+
+    def time_floor(self, degrees, stages, virtual_stages=1, heaviest_load: float | None = None) -> np.ndarray:
+        """A lower bound on the time per batch [s] of every placement of this shard in its mode at
+        widths d (`degrees`) with `stages` pipeline stages and `virtual_stages` (arrays that
+        broadcast): each device's load is at least its compute, recomputation and blocking
+        collectives (`busy`), so the slowest one's at least `heaviest_load` when given, else
+        max(heaviest layer, all layers / p); transfers, sharded traffic and the exposed sync beyond
+        `tail_floor` only add."""
+        stages, degrees = np.asarray(stages), np.asarray(degrees)
+        load = (np.maximum(self.layer_busy.max(), self.layer_busy.sum() / stages) if heaviest_load is None
+                else heaviest_load)
+        time = self.pipeline_time(self.micro_batches // degrees, stages, virtual_stages, load)
+        return (time + self.tail_floor(degrees)) * (1 - self.FLOOR_SLACK)
 
     def time_lower_bound(self, compute: np.ndarray, degrees) -> np.ndarray:
         """A lower bound on the time per batch of every placement of this shard, in any
@@ -714,19 +788,17 @@ class TrainingStep:
         collectives = tensor + self._layers["expert_parallel"]
         per_layer = compute + collectives.reshape((-1,) + (1,) * (compute.ndim - 1))
         total, heaviest = per_layer.sum(axis=0), per_layer.max(axis=0)
-        parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
         blocks = sum(layer.is_block for layer in self.graph.layers)
         best = np.full(total.shape, np.inf)
         for degree in degrees:
-            stages = np.arange(1, min(self.graph.n, self.cluster.num_devices // (self.width * self.shard.context_parallel_width * degree)) + 1)
+            devices = self.cluster.num_devices // (self.stage_devices * degree)
+            stages = np.arange(1, min(self.graph.n, devices) + 1)
             if not len(stages):
                 continue
             interleave = np.maximum(1, blocks // stages) if self.graph.is_chain() else np.ones(len(stages))
             factor = (self.micro_batches // degree + (stages - 1) / interleave).reshape((-1,) + (1,) * total.ndim)
             load = np.maximum(heaviest, total / stages.reshape(factor.shape))
-            tail = float((self.optimizer_time(parameters, degree, experts) if self.sync_overlaps
-                          else self.tail_time(parameters, degree, experts)).max())
-            best = np.minimum(best, (factor * load).min(axis=0) + tail)
+            best = np.minimum(best, (factor * load).min(axis=0) + float(self.tail_floor(degree)))
         return best
 
     # One layout (chunks on devices) for many data-parallel widths at once, and one placement.
