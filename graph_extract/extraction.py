@@ -31,8 +31,9 @@ from graph_extract.trace import TRAINING_DTYPE_BYTES, to_op_graph, trace
 from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
 
-#: Transformer blocks traced. The blocks of a zoo model are one module class with one shape, so every
-#: further block is the last traced one again: its layer is copied, not traced.
+#: Transformer blocks traced (after a mixture's first dense blocks). The blocks of a zoo model are one
+#: module class with one shape, so every further block is the last traced one again: its layer is
+#: copied, not traced.
 TRACED_BLOCKS = 2
 
 
@@ -176,7 +177,7 @@ def _from_record(record: dict) -> ExtractedModel:
 
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
-    traced = spec.with_overrides(num_layers=min(spec.num_layers, TRACED_BLOCKS))
+    traced = spec.with_overrides(num_layers=traced_blocks(spec))
     if spec.factory is None:
         with torch.device("meta"):
             model = TransformerModel(traced, sequence_length, width, micro_batch_size=micro_batch_size)
@@ -196,7 +197,7 @@ def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: 
     count, per_device = parameter_count(model, width), sum(weight_sizes(op_graph.nodes).values())
     extra = spec.num_layers - traced.num_layers
     if extra:
-        op_graph, layer_graph, groups = _more_blocks(op_graph, layer_graph, groups, spec.num_layers)
+        op_graph, layer_graph, groups = _more_blocks(op_graph, layer_graph, groups, traced.num_layers, spec.num_layers)
         last = model.get_submodule(blocks)[-1]
         count += extra * parameter_count(last, width)
         per_device += extra * sum(parameter.numel() for parameter in last.parameters())
@@ -228,11 +229,16 @@ def _named_layers(layer_graph: LayerGraph, blocks: int) -> LayerGraph:
                             else "block") for layer, name in zip(layer_graph.layers, names)))
 
 
+def traced_blocks(spec: ModelSpec) -> int:
+    """Blocks traced: the dense ones before the experts, then `TRACED_BLOCKS` (fewer in a shorter model)."""
+    return min(spec.num_layers, (spec.first_dense_layers if spec.num_experts else 0) + TRACED_BLOCKS)
+
+
 def _more_blocks(op_graph: OpGraph, layer_graph: LayerGraph, groups: tuple[tuple[int, ...], ...],
-                 blocks: int) -> tuple[OpGraph, LayerGraph, tuple[tuple[int, ...], ...]]:
-    """The graphs of a model with `blocks` blocks from those of TRACED_BLOCKS: the head's id moves to
+                 traced: int, blocks: int) -> tuple[OpGraph, LayerGraph, tuple[tuple[int, ...], ...]]:
+    """The graphs of a model with `blocks` blocks from those of `traced`: the head's id moves to
     blocks + 1 and the last traced block, its edges and its repeat group are copied for the others."""
-    last, old_head, head = TRACED_BLOCKS, TRACED_BLOCKS + 1, blocks + 1
+    last, old_head, head = traced, traced + 1, blocks + 1
     op_graph = dataclasses.replace(op_graph, nodes=tuple(
         dataclasses.replace(node, layer=head) if node.layer == old_head else node for node in op_graph.nodes))
     layers = [layer for layer in layer_graph.layers if layer.id <= last]

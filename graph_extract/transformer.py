@@ -120,6 +120,8 @@ class SelfAttention(nn.Module):
             self.key = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
             self.value = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
         self.dense = RowParallelLinear(attention, h, width, spec.bias)
+        self.query_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if spec.qk_norm else None
+        self.key_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if spec.qk_norm else None
         self.dropout = _dropout(spec)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         if spec.causal:
@@ -163,6 +165,8 @@ class SelfAttention(nn.Module):
             q = self._heads(self.query(x), self.local_heads)
             k = self._heads(self.key(x), self.local_kv_heads)
             v = self._heads(self.value(x), self.local_kv_heads)
+        if self.query_norm is not None:  # each head's query and key, before the rotation (Qwen3)
+            q, k = self.query_norm(q), self.key_norm(k)
         if self.rotary_cos is not None:
             q, k = self._rotate(q), self._rotate(k)
         k, v = self._repeat_kv(k), self._repeat_kv(v)
@@ -191,9 +195,9 @@ def _activate(activation: str, up: torch.Tensor, gate: torch.Tensor | None) -> t
 class MLP(nn.Module):
     """Feed-forward network: column-parallel up projection, activation, row-parallel down projection."""
 
-    def __init__(self, spec: ModelSpec, width: int) -> None:
+    def __init__(self, spec: ModelSpec, width: int, ffn_hidden_size: int | None = None) -> None:
         super().__init__()
-        h, ffn = spec.hidden_size, spec.ffn_hidden_size
+        h, ffn = spec.hidden_size, ffn_hidden_size or spec.ffn_hidden_size
         self.width, self.activation = width, spec.activation
         self.up = ColumnParallelLinear(h, ffn, width, spec.bias)
         self.gate = ColumnParallelLinear(h, ffn, width, spec.bias) if spec.activation == "swiglu" else None
@@ -217,16 +221,18 @@ class MixtureOfExperts(nn.Module):
 
     def __init__(self, spec: ModelSpec, tokens: int, width: int) -> None:
         super().__init__()
-        h, local_ffn, experts = spec.hidden_size, spec.ffn_hidden_size // width, spec.num_experts
+        h, local_ffn, experts = spec.hidden_size, spec.expert_ffn_hidden_size // width, spec.num_experts
         self.spec, self.width, self.activation = spec, width, spec.activation
         self.capacity = spec.expert_capacity(tokens)
         self.router = nn.Linear(h, experts, bias=False)
         self.up = sharded_parameter(experts, h, local_ffn, partition_dim=2)
         self.gate = sharded_parameter(experts, h, local_ffn, partition_dim=2) if spec.activation == "swiglu" else None
         self.down = sharded_parameter(experts, local_ffn, h, partition_dim=1)
-        for weight, fan_in in ((self.up, h), (self.gate, h), (self.down, spec.ffn_hidden_size)):
+        for weight, fan_in in ((self.up, h), (self.gate, h), (self.down, spec.expert_ffn_hidden_size)):
             if weight is not None:
                 nn.init.uniform_(weight, -1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in))
+        shared = spec.shared_experts * spec.expert_ffn_hidden_size
+        self.shared = MLP(spec, width, shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tensor_parallel_region(x, self.width)
@@ -241,19 +247,21 @@ class MixtureOfExperts(nn.Module):
         returned = all_to_all(torch.bmm(hidden, self.down).flatten(0, 1))
         gathered = torch.index_select(F.pad(returned, (0, 0, 0, 1)), 0, slot)
         combined = (gathered.unflatten(0, (-1, self.spec.experts_per_token)) * weights.unsqueeze(-1)).sum(dim=1)
-        return all_reduce(combined.view_as(x), self.width)
+        routed = all_reduce(combined.view_as(x), self.width)
+        return routed if self.shared is None else routed + self.shared(x)
 
 
 class Block(nn.Module):
     """One transformer block, pre- or post-norm."""
 
-    def __init__(self, spec: ModelSpec, sequence_length: int, width: int, micro_batch_size: int = 1) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int, width: int, micro_batch_size: int = 1,
+                 index: int = 0) -> None:
         super().__init__()
         self.pre_norm = spec.norm_position == "pre"
         self.attention_norm, self.mlp_norm = _norm(spec), _norm(spec)
         self.attention = SelfAttention(spec, sequence_length, width)
         tokens = micro_batch_size * sequence_length
-        self.mlp = MixtureOfExperts(spec, tokens, width) if spec.num_experts else MLP(spec, width)
+        self.mlp = MixtureOfExperts(spec, tokens, width) if spec.is_moe_block(index) else MLP(spec, width)
         self.attention_dropout, self.mlp_dropout = _dropout(spec), _dropout(spec)
 
     @staticmethod
@@ -348,8 +356,8 @@ class TransformerModel(nn.Module):
         self.spec = spec
         padded_vocab = padded_vocab or spec.padded_vocab_size(width)
         self.embedding = Embedding(spec, sequence_length, width, rank, padded_vocab)
-        self.layers = nn.ModuleList(Block(spec, sequence_length, width, micro_batch_size)
-                                    for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(Block(spec, sequence_length, width, micro_batch_size, index)
+                                    for index in range(spec.num_layers))
         if spec.head == "pooler":
             self.head: nn.Module = Pooler(spec)
         elif spec.head == "bert_pretraining":

@@ -24,7 +24,7 @@ CHOICES = {
     "head": ("lm", "pooler", "bert_pretraining"),
 }
 #: Integer fields that may be zero.
-MAY_BE_ZERO = ("position_offset", "token_types")
+MAY_BE_ZERO = ("position_offset", "token_types", "shared_experts", "first_dense_layers")
 #: Largest integer field (layers, widths, heads, vocabulary, positions).
 MAX_MODEL_SIZE = 16_777_216
 
@@ -98,6 +98,16 @@ class ModelSpec:
     # A user's torch.nn.Module factory ("module:function" or "file.py:function", graph_extract.factory)
     # that builds the model instead of graph_extract.transformer; None for the zoo's own definition.
     factory: str | None = None
+    # Today's mixtures of experts (DeepSeek-V3, Qwen3-MoE; Megatron-Core's moe_ffn_hidden_size,
+    # moe_shared_expert_intermediate_size and moe_layer_freq): each routed expert's width when it is
+    # not ffn_hidden_size (fine-grained experts; ffn_hidden_size is then the dense blocks'), shared
+    # experts of that width every token runs (one MLP of shared_experts times it, split over t like
+    # the dense one, not over e), the first blocks with a dense MLP, and RMSNorm over each head's
+    # query and key (Qwen3, OLMo 2).
+    moe_ffn_hidden_size: int | None = None
+    shared_experts: int = 0
+    first_dense_layers: int = 0
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         """Every field checked (a spec built in code is held to the rules a config file is): one
@@ -125,7 +135,13 @@ class ModelSpec:
 
     def _check_experts(self) -> None:
         if self.num_experts is None:
+            for name, default in (("moe_ffn_hidden_size", None), ("shared_experts", 0), ("first_dense_layers", 0)):
+                if getattr(self, name) != default:
+                    raise InputError(f"{name}: needs num_experts (a mixture of experts); allowed without: {default}")
             return
+        if self.first_dense_layers >= self.num_layers:
+            raise InputError(f"first_dense_layers: {self.first_dense_layers} of {self.num_layers} blocks leaves no "
+                             f"mixture of experts; allowed: 0 to {self.num_layers - 1}")
         if self.num_experts < 2:
             raise InputError(f"num_experts: must be an integer >= 2 (or null for a dense MLP), got {self.num_experts!r}")
         k = self.experts_per_token
@@ -139,6 +155,15 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_heads
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Width of each routed (and shared) expert."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def is_moe_block(self, index: int) -> bool:
+        """Whether block `index` (from 0) has experts rather than a dense MLP."""
+        return self.num_experts is not None and index >= self.first_dense_layers
 
     @property
     def attention_width(self) -> int:
@@ -247,6 +272,13 @@ _SPECS = (
     # sliding window; benchmarked (Megatron-LM's MoE recipes) at 4096 tokens.
     ModelSpec("mixtral-8x7b", 32, 4096, 32, 14336, **{**_LLAMA2, "max_position_embeddings": 32768},
               num_kv_heads=8, num_experts=8, experts_per_token=2),
+    # Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json): 94 blocks, all of 128 SwiGLU experts of
+    # width 1,536, 8 per token (routing weights renormalised), no shared expert; 64 query heads of
+    # 128 (kv_channels: 8,192 wide in a 4,096-wide model) and 4 key/value heads with QK-norm;
+    # vocabulary 151,936, untied; 40,960 positions; benchmarked (Megatron-MoE-ModelZoo) at 4,096.
+    ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 12288, **{**LLAMA_FAMILY, "vocab_size": 151936,
+              "max_position_embeddings": 40960, "default_sequence_length": 4096}, num_kv_heads=4, num_experts=128,
+              experts_per_token=8, kv_channels=128, moe_ffn_hidden_size=1536, qk_norm=True),
     ModelSpec(
         "megatronbert",
         24,

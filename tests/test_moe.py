@@ -276,3 +276,60 @@ def test_the_qwen3_moe_runs_of_the_calibration_set():
     assert predicted.placement.chunks[0] == (0,) and predicted.placement.chunks[-1] == (95,)
     assert len(predicted.placement.chunks) == 96 and math.isfinite(predicted.step.time_per_batch)
     assert predicted.step.breakdown["expert_parallel"] > 0
+
+
+def fine_grained_parameters(spec: ModelSpec) -> tuple[int, int]:
+    """(all, active) of a fine-grained mixture from its config, by hand: untied embedding and head
+    V·h each; per block q and o h·(H·d), k and v h·(kv·d), QK-norms d each, two RMSNorms h; a dense
+    block a SwiGLU MLP 3·h·f, an expert block a router h·E, E experts 3·h·f_e (k active) and the
+    shared experts 3·h·(shared·f_e); the final RMSNorm h."""
+    h, d, f, fe = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.expert_ffn_hidden_size
+    attention = 2 * h * spec.num_heads * d + 2 * h * spec.kv_heads * d + 2 * h + (2 * d if spec.qk_norm else 0)
+    dense = spec.first_dense_layers * (attention + 3 * h * f)
+    moe = spec.num_layers - spec.first_dense_layers
+    routed_all, routed_active = spec.num_experts * 3 * h * fe, spec.experts_per_token * 3 * h * fe
+    expert_block = attention + h * spec.num_experts + spec.shared_experts * 3 * h * fe
+    ends = 2 * spec.vocab_size * h + h
+    return (ends + dense + moe * (expert_block + routed_all), ends + dense + moe * (expert_block + routed_active))
+
+
+def test_qwen3_235b_a22b_parameters_all_and_active_as_published():
+    """Qwen3-235B-A22B: 235 B parameters, 22 B active (the model card), from its config.json's fields."""
+    spec = get_spec("qwen3-235b-a22b")
+    total, active = fine_grained_parameters(spec)
+    assert total / 1e9 == pytest.approx(235.09, abs=0.01) and active / 1e9 == pytest.approx(22.19, abs=0.01)
+    extracted = extract(spec, 1, 64, 4)
+    assert extracted.parameter_count == pytest.approx(total, rel=2e-3)
+    assert extracted.active_parameter_count == pytest.approx(active, rel=2e-3)
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_first_dense_blocks_and_shared_experts_by_hand(t):
+    """Two dense blocks, then experts of width 48 with two shared ones: the counts by hand, the dense
+    blocks traced apart from the expert blocks (whose last is copied), and only routed experts are
+    expert parameters (the shared ones split over t like the dense MLP)."""
+    spec = TOY.with_overrides(num_layers=5, first_dense_layers=2, moe_ffn_hidden_size=48, shared_experts=2,
+                              qk_norm=True, num_experts=4, experts_per_token=2)
+    total, active = fine_grained_parameters(spec)
+    extracted = extract(spec, 1, 16, t)
+    assert (extracted.parameter_count, extracted.active_parameter_count) == (total, active)
+    layers = extracted.layer_graph.layers
+    h = spec.hidden_size
+    assert [layer.expert_parameter_bytes for layer in layers[1:6]] == [0, 0] + [3 * 4 * h * (48 // t) * 2] * 3
+    assert layers[1].parameter_bytes != layers[3].parameter_bytes
+    assert extracted.repeat_groups == ((0,), (1, 2), (3, 4, 5), (6,))  # dense blocks apart from expert blocks
+
+
+def test_bad_fine_grained_expert_fields_are_one_line():
+    with pytest.raises(ValueError, match=r"^shared_experts: needs num_experts \(a mixture of experts\); allowed without: 0$"):
+        ModelSpec("m", 2, 64, 8, 64, 10, 8, 8, shared_experts=1)
+    with pytest.raises(ValueError, match=r"^first_dense_layers: 2 of 2 blocks leaves no mixture of experts; allowed: 0 to 1$"):
+        ModelSpec("m", 2, 64, 8, 64, 10, 8, 8, num_experts=4, first_dense_layers=2)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_fine_grained_shards_compute_the_unsharded_model(t):
+    """A dense first block, shared experts, narrow routed experts and QK-norm, sharded t ways, give
+    the unsharded model's loss."""
+    assert verify_tensor_parallel("qwen3-235b-a22b", t, num_layers=3, first_dense_layers=1, shared_experts=2,
+                                  num_experts=4, experts_per_token=2, moe_ffn_hidden_size=32, kv_channels=None).passed
