@@ -89,11 +89,13 @@ class AttentionKernel:
 def _kernel_input_bytes(graph: OpGraph, consumer: int, position: int) -> int:
     """Bytes of the tensor a core operator reads at `position`, as the fused kernel reads it: the
     smallest tensor on the chain of views and copies that makes it (before a broadcast such as
-    repeat_kv; after the slice of a fused QKV product)."""
+    repeat_kv; after the slice of a fused QKV product); a concatenation is read as made (MLA's key:
+    each head's plain part and the shared rotated part)."""
     node = graph.nodes[consumer]
     source = node.inputs[position]
     smallest = math.prod(node.input_shapes[position]) * graph.nodes[source].dtype_bytes
-    while graph.nodes[source].kind == "shape" and graph.nodes[source].inputs and graph.nodes[source].inputs[0] is not None:
+    while (graph.nodes[source].kind == "shape" and graph.nodes[source].op != "cat"  # a join: read as joined
+           and graph.nodes[source].inputs and graph.nodes[source].inputs[0] is not None):
         shape_node = graph.nodes[source]
         source = shape_node.inputs[0]
         smallest = min(smallest, math.prod(shape_node.input_shapes[0]) * graph.nodes[source].dtype_bytes)

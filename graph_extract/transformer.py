@@ -182,6 +182,73 @@ class SelfAttention(nn.Module):
         return self.dense(context)
 
 
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    """Rotary positions on the last dimension (2·half wide): x·cos + (−x₂, x₁)·sin."""
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3: DeepSeek-AI 2024, arXiv:2405.04434 §2.1, and the
+    V3 report, arXiv:2412.19437 §2.1). The down projections to the query latent (q_lora_rank) and to
+    the key/value latent plus the shared rotated key (kv_lora_rank + qk_rope_head_dim) are replicated
+    on every tensor-parallel rank, as Megatron-Core's MLA duplicates them; each latent is RMS-normed
+    and up-projected column-parallel by heads (queries: qk_nope + qk_rope per head; keys and values:
+    qk_nope + v_head_dim per head), so the backward all-reduces run on the latents; the output is
+    row-parallel. Each head's key is its plain part and the one rotated key of its token; scores
+    are scaled by 1/√(qk_nope + qk_rope). Training runs the full up-projections (the absorbed form
+    is an inference device)."""
+
+    def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
+        super().__init__()
+        h, heads = spec.hidden_size, spec.num_heads
+        self.width, self.local_heads = width, heads // width
+        self.nope, self.rope, self.value_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
+        self.latent = spec.kv_lora_rank
+        query_width = heads * (self.nope + self.rope)
+        if spec.q_lora_rank is None:
+            self.query_down = self.query_norm = None
+            self.query_up = ColumnParallelLinear(h, query_width, width, False)
+        else:
+            self.query_down = nn.Linear(h, spec.q_lora_rank, bias=False)
+            self.query_norm = nn.RMSNorm(spec.q_lora_rank, eps=1e-6)
+            self.query_up = ColumnParallelLinear(spec.q_lora_rank, query_width, width, False)
+        self.key_value_down = nn.Linear(h, self.latent + self.rope, bias=False)
+        self.key_value_norm = nn.RMSNorm(self.latent, eps=1e-6)
+        self.key_value_up = ColumnParallelLinear(self.latent, heads * (self.nope + self.value_dim), width, False)
+        self.dense = RowParallelLinear(heads * self.value_dim, h, width, False)
+        self.dropout = _dropout(spec)
+        self.scale = 1.0 / math.sqrt(self.nope + self.rope)
+        mask = torch.ones(sequence_length, sequence_length, dtype=torch.bool).triu(1)
+        self.register_buffer("causal_mask", mask if spec.causal else None, persistent=False)
+        cos, sin = _rotary_tables(sequence_length, self.rope)
+        self.register_buffer("rotary_cos", cos, persistent=False)
+        self.register_buffer("rotary_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.query_down is None:
+            q = self.query_up(copy_to_tensor_parallel_region(x, self.width))
+        else:
+            q = self.query_up(copy_to_tensor_parallel_region(self.query_norm(self.query_down(x)), self.width))
+        q = q.unflatten(-1, (self.local_heads, self.nope + self.rope)).transpose(1, 2)
+        q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
+        compressed = self.key_value_down(x)
+        latent, k_rope = compressed[..., :self.latent], compressed[..., self.latent:]
+        kv = self.key_value_up(copy_to_tensor_parallel_region(self.key_value_norm(latent), self.width))
+        kv = kv.unflatten(-1, (self.local_heads, self.nope + self.value_dim)).transpose(1, 2)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
+        k_rope = _rotate_half(k_rope.unsqueeze(1), self.rotary_cos, self.rotary_sin, self.rope // 2)
+        q = torch.cat((q_nope, _rotate_half(q_rope, self.rotary_cos, self.rotary_sin, self.rope // 2)), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, self.local_heads, -1, -1)), dim=-1)
+        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
+        if self.causal_mask is not None:
+            scores = scores.masked_fill(self.causal_mask, float("-inf"))
+        probabilities = F.softmax(scores, dim=-1)
+        if self.dropout is not None:
+            probabilities = self.dropout(probabilities)
+        context = torch.matmul(probabilities, v).transpose(1, 2).flatten(-2)
+        return self.dense(context)
+
+
 def _activate(activation: str, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     if gate is not None:
         return F.silu(gate) * up
@@ -259,7 +326,8 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = spec.norm_position == "pre"
         self.attention_norm, self.mlp_norm = _norm(spec), _norm(spec)
-        self.attention = SelfAttention(spec, sequence_length, width)
+        attention = LatentAttention if spec.latent_attention else SelfAttention
+        self.attention = attention(spec, sequence_length, width)
         tokens = micro_batch_size * sequence_length
         self.mlp = MixtureOfExperts(spec, tokens, width) if spec.is_moe_block(index) else MLP(spec, width)
         self.attention_dropout, self.mlp_dropout = _dropout(spec), _dropout(spec)

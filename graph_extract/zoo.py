@@ -108,6 +108,16 @@ class ModelSpec:
     shared_experts: int = 0
     first_dense_layers: int = 0
     qk_norm: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3, arXiv:2405.04434 §2.1) when kv_lora_rank is set:
+    # keys and values up-projected from a kv_lora_rank latent, queries from a q_lora_rank latent (None:
+    # projected from the hidden state directly); each head's query and key are qk_nope_head_dim
+    # plain and qk_rope_head_dim rotated dimensions (the key's rotated part one per token, shared by
+    # the heads), its value v_head_dim.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         """Every field checked (a spec built in code is held to the rules a config file is): one
@@ -121,6 +131,7 @@ class ModelSpec:
             raise InputError(f"num_heads: rotary positions need an even head size, got hidden_size / num_heads = "
                              f"{self.hidden_size} / {self.num_heads} = {self.head_dim}")
         self._check_experts()
+        self._check_latent_attention()
         if self.kv_channels is not None and self.kv_channels % 2:
             raise InputError(f"kv_channels: must be a positive even integer (the width of a head) or null, "
                              f"got {self.kv_channels!r}")
@@ -155,6 +166,28 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_heads
+
+    _LATENT_FIELDS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+    def _check_latent_attention(self) -> None:
+        if self.kv_lora_rank is None:
+            for name in ("q_lora_rank", *self._LATENT_FIELDS):
+                if getattr(self, name) is not None:
+                    raise InputError(f"{name}: needs kv_lora_rank (multi-head latent attention); allowed without: null")
+            return
+        for name in self._LATENT_FIELDS:
+            if getattr(self, name) is None:
+                raise InputError(f"{name}: missing; multi-head latent attention (kv_lora_rank set) needs "
+                                 f"{', '.join(self._LATENT_FIELDS)}")
+        if self.qk_rope_head_dim % 2:
+            raise InputError(f"qk_rope_head_dim: rotary positions need an even width, got {self.qk_rope_head_dim}")
+        if self.fused_qkv or self.num_kv_heads is not None or self.position_embedding != "rotary":
+            raise InputError("kv_lora_rank: multi-head latent attention has its own projections and rotary "
+                             "positions; allowed with fused_qkv false, num_kv_heads null, position_embedding rotary")
+
+    @property
+    def latent_attention(self) -> bool:
+        return self.kv_lora_rank is not None
 
     @property
     def expert_ffn_hidden_size(self) -> int:
@@ -279,6 +312,15 @@ _SPECS = (
     ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 12288, **{**LLAMA_FAMILY, "vocab_size": 151936,
               "max_position_embeddings": 40960, "default_sequence_length": 4096}, num_kv_heads=4, num_experts=128,
               experts_per_token=8, kv_channels=128, moe_ffn_hidden_size=1536, qk_norm=True),
+    # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json; arXiv:2412.19437): 61 blocks, the first 3
+    # dense (SwiGLU 18,432), then 256 routed experts of width 2,048 (8 per token) and one shared;
+    # multi-head latent attention, 128 heads (query latent 1,536, key/value latent 512, 128 plain +
+    # 64 rotated query/key dimensions, values 128); vocabulary 129,280, untied. The multi-token
+    # prediction module is not modelled. Trained at 4,096 tokens (the report's pre-training).
+    ModelSpec("deepseek-v3", 61, 7168, 128, 18432, **{**LLAMA_FAMILY, "vocab_size": 129280,
+              "max_position_embeddings": 163840, "default_sequence_length": 4096}, num_experts=256,
+              experts_per_token=8, moe_ffn_hidden_size=2048, shared_experts=1, first_dense_layers=3,
+              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
     ModelSpec(
         "megatronbert",
         24,

@@ -6,9 +6,10 @@ formats, told apart by the suffix:
 
 - `.yaml` / `.yml`: the fields of graph_extract.zoo.ModelSpec by name. `name` and the fields ModelSpec
   has no default for are required; the others are optional, with ModelSpec's defaults.
-- `.json`: a Hugging Face `config.json` of the Llama / Mistral family, read offline (plain json, no
-  `transformers`). Keys that do not change the layer graph (rms_norm_eps, rope_theta, token ids,
-  torch_dtype, ...) are ignored.
+- `.json`: a Hugging Face `config.json` of the Llama / Mistral / Mixtral family, Qwen3-MoE or
+  DeepSeek-V3, read offline (plain json, no `transformers`). Keys that do not change the layer
+  graph (rms_norm_eps, rope_theta, token ids, torch_dtype, routing scores and groups, DeepSeek's
+  multi-token prediction layers, ...) are ignored.
 
 `read_model_file` returns the raw fields and the file's name of each; phaze.settings checks their
 types and ranges. Problems are ValueErrors whose message names the field (the caller adds the file).
@@ -36,8 +37,8 @@ JSON_SUFFIXES = (".json",)
 #: ModelSpec fields without a default: a YAML model file must give them.
 REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec)
                         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-#: Hugging Face model types read from config.json: the dense Llama-family decoders.
-HF_MODEL_TYPES = ("llama", "mistral", "mixtral")
+#: Hugging Face model types read from config.json: the Llama-family decoders and today's mixtures.
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen3_moe", "deepseek_v3")
 #: Longest default sequence of a config.json model [tokens]: the 8192 Llama-3 is trained and
 #: benchmarked at, for models whose context is longer (`sequence_length=` picks another).
 MAX_DEFAULT_SEQUENCE_LENGTH = 8192
@@ -62,7 +63,13 @@ HF_KEYS = {
     "kv_channels": "head_dim",
     "tied_lm_head": "tie_word_embeddings",
     "default_sequence_length": "max_position_embeddings",
+    "moe_ffn_hidden_size": "moe_intermediate_size",
+    "shared_experts": "n_shared_experts",
+    "first_dense_layers": "first_k_dense_replace",
+    **{name: name for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
 }
+#: Each family's key of the routed experts' count (`num_experts`).
+HF_EXPERT_KEYS = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,9 @@ def read_model_file(path: Path) -> ModelFile:
     text = path.read_text(encoding="utf-8", errors="replace")
     if suffix in JSON_SUFFIXES:
         load_json = functools.partial(json.loads, object_pairs_hook=_unique_json_keys)
-        return ModelFile(spec_fields_from_hf(_mapping(text, load_json, json.JSONDecodeError, "JSON"), path), HF_KEYS)
+        config = _mapping(text, load_json, json.JSONDecodeError, "JSON")
+        experts = HF_EXPERT_KEYS.get(config.get("model_type"), HF_KEYS["num_experts"])
+        return ModelFile(spec_fields_from_hf(config, path), {**HF_KEYS, "num_experts": experts})
     load_yaml = functools.partial(yaml.load, Loader=_UniqueKeyLoader)
     return ModelFile(spec_fields_from_yaml(_mapping(text, load_yaml, yaml.YAMLError, "YAML")), {})
 
@@ -163,12 +172,12 @@ def spec_fields_from_yaml(data: dict) -> dict[str, object]:
 
 
 def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
-    """ModelSpec fields of a Hugging Face Llama / Mistral / Mixtral config.json.
+    """ModelSpec fields of a Hugging Face Llama / Mistral / Mixtral / Qwen3-MoE / DeepSeek-V3 config.json.
 
     num_kv_heads is num_key_value_heads, or null (multi-head attention, as the zoo's llama2) when it
     equals the query heads; kv_channels is head_dim when it is not hidden_size / heads; Mixtral's
     num_local_experts and num_experts_per_tok are the experts (capacity factor 1: an even share
-    each); the default sequence is the shortest of max_position_embeddings, the sliding attention
+    each), Qwen3-MoE's and DeepSeek-V3's as their own functions say; the default sequence is the shortest of max_position_embeddings, the sliding attention
     window (Mistral-7B v0.1's 4096) and 8192 tokens.
     """
     model_type = config.get("model_type")
@@ -191,13 +200,51 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     head_dim = config.get("head_dim")
     if head_dim is not None and head_dim * heads != config["hidden_size"]:
         fields["kv_channels"] = head_dim
-    if model_type == "mixtral":
-        for key, field in (("num_local_experts", "num_experts"), ("num_experts_per_tok", "experts_per_token")):
+    if model_type in HF_EXPERT_KEYS:
+        for key, field in ((HF_EXPERT_KEYS[model_type], "num_experts"), ("num_experts_per_tok", "experts_per_token")):
             if key not in config:
                 raise ValueError(f"missing field {key}")
             fields[field] = config[key]
+    if model_type == "qwen3_moe":
+        fields.update(_qwen3_moe_fields(config))
+    elif model_type == "deepseek_v3":
+        fields.update(_deepseek_v3_fields(config))
     fields["tied_lm_head"] = config.get("tie_word_embeddings", False)
     fields["default_sequence_length"] = _default_sequence_length(config)
+    return fields
+
+
+def _required(config: dict, key: str) -> object:
+    if key not in config:
+        raise ValueError(f"missing field {key}")
+    return config[key]
+
+
+def _qwen3_moe_fields(config: dict) -> dict[str, object]:
+    """Qwen3-MoE: experts of moe_intermediate_size in every block after `mlp_only_layers` (a run of
+    blocks from the first, dense: intermediate_size), QK-norm; no shared expert."""
+    step, dense = config.get("decoder_sparse_step", 1), config.get("mlp_only_layers", [])
+    if step != 1:
+        raise ValueError(f"decoder_sparse_step: {step!r}; allowed: 1 (experts in every block after the dense ones)")
+    if not isinstance(dense, list) or dense != list(range(len(dense))):
+        raise ValueError(f"mlp_only_layers: {dense!r}; allowed: the first blocks in order ([0, 1, ...]) or []")
+    return {"moe_ffn_hidden_size": _required(config, "moe_intermediate_size"), "first_dense_layers": len(dense),
+            "qk_norm": True}
+
+
+def _deepseek_v3_fields(config: dict) -> dict[str, object]:
+    """DeepSeek-V3: routed experts of moe_intermediate_size and n_shared_experts shared ones in every
+    block after the first first_k_dense_replace (dense: intermediate_size); multi-head latent
+    attention, one key/value head per query head (num_key_value_heads is not a grouping there)."""
+    frequency = config.get("moe_layer_freq", 1)
+    if frequency != 1:
+        raise ValueError(f"moe_layer_freq: {frequency!r}; allowed: 1 (experts in every block after the dense ones)")
+    fields = {"moe_ffn_hidden_size": _required(config, "moe_intermediate_size"),
+              "shared_experts": config.get("n_shared_experts") or 0,
+              "first_dense_layers": config.get("first_k_dense_replace", 0), "num_kv_heads": None,
+              "kv_channels": None, "q_lora_rank": config.get("q_lora_rank")}
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        fields[key] = _required(config, key)
     return fields
 
 

@@ -56,6 +56,33 @@ LLAMA2_7B_CONFIG = {
     "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False,
     "torch_dtype": "float16", "vocab_size": 32000,
 }
+#: Qwen3-235B-A22B's published config.json (huggingface.co/Qwen/Qwen3-235B-A22B).
+QWEN3_235B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 94, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 1536,
+    "norm_topk_prob": True, "num_attention_heads": 64, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 94, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+#: DeepSeek-V3's published config.json (huggingface.co/deepseek-ai/DeepSeek-V3; its FP8 quantisation
+#: block and rope scaling left out: they change no shape).
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128,
+    "vocab_size": 129280,
+}
 #: A small grouped-query decoder as a ModelSpec YAML file (only the required fields and a few more).
 SMALL = {
     "name": "small", "num_layers": 2, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2,
@@ -81,14 +108,14 @@ def custom_spec(path: Path, *overrides: str) -> ModelSpec:
     return settings_from_config(cfg).spec
 
 
-def assert_same_model(spec: ModelSpec, zoo: str) -> None:
-    """Every field but the name is the zoo model's, and a two-block cut of both has one layer graph."""
+def assert_same_model(spec: ModelSpec, zoo: str, blocks: int = 2) -> None:
+    """Every field but the name is the zoo model's, and a cut of both to `blocks` blocks has one layer graph."""
     expected = get_spec(zoo)
     for field in dataclasses.fields(ModelSpec):
         if field.name != "name":
             assert getattr(spec, field.name) == getattr(expected, field.name), field.name
-    mine = extract(spec.with_overrides(num_layers=2), 1, sequence_length=32, tensor_parallel_width=2)
-    theirs = extract(expected.with_overrides(num_layers=2), 1, sequence_length=32, tensor_parallel_width=2)
+    mine = extract(spec.with_overrides(num_layers=blocks), 1, sequence_length=32, tensor_parallel_width=2)
+    theirs = extract(expected.with_overrides(num_layers=blocks), 1, sequence_length=32, tensor_parallel_width=2)
     assert mine.layer_graph == theirs.layer_graph
     assert mine.parameter_count == theirs.parameter_count
 
@@ -228,8 +255,8 @@ def test_a_bad_value_in_a_config_json_names_its_key(tmp_path):
     assert problem(num_attention_heads=24).startswith("num_attention_heads: 24 heads do not divide hidden_size=")
     assert problem(tie_word_embeddings="yes") == "tie_word_embeddings: must be true or false, got 'yes'"
     assert problem(hidden_act="gelu").startswith("hidden_act: 'gelu' is not a Llama-family MLP; allowed: silu")
-    assert problem(model_type="gpt2") == ("model_type: unknown 'gpt2'; allowed: llama, mistral, mixtral (or a "
-                                          "ModelSpec YAML file)")
+    assert problem(model_type="gpt2") == ("model_type: unknown 'gpt2'; allowed: llama, mistral, mixtral, qwen3_moe, "
+                                          "deepseek_v3 (or a ModelSpec YAML file)")
     assert problem(attention_bias=True).startswith("attention_bias: True; allowed: false")
 
 
@@ -327,3 +354,17 @@ def test_run_solver_on_a_custom_model_has_no_fixed_baseline(tmp_path):
     best = json.loads((run / "best.json").read_text())
     assert best["model"] == "small" and best["throughput"] > 0
     assert best["baselines"]["fixed_megatron"]["infeasible_reason"] == "the model defines no fixed_megatron"
+
+
+@pytest.mark.parametrize("config, zoo, blocks", [(QWEN3_235B_CONFIG, "qwen3-235b-a22b", 2),
+                                                 (DEEPSEEK_V3_CONFIG, "deepseek-v3", 5)])
+def test_the_qwen3_moe_and_deepseek_v3_config_json_are_the_zoo_models(tmp_path, config, zoo, blocks):
+    """Each family's published config.json gives the zoo's spec (the zoo keeps the 4,096 tokens they
+    were trained or benchmarked at; the file's default is the 8,192 cap), DeepSeek's dense blocks,
+    shared expert and latent attention included."""
+    spec = custom_spec(write(tmp_path / zoo / "config.json", config))
+    assert spec.default_sequence_length == 8192
+    assert_same_model(spec.with_overrides(default_sequence_length=4096), zoo, blocks)
+    sparse = {**config, "decoder_sparse_step": 2} if zoo.startswith("qwen") else {**config, "moe_layer_freq": 2}
+    assert file_error(write(tmp_path / "sparse" / "config.json", sparse)).endswith(
+        "; allowed: 1 (experts in every block after the dense ones)")

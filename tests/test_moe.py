@@ -285,6 +285,11 @@ def fine_grained_parameters(spec: ModelSpec) -> tuple[int, int]:
     shared experts 3·h·(shared·f_e); the final RMSNorm h."""
     h, d, f, fe = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size, spec.expert_ffn_hidden_size
     attention = 2 * h * spec.num_heads * d + 2 * h * spec.kv_heads * d + 2 * h + (2 * d if spec.qk_norm else 0)
+    if spec.latent_attention:  # MLA: down h·r_q and h·(r_kv + d_r), norms r_q + r_kv, ups, output H·d_v·h
+        heads, nope, rope, value = spec.num_heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
+        attention = (h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * heads * (nope + rope)
+                     + h * (spec.kv_lora_rank + rope) + spec.kv_lora_rank + spec.kv_lora_rank * heads * (nope + value)
+                     + heads * value * h + 2 * h)
     dense = spec.first_dense_layers * (attention + 3 * h * f)
     moe = spec.num_layers - spec.first_dense_layers
     routed_all, routed_active = spec.num_experts * 3 * h * fe, spec.experts_per_token * 3 * h * fe
@@ -333,3 +338,55 @@ def test_fine_grained_shards_compute_the_unsharded_model(t):
     the unsharded model's loss."""
     assert verify_tensor_parallel("qwen3-235b-a22b", t, num_layers=3, first_dense_layers=1, shared_experts=2,
                                   num_experts=4, experts_per_token=2, moe_ffn_hidden_size=32, kv_channels=None).passed
+
+
+def test_deepseek_v3_parameters_all_and_active_as_published():
+    """DeepSeek-V3: 671 B parameters, 37 B active per token (arXiv:2412.19437 §1; the multi-token
+    prediction module's 14 B not counted), from its config.json's fields."""
+    spec = get_spec("deepseek-v3")
+    total, active = fine_grained_parameters(spec)
+    assert total / 1e9 == pytest.approx(671.03, abs=0.01) and active / 1e9 == pytest.approx(37.55, abs=0.01)
+    extracted = extract(spec, 1, 64, 8)
+    assert extracted.parameter_count == pytest.approx(total, rel=2e-3)
+    assert extracted.active_parameter_count == pytest.approx(active, rel=2e-3)
+
+
+#: A small DeepSeek-V3: one dense block, then MLA blocks with 4 experts of 32 (2 per token) and a shared one.
+SMALL_DEEPSEEK = get_spec("deepseek-v3").with_overrides(
+    num_layers=3, hidden_size=64, num_heads=8, ffn_hidden_size=160, vocab_size=1000, max_position_embeddings=32,
+    default_sequence_length=16, num_experts=4, experts_per_token=2, moe_ffn_hidden_size=32, first_dense_layers=1,
+    q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_latent_attention_flops_collectives_and_key_value_bytes_by_hand(t):
+    """One dense MLA block at width t, b = 1, s = 16: every product's 2·m·k·n (the down projections
+    on every rank, the ups and the output split by heads), the backward all-reduces on the two
+    latents and the MLP input, and K, V as a fused kernel reads them (K: each head's 8 plain and the
+    4 rotated dimensions, 12 wide; V: 8)."""
+    extracted = extract(SMALL_DEEPSEEK, 1, 16, t)
+    block = extracted.layer_graph.layer(1)
+    s, h, heads, ffn = 16, 64, 8 // t, 160 // t
+    products = (s * h * 24 + s * 24 * heads * 12 + s * h * 20 + s * 16 * heads * 16  # down, up (q; kv)
+                + heads * s * s * 12 + heads * s * s * 8 + s * heads * 8 * h  # scores, context, output
+                + 3 * s * h * ffn)  # SwiGLU
+    assert block.forward_flops == 2 * products
+    assert block.backward_collective_bytes == ((s * 24 * 2, s * 16 * 2, s * h * 2) if t > 1 else ())
+    assert block.key_value_bytes == heads * s * (12 + 8) * 2
+    assert (extracted.parameter_count, extracted.active_parameter_count) == fine_grained_parameters(SMALL_DEEPSEEK)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_latent_attention_shards_compute_the_unsharded_model(t):
+    assert verify_tensor_parallel("deepseek-v3", t, num_layers=3, first_dense_layers=1, num_experts=4,
+                                  experts_per_token=2, moe_ffn_hidden_size=32, q_lora_rank=24, kv_lora_rank=16,
+                                  qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8).passed
+
+
+def test_bad_latent_attention_fields_are_one_line():
+    with pytest.raises(ValueError, match=r"^q_lora_rank: needs kv_lora_rank \(multi-head latent attention\); "
+                                         r"allowed without: null$"):
+        ModelSpec("m", 2, 64, 8, 64, 10, 8, 8, q_lora_rank=4)
+    with pytest.raises(ValueError, match=r"^v_head_dim: missing; multi-head latent attention"):
+        ModelSpec("m", 2, 64, 8, 64, 10, 8, 8, position_embedding="rotary", kv_lora_rank=4, qk_nope_head_dim=8,
+                  qk_rope_head_dim=4)
