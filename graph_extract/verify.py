@@ -91,6 +91,14 @@ def verify_tensor_parallel(
     tiny = dict(TINY)
     if spec.num_kv_heads is not None:
         tiny["num_kv_heads"] = max(TINY["num_heads"] * spec.num_kv_heads // spec.num_heads, 1)
+    if spec.num_experts is not None:  # at most 8 experts, a dense first block if it has dense ones
+        tiny.update(num_experts=min(spec.num_experts, 8), experts_per_token=min(spec.experts_per_token, 2),
+                    first_dense_layers=min(spec.first_dense_layers, 1))
+        if spec.moe_ffn_hidden_size is not None:
+            tiny["moe_ffn_hidden_size"] = TINY["ffn_hidden_size"] // 4
+    if spec.latent_attention:
+        tiny.update(q_lora_rank=None if spec.q_lora_rank is None else 24, kv_lora_rank=16, qk_nope_head_dim=8,
+                    qk_rope_head_dim=4, v_head_dim=8)
     spec = spec.with_overrides(**{**tiny, **overrides})
     sequence_length = spec.default_sequence_length
     padded_vocab = spec.padded_vocab_size(width)

@@ -97,6 +97,8 @@ class Network(Protocol):
 
     def all_to_all(self, group: Group) -> Collective: ...
 
+    def dispatch(self, group: Group, choices: int) -> Collective: ...
+
     def send(self, tier: int) -> Collective: ...
 
     def size_ranges(self, stride: int, largest: int) -> list[tuple[int, int, int]]: ...
@@ -207,6 +209,31 @@ class Cluster:
                 fixed += (members / below - 1) * tier.latency
             below = members
         return Collective(per_byte, fixed)
+
+    def dispatch(self, group: Group, choices: int) -> Collective:
+        """Top-`choices` token dispatch (or combine) over the group sent once per destination node
+        (DeepEP's normal kernels, DeepSeek-V3 §3.2.2): S is the plain all-to-all's bytes (`choices`
+        copies of each token); a token crosses the tiers above the node once per node holding one of
+        its experts, then is forwarded over the node's links to each expert's device. With experts
+        spread evenly over the F = size / g_0 nodes of the group, a node receives a token with
+        probability 1 − (1 − 1/F)^choices, so each tier above the node carries
+        F·(1 − (1 − 1/F)^choices)/choices of the plain share (picks independent: a simplification, the
+        experts of a token are distinct); the node's links carry the plain intra-node share and the
+        forwarded copies, (g_0 − 1)/g_0 of what came in."""
+        plain = self.all_to_all(group)
+        members = self.members_per_block(group)
+        if group.size <= 1 or members[0] >= group.size:
+            return plain
+        nodes = group.size / members[0]
+        kept = nodes * (1 - (1 - 1 / nodes) ** choices) / choices
+        forwarded = (group.size - members[0]) / group.size * (members[0] - 1) / members[0]
+        per_byte, below = forwarded / self.tiers[0].effective_bandwidth, 1
+        for index, (tier, held) in enumerate(zip(self.tiers, members)):
+            if held > below:
+                share = (held - below) / group.size / tier.effective_bandwidth
+                per_byte += share if index == 0 else share * kept
+            below = held
+        return Collective(per_byte, plain.fixed)
 
     def send(self, tier: int) -> Collective:
         """A point-to-point transfer on tier `tier`."""

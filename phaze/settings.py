@@ -53,7 +53,7 @@ from solver.predict import check_layout
 from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches, context_widths
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
-from solver.training_step import SHARDINGS, TrainingOptions
+from solver.training_step import EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
 from solver.training_step.memory import OPTIMIZERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
@@ -316,7 +316,9 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  non_negative_number("framework_reserve_gb", config["framework_reserve_gb"]) * 1e9,
                                  None if shard_width is None else positive_integer("data_parallel_shard_width",
                                                                                    shard_width, MAX_DEVICES),
-                                 boolean("reshard_after_forward", config["reshard_after_forward"])),
+                                 boolean("reshard_after_forward", config["reshard_after_forward"]),
+                                 choice("expert_dispatch", config["expert_dispatch"], EXPERT_DISPATCHES),
+                                 boolean("overlap_expert_dispatch", config["overlap_expert_dispatch"])),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS)),

@@ -300,6 +300,10 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
     where it says nothing of an option, its recipe's (named in the list returned)."""
     other, sharding = run["training"]["other_settings"] or "", run["training"]["optimizer_sharding"] or ""
     options = {name: any(flag in other for flag in flags) for name, flags in STATED_OVERLAPS.items()}
+    # a mixture's dispatcher as the run states it: DeepEP (Megatron's flex dispatcher) sends a token
+    # once a node; Megatron's 1F1B all-to-all overlap hides it behind another micro-batch's compute
+    options["expert_dispatch"] = "deduplicated" if "deepep" in other.lower() else "all_to_all"
+    options["overlap_expert_dispatch"] = "1f1b overlap" in other.lower()
     options["data_parallel_sharding"] = ("full" if fully_sharded(sharding) else
                                          "optimizer" if "distributed" in sharding.lower()
                                          or options["overlap_param_gather"] else "none")

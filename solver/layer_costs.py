@@ -185,5 +185,6 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
             raise ValueError(f"layer graph of width {width}: an edge goes backwards in program order")
         tied = tuple((position[weight.first], position[weight.second], weight.bytes / TRAINING_DTYPE_BYTES)
                      for weight in layer_graph.tied)
-        graphs[width] = StepGraph(width, layers, edges, tied)
+        spec = extracted.spec
+        graphs[width] = StepGraph(width, layers, edges, tied, spec.experts_per_token if spec.num_experts else 1)
     return graphs

@@ -147,7 +147,9 @@ class OriginalStepModel:
                                     ("overlap_param_gather", question.training.overlap_param_gather, False),
                                     ("tensor_parallel_overlap", question.training.tensor_parallel_overlap, False),
                                     ("master_weight_remainders", question.training.master_weight_remainders, False),
-                                    ("framework_reserve_gb", question.training.framework_reserve, 0.0)):
+                                    ("framework_reserve_gb", question.training.framework_reserve, 0.0),
+                                    ("expert_dispatch", question.training.expert_dispatch, "all_to_all"),
+                                    ("overlap_expert_dispatch", question.training.overlap_expert_dispatch, False)):
             if value != allowed:
                 shown = str(allowed).lower() if isinstance(allowed, bool) else allowed
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")

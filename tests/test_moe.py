@@ -266,6 +266,11 @@ def test_the_qwen3_moe_runs_of_the_calibration_set():
     assert (spec.num_experts, spec.experts_per_token, spec.ffn_hidden_size, spec.vocab_size) == (128, 8, 1536, 151936)
     assert (first.width, first.stages, first.degree, first.virtual_stages, first.expert_parallel_width) == (2, 8, 16, 4, 16)
     assert first.training.overlap_grad_reduce and first.training.data_parallel_sharding == "optimizer"
+    # the dispatcher each row states: DeepEP once a node; the 1F1B all-to-all overlap on row 2 only
+    assert (first.training.expert_dispatch, first.training.overlap_expert_dispatch) == ("deduplicated", False)
+    second = case(RUNS["moezoo_qwen3_235b_h100_row2"]).training
+    assert (second.expert_dispatch, second.overlap_expert_dispatch) == ("deduplicated", True)
+    assert case(RUNS["moezoo_qwen3_235b_h100_row4"]).training.expert_dispatch == "all_to_all"
     assert first.recompute == "selective"
     assert "vocabulary" in first.assumed and first.measured == 19.7
     fourth = case(RUNS["moezoo_qwen3_235b_h100_row4"])
@@ -390,3 +395,41 @@ def test_bad_latent_attention_fields_are_one_line():
     with pytest.raises(ValueError, match=r"^v_head_dim: missing; multi-head latent attention"):
         ModelSpec("m", 2, 64, 8, 64, 10, 8, 8, position_embedding="rotary", kv_lora_rank=4, qk_nope_head_dim=8,
                   qk_rope_head_dim=4)
+
+
+def test_deduplicated_dispatch_on_a_two_node_toy_by_hand():
+    """4 devices on 2 nodes of 2 (100 and 10 bytes/s): a plain all-to-all sends 1/4 of S to the node's
+    other device and 2/4 across. With 2 experts a token (experts even over the 2 nodes), the other
+    node receives a token with probability 1 − (1/2)² = 3/4, where the plain exchange sends it
+    2 × 1/2 = 1 copy: 3/4 of the crossing bytes; what arrives is forwarded to the other device of
+    the node for half of the copies (2/4 × 1/2 of S over the node's links)."""
+    cluster = Cluster.build("toy", 4, 2, [dict(bandwidth=100.0), dict(bandwidth=10.0)])
+    plain, deduplicated = cluster.all_to_all(Group(4, 1)), cluster.dispatch(Group(4, 1), 2)
+    assert plain.per_byte == pytest.approx(1 / 4 / 100 + 2 / 4 / 10)
+    assert deduplicated.per_byte == pytest.approx(1 / 4 / 100 + 2 / 4 * 3 / 4 / 10 + 2 / 4 * 1 / 2 / 100)
+    assert cluster.dispatch(Group(2, 1), 8).per_byte == cluster.all_to_all(Group(2, 1)).per_byte  # in one node
+    # one expert a token: nothing to deduplicate across nodes (only the forwarding inside the node is added)
+    assert cluster.dispatch(Group(4, 1), 1).per_byte == pytest.approx(plain.per_byte + 2 / 4 * 1 / 2 / 100)
+
+
+def test_a_deduplicated_and_overlapped_dispatch_in_the_step_by_hand():
+    """The toy MoE step (two blocks, 8e6-byte dispatch and combine, compute 1 + 2 s a block) with e = 4
+    over the two nodes: the deduplicated exchange prices each all-to-all by `dispatch`; overlapped,
+    each block's 4 exchanges hide behind its 3 s of compute and the rest is exposed."""
+    cluster = Cluster.build("toy", 4, 2, [dict(bandwidth=1e7), dict(bandwidth=1e6)])
+    graph = dataclasses.replace(moe_graph(), experts_per_token=2)
+
+    def priced(**options):
+        step = TrainingStep(graph, cluster, TrainingOptions("adam", "optimizer", **options), KernelOptions(True),
+                            Device(1e12, 1e12), 4, "none", Layout(1, expert_parallel_width=4))
+        return step.price(Placement(Layout(1, 1, 4, expert_parallel_width=4), ((0, 1, 2, 3),)))
+
+    per_byte = 1 / 4 / 1e7 + 2 / 4 * 3 / 4 / 1e6 + 2 / 4 * 1 / 2 / 1e7
+    exchange = 8e6 * per_byte  # one dispatch or combine: 3.4 s
+    plain = priced()
+    assert plain.breakdown["expert_parallel"] == pytest.approx(2 * 4 * 8e6 * (1 / 4 / 1e7 + 2 / 4 / 1e6))
+    deduplicated = priced(expert_dispatch="deduplicated")
+    assert deduplicated.breakdown["expert_parallel"] == pytest.approx(2 * 4 * exchange)  # 2 blocks, 1 micro-batch
+    overlapped = priced(expert_dispatch="deduplicated", overlap_expert_dispatch=True)
+    assert overlapped.breakdown["expert_parallel"] == pytest.approx(2 * (4 * exchange - 3.0))
+    assert overlapped.hidden["expert_parallel"] == pytest.approx(2 * 3.0)

@@ -41,10 +41,12 @@ def test_bert_formula():
 
 def test_every_model_extracts_and_has_one_block_group():
     for model in MODELS:
-        spec = get_spec(model).with_overrides(num_layers=3)
+        dense = get_spec(model).first_dense_layers  # DeepSeek-V3's dense blocks: a group of their own
+        spec = get_spec(model).with_overrides(num_layers=dense + 3)
         graphs = extract(spec, 1, sequence_length=64)
-        assert len(graphs.layer_graph.layers) == 3 + 2
-        assert (1, 2, 3) in graphs.repeat_groups
+        assert len(graphs.layer_graph.layers) == dense + 3 + 2
+        assert (dense + 1, dense + 2, dense + 3) in graphs.repeat_groups
+        assert not dense or tuple(range(1, dense + 1)) in graphs.repeat_groups
 
 
 def test_unknown_model_names_the_valid_ones():

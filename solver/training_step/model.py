@@ -117,6 +117,7 @@ class StepGraph:
     layers: tuple[StepLayer, ...]
     edges: tuple[tuple[int, int, float], ...]
     tied: tuple[tuple[int, int, float], ...] = ()
+    experts_per_token: int = 1  # a mixture's top-k (what a deduplicated dispatch sends once a node)
 
     @property
     def n(self) -> int:
@@ -171,6 +172,7 @@ class StageTerms:
     context_parallel: np.ndarray  # ring attention's transfers, exposed
     context_parallel_hidden: np.ndarray  # ring attention's transfers hidden behind the attention
     expert_parallel: np.ndarray  # token all-to-alls [s]
+    expert_parallel_hidden: np.ndarray  # those hidden behind another micro-batch's compute
     forward: np.ndarray  # forward compute: what an overlapped weight all-gather can hide behind
     backward: np.ndarray  # backward compute + its collectives: what an overlapped sync can hide behind
     transfer_bytes: np.ndarray  # received per micro-batch (activations in, gradients back)
@@ -302,6 +304,12 @@ class TrainingStep:
         experts = self.expert_parallel_collective
         all_to_all = np.array([sum(experts.scalar(b * tokens / width) for b in layer.all_to_all_bytes)
                                for layer in layers], float)
+        raw_experts = 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0)
+        exposed_experts = raw_experts
+        if self.training.overlap_expert_dispatch:  # behind another micro-batch's compute of the layer
+            exposed_experts = np.maximum(raw_experts - (forward + backward), 0.0)
+        all_to_all = all_to_all * np.divide(exposed_experts, raw_experts, out=np.zeros(len(layers)),
+                                            where=raw_experts > 0)  # its backward share, exposed
         expert_parameters = each("expert_parameters") / self.shard.expert_parallel_width
         rerun = {"none": np.zeros(len(layers)), "full": forward,
                  "selective": each("attention_core_forward") * tokens}[self.recompute]
@@ -318,7 +326,8 @@ class TrainingStep:
             "tensor_parallel_hidden": raw_tp - exposed_tp,
             "context_parallel": exposed_ring,
             "context_parallel_hidden": raw_ring - exposed_ring,
-            "expert_parallel": 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0),
+            "expert_parallel": exposed_experts,
+            "expert_parallel_hidden": raw_experts - exposed_experts,
             "forward": forward,
             "backward": backward + backward_tp + ring_backward + all_to_all,
             "parameters": each("parameters") - each("expert_parameters") + expert_parameters,
@@ -412,7 +421,11 @@ class TrainingStep:
 
     @cached_property
     def expert_parallel_collective(self) -> Collective:
-        return self.cluster.all_to_all(self.shard.groups()["expert"])
+        """A token dispatch or combine over the expert group (`TrainingOptions.expert_dispatch`)."""
+        group = self.shard.groups()["expert"]
+        if self.training.expert_dispatch == "deduplicated":
+            return self.cluster.dispatch(group, self.graph.experts_per_token)
+        return self.cluster.all_to_all(group)
 
     # Stages, vectorised: the DP costs every candidate stage with these.
 
@@ -447,6 +460,7 @@ class TrainingStep:
             context_parallel=summed("context_parallel"),
             context_parallel_hidden=summed("context_parallel_hidden"),
             expert_parallel=summed("expert_parallel"),
+            expert_parallel_hidden=summed("expert_parallel_hidden"),
             forward=summed("forward"),
             backward=summed("backward"),
             transfer_bytes=np.bincount(ends, weights=sizes, minlength=count) if len(ends) else np.zeros(count),
@@ -485,6 +499,7 @@ class TrainingStep:
             context_parallel=stage_sum(members, values["context_parallel"]),
             context_parallel_hidden=stage_sum(members, values["context_parallel_hidden"]),
             expert_parallel=stage_sum(members, values["expert_parallel"]),
+            expert_parallel_hidden=stage_sum(members, values["expert_parallel_hidden"]),
             forward=stage_sum(members, values["forward"]),
             backward=stage_sum(members, values["backward"]),
             transfer_bytes=transfer_bytes,
@@ -785,7 +800,9 @@ class TrainingStep:
         compute = np.asarray(compute, float) * self.token_share  # the device's 1/c of each sequence
         # overlapped tensor-parallel collectives may hide entirely behind a chip's weight products
         tensor = 0.0 if self.training.tensor_parallel_overlap else self._layers["tensor_parallel"]
-        collectives = tensor + self._layers["expert_parallel"]
+        # overlapped dispatches may hide entirely behind a chip's compute of another micro-batch
+        experts = 0.0 if self.training.overlap_expert_dispatch else self._layers["expert_parallel"]
+        collectives = tensor + experts
         per_layer = compute + collectives.reshape((-1,) + (1,) * (compute.ndim - 1))
         total, heaviest = per_layer.sum(axis=0), per_layer.max(axis=0)
         blocks = sum(layer.is_block for layer in self.graph.layers)
@@ -871,6 +888,7 @@ class TrainingStep:
         hidden = {
             "tensor_parallel": micro_batches * float(terms.tensor_parallel_hidden[slowest]),
             "context_parallel": micro_batches * float(terms.context_parallel_hidden[slowest]),
+            "expert_parallel": micro_batches * float(terms.expert_parallel_hidden[slowest]),
             "sharded_data_parallel": micro_batches * float(scored["sharded_hidden"][0][slowest]),
             "pipeline_transfer": micro_batches * float(scored["transfer_hidden"][0][slowest]),
             "data_parallel_sync": float(self.sync_time(terms.parameters[last_out], degree,

@@ -36,7 +36,14 @@ search and every cache key read.
   behind the device's compute of its other chunks (Megatron's overlap_p2p_comm: on by default in
   Megatron-LM's command line, and only ever for the interleaved schedule);
 * `grad_reduce_in_bf16`: the gradients are kept and reduced in 16-bit instead of fp32 main gradients
-  (Megatron's --grad-reduce-in-bf16).
+  (Megatron's --grad-reduce-in-bf16);
+* `expert_dispatch`: how a mixture's tokens reach their experts: `all_to_all` (each of a token's k
+  copies sent to its expert's device: Megatron's alltoall dispatcher) or `deduplicated` (one copy a
+  destination node over the scale-out links, forwarded inside the node: DeepEP, Megatron's flex
+  dispatcher; `hardware.Cluster.dispatch`);
+* `overlap_expert_dispatch`: each layer's dispatch and combine hide behind another micro-batch's
+  compute of that layer, never more than it (Megatron's --overlap-moe-expert-parallel-comm, the
+  1F1B all-to-all overlap; DeepSeek-V3's DualPipe does the same across its two directions).
 A new training option is a field here and the formula in the step model that reads it.
 """
 
@@ -48,6 +55,10 @@ from functools import cached_property
 
 from common.checks import InputError, boolean, choice, non_negative_number, positive_integer
 from solver.training_step.memory import OPTIMIZERS, SHARDINGS, ModelState
+
+
+#: How a mixture's tokens reach their experts (`TrainingOptions.expert_dispatch`).
+EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,8 @@ class TrainingOptions:
     framework_reserve: float = 1.0e9
     data_parallel_shard_width: int | None = None
     reshard_after_forward: bool = True
+    expert_dispatch: str = "all_to_all"
+    overlap_expert_dispatch: bool = False
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -79,6 +92,8 @@ class TrainingOptions:
         if self.data_parallel_shard_width is not None:
             positive_integer("data_parallel_shard_width", self.data_parallel_shard_width)
         boolean("reshard_after_forward", self.reshard_after_forward)
+        choice("expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
+        boolean("overlap_expert_dispatch", self.overlap_expert_dispatch)
         if self.overlap_param_gather and not (self.gathers_updated_weights and self.overlap_grad_reduce):
             raise InputError("overlap_param_gather: needs data_parallel_sharding=optimizer or gradients and "
                              "overlap_grad_reduce=true (as Megatron-LM); allowed here: false")
