@@ -63,9 +63,12 @@ def waves(gemm: Gemm, processors: int) -> float:
     return tiles / (math.ceil(tiles / processors) * processors)
 
 
-def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Sequence[bool] = ()) -> float:
+def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Sequence[bool] = (),
+                expert_width: int = 1) -> float:
     """Bytes a fused group reads and writes forward; `split[v]` scales what operator v moves; an
-    operator marked in `narrow` (an FP8 product) reads its inputs and weights in one byte an element."""
+    operator marked in `narrow` (an FP8 product) reads its inputs and weights in one byte an element;
+    a grouped expert product at expert-parallel width e reads 1/e of the experts' weights (E/e
+    experts for e times their tokens each)."""
     members = set(op.members)
     total = 0.0
     for member in op.members:
@@ -73,7 +76,8 @@ def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Seq
         read = sum(math.prod(shape) * (graph.nodes[source].dtype_bytes if source is not None else node.dtype_bytes)
                    for shape, source in zip(node.input_shapes, node.inputs or [None] * len(node.input_shapes))
                    if source not in members)
-        read += sum(math.prod(shape) for shape in node.weight_shapes) * node.dtype_bytes
+        weights = sum(math.prod(shape) for shape in node.weight_shapes) * node.dtype_bytes
+        read += weights / expert_width if node.op == "grouped_linear" else weights
         if narrow and narrow[member]:
             read /= node.dtype_bytes
         moved = read
@@ -101,13 +105,13 @@ def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[floa
 
 
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],
-               narrow: Sequence[bool] = ()) -> float:
+               narrow: Sequence[bool] = (), expert_width: int = 1) -> float:
     """The roofline time of one fused group in one direction (module docstring), with the FP8 casts
-    of an FP8 product after it."""
+    of an FP8 product after it, its expert products at expert-parallel width `expert_width`."""
     gemms = op_work(graph.nodes[op.members[0]], direction).gemms
     rate = chip.fp8_matrix_flops if narrow and narrow[op.members[0]] else chip.matrix_flops
     compute = sum(2 * gemm.macs / (rate * waves(gemm, chip.streaming_multiprocessors)) for gemm in gemms)
-    moved = group_bytes(graph, op, split, narrow) * (2 if direction == BACKWARD else 1)
+    moved = group_bytes(graph, op, split, narrow, expert_width) * (2 if direction == BACKWARD else 1)
     bandwidth = chip.hbm_bandwidth * chip.memory_efficiency
     return max(compute, moved / bandwidth) + cast_bytes(graph, op, direction, split, narrow) / bandwidth
 
@@ -126,9 +130,10 @@ def attention_seconds(graph: OpGraph, kernel: AttentionKernel, direction: str, c
 
 
 def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOptions,
-                core: frozenset[int] = frozenset()) -> LayerTimes:
+                core: frozenset[int] = frozenset(), expert_width: int = 1) -> LayerTimes:
     """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip` (with a
-    fused attention kernel the core is not re-run by selective recomputation: 0)."""
+    fused attention kernel the core is not re-run by selective recomputation: 0), its experts split
+    over `expert_width` devices."""
     width = graph.tensor_parallel_width
     divided = kernels.split_operators(graph)
     split = [1.0 / width if divided and divided[node.id] else 1.0 for node in graph.nodes]
@@ -138,8 +143,8 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
         if kernels.flash_attention else []
     inside = frozenset().union(*(kernel.members for kernel in fused_kernels))
     ops = [op for op in fused.ops if op.members[0] not in inside]
-    forward = [op_seconds(graph, op, FORWARD, chip, split, narrow) for op in ops]
-    backward = [op_seconds(graph, op, BACKWARD, chip, split, narrow) for op in ops]
+    forward = [op_seconds(graph, op, FORWARD, chip, split, narrow, expert_width) for op in ops]
+    backward = [op_seconds(graph, op, BACKWARD, chip, split, narrow, expert_width) for op in ops]
     attention_forward = [attention_seconds(graph, kernel, FORWARD, chip) for kernel in fused_kernels]
     attention_backward = [attention_seconds(graph, kernel, BACKWARD, chip) for kernel in fused_kernels]
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]

@@ -50,7 +50,7 @@ BATCH_PER_WORKER = 8
 COSTS_VERSION = 3
 #: Bump when what a cached placement means changes (the training-step model, the placement search,
 #: the fields of an Evaluation).
-PLACEMENT_VERSION = 2
+PLACEMENT_VERSION = 3
 #: Relative slack of the refinement's cut: a candidate that could tie with the best is not cut.
 TIE_MARGIN = 1e-9
 #: The tables of evaluations.sqlite by Resources field.

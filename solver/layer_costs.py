@@ -45,6 +45,9 @@ class LayerCost:
     matrix_backward: float = 0.0
     attention_forward: float = 0.0  # of `forward`, the attention cores (what ring attention's transfers hide behind)
     attention_backward: float = 0.0
+    # (e, forward, backward, matrix_forward, matrix_backward) with the experts split over e devices
+    # (a GPU's roofline; empty: the same at every e)
+    expert_parallel_times: tuple[tuple[int, float, float, float, float], ...] = ()
 
 
 #: width -> layer id -> cost
@@ -134,11 +137,18 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
     representative's."""
     costs: LayerCosts = {}
     for width, graphs in graphs_by_width.items():
+        experts = graphs.spec.num_experts or 1
         for group in graphs.repeat_groups:
-            times = layer_times(graphs.op_graph, group[0], chip, kernels, kernels.recomputed_core(graphs.attention_core))
+            core = kernels.recomputed_core(graphs.attention_core)
+            times = layer_times(graphs.op_graph, group[0], chip, kernels, core)
+            split = ()
+            if graphs.layer_graph.layer(group[0]).expert_parameter_bytes:
+                split = tuple((e, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
+                              for e in range(2, experts + 1) if experts % e == 0
+                              for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, e),))
             cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
                              times.matrix_forward, times.matrix_backward, times.attention_forward,
-                             times.attention_backward)
+                             times.attention_backward, split)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
@@ -177,6 +187,7 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 attention_forward=cost[layer.id].attention_forward,
                 attention_backward=cost[layer.id].attention_backward,
                 key_value_bytes=layer.key_value_bytes,
+                expert_parallel_times=cost[layer.id].expert_parallel_times,
             )
             for layer in layer_graph.layers
         )

@@ -433,3 +433,36 @@ def test_a_deduplicated_and_overlapped_dispatch_in_the_step_by_hand():
     overlapped = priced(expert_dispatch="deduplicated", overlap_expert_dispatch=True)
     assert overlapped.breakdown["expert_parallel"] == pytest.approx(2 * (4 * exchange - 3.0))
     assert overlapped.hidden["expert_parallel"] == pytest.approx(2 * 3.0)
+
+
+def test_expert_products_read_one_eth_of_the_weights_at_expert_width_e():
+    """On a GPU the experts split over e devices run E/e grouped products of e times the tokens: each
+    expert product's group moves its weights' bytes × (1 − 1/e) fewer; the layer costs carry the
+    times at every e dividing the experts, and the step model of a shard at e takes those."""
+    from estimator.fusion import fuse_layers
+    from estimator.roofline import group_bytes
+    from hardware import known_chip
+    from solver.layer_costs import roofline_costs, step_graphs
+
+    wide = TOY.with_overrides(hidden_size=2048, ffn_hidden_size=2048, num_heads=16, num_kv_heads=4)  # 32 MiB an op
+    extracted = extract(wide, 1, 16, 1)
+    graph = extracted.op_graph
+    (fused,) = fuse_layers(graph, (1,))
+    grouped = [op for op in fused.ops if graph.nodes[op.members[0]].op == "grouped_linear"]
+    assert len(grouped) == 3  # gate, up, down
+    split = [1.0] * len(graph.nodes)
+    for op in grouped:
+        head = graph.nodes[op.members[0]]
+        weights = sum(math.prod(shape) for shape in head.weight_shapes) * head.dtype_bytes
+        for e in (2, 4):
+            assert group_bytes(graph, op, split, (), e) == pytest.approx(group_bytes(graph, op, split) - weights * (1 - 1 / e))
+    costs = roofline_costs(KernelOptions(), {1: extracted}, known_chip("h100_sxm"))
+    block = costs[1][1]
+    assert [entry[0] for entry in block.expert_parallel_times] == [2, 4] and not costs[1][0].expert_parallel_times
+    assert block.expert_parallel_times[-1][1] < block.forward  # 8 tokens an expert: bound by the weights' bytes
+    cluster = Cluster.build("one", 8, 8, [dict(bandwidth=1e9)])
+    graphs = step_graphs({1: extracted}, costs)
+    for e, forward in ((1, block.forward), (4, block.expert_parallel_times[-1][1])):
+        step = TrainingStep(graphs[1], cluster, TrainingOptions(), KernelOptions(True), Device(1e12, 1e12), 8, "none",
+                            Layout(1, expert_parallel_width=e))
+        assert step._layers["forward"][1] == pytest.approx(forward)

@@ -105,6 +105,9 @@ class StepLayer:
     attention_forward: float = 0.0  # of `forward`, the attention core's time (what ring attention hides behind)
     attention_backward: float = 0.0  # of `backward`, the attention core's time
     key_value_bytes: float = 0.0  # the keys and values the attention core reads (what ring attention passes on)
+    # (e, forward, backward, matrix_forward, matrix_backward) with the experts split over e devices, where
+    # they differ from e = 1 (a GPU's roofline: 1/e of the expert weights read a micro-batch)
+    expert_parallel_times: tuple[tuple[int, float, float, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -284,8 +287,17 @@ class TrainingStep:
         full = self.recompute == "full"
         blocks = np.array([layer.is_block for layer in layers], bool)
 
+        at_width = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward",
+                                                               "matrix_backward"), start=1)}
+
         def each(name: str) -> np.ndarray:
-            return np.array([getattr(layer, name) for layer in layers], float)
+            """The layers' `name`; the times at this shard's expert-parallel width where they depend on it."""
+            values = []
+            for layer in layers:
+                found = next((entry for entry in layer.expert_parallel_times
+                              if entry[0] == self.shard.expert_parallel_width), None) if name in at_width else None
+                values.append(getattr(layer, name) if found is None else found[at_width[name]])
+            return np.array(values, float)
 
         forward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.forward_collective_bytes)
                                for layer in layers], float)
