@@ -59,8 +59,8 @@ from solver.training_step import RECOMPUTE_MODES, TrainingOptions
 
 GIB = 2**30
 #: How published runs name the chips phaze predicts them on (the GPUs: priced by their roofline).
-VALIDATED_CHIPS = tuple(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names
-                        if KNOWN_CHIPS[system.chip].cost_model == "roofline")
+VALIDATED_CHIPS = tuple(sorted(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names
+                               if KNOWN_CHIPS[system.chip].cost_model == "roofline"))
 
 
 #: Frameworks of runs measured before fused attention kernels: FlashAttention was published in May 2022

@@ -249,11 +249,19 @@ def worker_pool(executor: str, n_jobs: int, ray_address: str | None = None) -> W
 def _stored_costs(graphs: dict[int, ExtractedModel], stored: Any) -> LayerCosts:
     """Layer costs as `accelerator_costs` stores them, checked to cover every layer of `graphs` with
     numbers (ValueError if not, or whatever decoding raises): a bad value is a miss."""
-    costs = {int(w): {int(layer): LayerCost(**cost) for layer, cost in layers.items()} for w, layers in stored.items()}
+    def cost_of(record: dict) -> LayerCost:
+        split = tuple(tuple(entry) for entry in record.get("expert_parallel_times", ()))  # JSON's lists
+        return LayerCost(**{**record, "expert_parallel_times": split})
+
+    def numbers(cost: LayerCost) -> list:
+        return [*(getattr(cost, item.name) for item in dataclasses.fields(cost) if item.name != "expert_parallel_times"),
+                *(x for entry in cost.expert_parallel_times for x in entry)]
+
+    costs = {int(w): {int(layer): cost_of(cost) for layer, cost in layers.items()} for w, layers in stored.items()}
     layers = {width: {layer.id for layer in graph.layer_graph.layers} for width, graph in graphs.items()}
     if {width: set(by_layer) for width, by_layer in costs.items()} != layers or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool)
-            for by_layer in costs.values() for cost in by_layer.values() for x in dataclasses.astuple(cost)):
+            for by_layer in costs.values() for cost in by_layer.values() for x in numbers(cost)):
         raise ValueError("not the numeric costs of every layer")
     return costs
 

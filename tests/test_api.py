@@ -80,8 +80,8 @@ def test_a_layout_that_does_not_fit_is_a_prediction(keys):
     ({"data_parallel_width": 2}, "data_parallel_width: tensor x pipeline x data parallel = 2 x 2 x 2 = 8, must "
                                  "equal num_devices=16"),
     ({"model": "gpt5"}, "model: unknown 'gpt5'; allowed: bertbase"),
-    ({"system": "dgx_a200"}, "system: unknown 'dgx_a200'; allowed: dgx_a100"),
-    ({"chip": "tpuv4_like"}, "chip: predict prices a chip that exists; allowed: a100_80gb, h100_sxm, tpuv4"),
+    ({"system": "dgx_a200"}, "system: unknown 'dgx_a200'; allowed: deepseek_h800, dgx_a100"),
+    ({"chip": "tpuv4_like"}, "chip: predict prices a chip that exists; allowed: a100_80gb, h100_sxm, h800_sxm, tpuv4"),
     ({"hbm_size": 1000}, "hbm_size: must be a finite number in (0, 80] GiB (the HBM of a100_80gb), got 1000"),
     ({"schedule": {"backend": "magic"}}, "schedule.backend: unknown 'magic'; allowed: cpsat, milp, heuristic"),
 ])

@@ -25,8 +25,9 @@ def write(path, data):
 
 def test_every_system_names_a_chip_that_exists():
     assert {name: system.chip for name, system in SYSTEMS.items()} == {
-        "dgx_a100": "a100_80gb", "dgx_h100": "h100_sxm", "tpuv4_pod": "tpuv4"}
+        "dgx_a100": "a100_80gb", "dgx_h100": "h100_sxm", "tpuv4_pod": "tpuv4", "deepseek_h800": "h800_sxm"}
     assert system_of("A100 SXM 80GB").name == "dgx_a100" and system_of("H100 (DGX-H100)").name == "dgx_h100"
+    assert system_of("H800 SXM5").name == "deepseek_h800"
     assert system_of("TPU v5e") is None and system_of("V100 (DGX-2)") is None
 
 
@@ -44,7 +45,7 @@ def test_a_new_system_is_a_data_file(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"chip": "b200"}, "a.yaml: chip: unknown 'b200'; allowed: a100_80gb, h100_sxm, tpuv4"),
+    ({"chip": "b200"}, "a.yaml: chip: unknown 'b200'; allowed: a100_80gb, h100_sxm, h800_sxm, tpuv4"),
     ({"topology": "torus"}, "a.yaml: topology: unknown 'torus'; allowed: tiers"),
     ({"name": "b"}, "a.yaml: name must be the file's name 'a', got 'b'"),
     ({"links": 2}, "a.yaml: unknown field 'links'; allowed: name, chip, node_size, topology, tiers"),

@@ -18,7 +18,7 @@ CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
 RUNS = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
 GPT = "sc21_t1_1.7B"  # 32 A100, t p d = 1 1 32, micro-batch 16, batch 512, 3.53 s per iteration
 LLAMA = "nemo2407_LLAMA2-7B_8gpu"  # its time comes from tokens/s per device
-TPU = "maxtext_v4_22B_1x128"  # left out: not an A100 or H100
+TPU = "maxtext_v4_22B_1x128"  # left out: not an A100 or H100 or H800
 
 
 DELETE = object()
@@ -211,7 +211,7 @@ def test_an_absent_or_null_field_leaves_the_run_out(value, cwd, tmp_path, capsys
     captured = capsys.readouterr()
     assert (status, captured.err) == (0, "")
     assert f"not stated: model.num_layers: 1 ({GPT})" in captured.out
-    assert f"hardware TPU v4: not an A100 or H100: 1 ({TPU})" in captured.out
+    assert f"hardware TPU v4: not an A100 or H100 or H800: 1 ({TPU})" in captured.out
     assert list(cwd.iterdir()) == []
 
 
