@@ -290,14 +290,16 @@ class TrainingStep:
         at_width = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward",
                                                                "matrix_backward"), start=1)}
 
+        experts = self.shard.expert_parallel_width
+        at_experts = [next((entry for entry in layer.expert_parallel_times if entry[0] == experts), None)
+                      for layer in layers] if experts > 1 else [None] * len(layers)
+
         def each(name: str) -> np.ndarray:
             """The layers' `name`; the times at this shard's expert-parallel width where they depend on it."""
-            values = []
-            for layer in layers:
-                found = next((entry for entry in layer.expert_parallel_times
-                              if entry[0] == self.shard.expert_parallel_width), None) if name in at_width else None
-                values.append(getattr(layer, name) if found is None else found[at_width[name]])
-            return np.array(values, float)
+            if name not in at_width or not any(at_experts):
+                return np.array([getattr(layer, name) for layer in layers], float)
+            return np.array([getattr(layer, name) if found is None else found[at_width[name]]
+                             for layer, found in zip(layers, at_experts)], float)
 
         forward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.forward_collective_bytes)
                                for layer in layers], float)
