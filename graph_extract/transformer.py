@@ -61,6 +61,12 @@ def _rotary_tables(sequence_length: int, head_dim: int) -> tuple[torch.Tensor, t
     return angles.cos(), angles.sin()
 
 
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    """Rotary positions on the last dimension (2·half wide): x·cos + (−x₂, x₁)·sin."""
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
 class Embedding(nn.Module):
     """Token (vocabulary-parallel), position and segment embeddings."""
 
@@ -152,9 +158,7 @@ class SelfAttention(nn.Module):
         return x.unsqueeze(2).expand(-1, -1, group, -1, -1).flatten(1, 2)
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        half = self.head_dim // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * self.rotary_cos + rotated * self.rotary_sin
+        return _rotate_half(x, self.rotary_cos, self.rotary_sin, self.head_dim // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tensor_parallel_region(x, self.width)
@@ -170,21 +174,22 @@ class SelfAttention(nn.Module):
         if self.rotary_cos is not None:
             q, k = self._rotate(q), self._rotate(k)
         k, v = self._repeat_kv(k), self._repeat_kv(v)
-        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
-        if self.alibi_bias is not None:
-            scores = scores + self.alibi_bias
-        if self.causal_mask is not None:
-            scores = scores.masked_fill(self.causal_mask, float("-inf"))
-        probabilities = F.softmax(scores, dim=-1)
-        if self.dropout is not None:
-            probabilities = self.dropout(probabilities)
-        context = torch.matmul(probabilities, v).transpose(1, 2).flatten(-2)
-        return self.dense(context)
+        return self.dense(_attend(q * self.scale, k, v, self.causal_mask, self.dropout, self.alibi_bias))
 
 
-def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    """Rotary positions on the last dimension (2·half wide): x·cos + (−x₂, x₁)·sin."""
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_mask: torch.Tensor | None,
+            dropout: nn.Dropout | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention core of scaled queries [b, heads, s, d]: softmax(q·kᵀ (+ bias, masked))·v, its
+    heads flattened back to [b, s, heads·d_v]."""
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if bias is not None:
+        scores = scores + bias
+    if causal_mask is not None:
+        scores = scores.masked_fill(causal_mask, float("-inf"))
+    probabilities = F.softmax(scores, dim=-1)
+    if dropout is not None:
+        probabilities = dropout(probabilities)
+    return torch.matmul(probabilities, v).transpose(1, 2).flatten(-2)
 
 
 class LatentAttention(nn.Module):
@@ -239,14 +244,7 @@ class LatentAttention(nn.Module):
         k_rope = _rotate_half(k_rope.unsqueeze(1), self.rotary_cos, self.rotary_sin, self.rope // 2)
         q = torch.cat((q_nope, _rotate_half(q_rope, self.rotary_cos, self.rotary_sin, self.rope // 2)), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, self.local_heads, -1, -1)), dim=-1)
-        scores = torch.matmul(q * self.scale, k.transpose(-1, -2))
-        if self.causal_mask is not None:
-            scores = scores.masked_fill(self.causal_mask, float("-inf"))
-        probabilities = F.softmax(scores, dim=-1)
-        if self.dropout is not None:
-            probabilities = self.dropout(probabilities)
-        context = torch.matmul(probabilities, v).transpose(1, 2).flatten(-2)
-        return self.dense(context)
+        return self.dense(_attend(q * self.scale, k, v, self.causal_mask, self.dropout))
 
 
 def _activate(activation: str, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:

@@ -303,12 +303,17 @@ def fine_grained_parameters(spec: ModelSpec) -> tuple[int, int]:
     return (ends + dense + moe * (expert_block + routed_all), ends + dense + moe * (expert_block + routed_active))
 
 
-def test_qwen3_235b_a22b_parameters_all_and_active_as_published():
-    """Qwen3-235B-A22B: 235 B parameters, 22 B active (the model card), from its config.json's fields."""
-    spec = get_spec("qwen3-235b-a22b")
+@pytest.mark.parametrize("model, width, published", [
+    ("qwen3-235b-a22b", 4, (235.09, 22.19)),  # the model card: 235 B, 22 B active
+    ("deepseek-v3", 8, (671.03, 37.55)),  # arXiv:2412.19437 §1: 671 B, 37 B active (its multi-token module apart)
+])
+def test_parameters_all_and_active_as_published(model, width, published):
+    """Qwen3-235B-A22B and DeepSeek-V3 from their config.json's fields: the closed form by hand, and
+    the extracted graph within 0.2 % of it (all parameters and those one token uses)."""
+    spec = get_spec(model)
     total, active = fine_grained_parameters(spec)
-    assert total / 1e9 == pytest.approx(235.09, abs=0.01) and active / 1e9 == pytest.approx(22.19, abs=0.01)
-    extracted = extract(spec, 1, 64, 4)
+    assert (total / 1e9, active / 1e9) == pytest.approx(published, abs=0.01)
+    extracted = extract(spec, 1, 64, width)
     assert extracted.parameter_count == pytest.approx(total, rel=2e-3)
     assert extracted.active_parameter_count == pytest.approx(active, rel=2e-3)
 
@@ -343,17 +348,6 @@ def test_fine_grained_shards_compute_the_unsharded_model(t):
     the unsharded model's loss."""
     assert verify_tensor_parallel("qwen3-235b-a22b", t, num_layers=3, first_dense_layers=1, shared_experts=2,
                                   num_experts=4, experts_per_token=2, moe_ffn_hidden_size=32, kv_channels=None).passed
-
-
-def test_deepseek_v3_parameters_all_and_active_as_published():
-    """DeepSeek-V3: 671 B parameters, 37 B active per token (arXiv:2412.19437 §1; the multi-token
-    prediction module's 14 B not counted), from its config.json's fields."""
-    spec = get_spec("deepseek-v3")
-    total, active = fine_grained_parameters(spec)
-    assert total / 1e9 == pytest.approx(671.03, abs=0.01) and active / 1e9 == pytest.approx(37.55, abs=0.01)
-    extracted = extract(spec, 1, 64, 8)
-    assert extracted.parameter_count == pytest.approx(total, rel=2e-3)
-    assert extracted.active_parameter_count == pytest.approx(active, rel=2e-3)
 
 
 #: A small DeepSeek-V3: one dense block, then MLA blocks with 4 experts of 32 (2 per token) and a shared one.
