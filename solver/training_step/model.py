@@ -287,19 +287,20 @@ class TrainingStep:
         full = self.recompute == "full"
         blocks = np.array([layer.is_block for layer in layers], bool)
 
-        at_width = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward",
+        # the times at this shard's expert-parallel width, where a layer's depend on it: their place in
+        # an `expert_parallel_times` entry, and each layer's entry (None: its own times)
+        position = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward",
                                                                "matrix_backward"), start=1)}
-
-        experts = self.shard.expert_parallel_width
-        at_experts = [next((entry for entry in layer.expert_parallel_times if entry[0] == experts), None)
-                      for layer in layers] if experts > 1 else [None] * len(layers)
+        expert_width = self.shard.expert_parallel_width
+        at_width = [next((entry for entry in layer.expert_parallel_times if entry[0] == expert_width), None)
+                    for layer in layers] if expert_width > 1 else [None] * len(layers)
 
         def each(name: str) -> np.ndarray:
-            """The layers' `name`; the times at this shard's expert-parallel width where they depend on it."""
-            if name not in at_width or not any(at_experts):
+            """The layers' `name` (their times at this shard's expert-parallel width)."""
+            if name not in position or not any(at_width):
                 return np.array([getattr(layer, name) for layer in layers], float)
-            return np.array([getattr(layer, name) if found is None else found[at_width[name]]
-                             for layer, found in zip(layers, at_experts)], float)
+            return np.array([getattr(layer, name) if found is None else found[position[name]]
+                             for layer, found in zip(layers, at_width)], float)
 
         forward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.forward_collective_bytes)
                                for layer in layers], float)
