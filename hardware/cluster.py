@@ -199,13 +199,18 @@ class Cluster:
         S·(g_k − g_{k−1})/size that leaves its tier-(k−1) block but stays in its tier-k block crosses
         tier k's links, one message per further block. Simplification: the tiers' shares are sent one
         after the other (no overlap between the links of two tiers)."""
+        return self._exchange(group)
+
+    def _exchange(self, group: Group, above_node: float = 1.0) -> Collective:
+        """`all_to_all` with the shares crossing the tiers above the first scaled by `above_node`."""
         if group.size <= 1:
             return NO_COMMUNICATION
         per_byte = fixed = 0.0
         below = 1
-        for tier, members in zip(self.tiers, self.members_per_block(group)):
+        for index, (tier, members) in enumerate(zip(self.tiers, self.members_per_block(group))):
             if members > below:
-                per_byte += (members - below) / group.size / tier.effective_bandwidth
+                share = (members - below) / group.size / tier.effective_bandwidth
+                per_byte += share if index == 0 else share * above_node
                 fixed += (members / below - 1) * tier.latency
             below = members
         return Collective(per_byte, fixed)
@@ -220,20 +225,13 @@ class Cluster:
         F·(1 − (1 − 1/F)^choices)/choices of the plain share (picks independent: a simplification, the
         experts of a token are distinct); the node's links carry the plain intra-node share and the
         forwarded copies, (g_0 − 1)/g_0 of what came in."""
-        plain = self.all_to_all(group)
         members = self.members_per_block(group)
         if group.size <= 1 or members[0] >= group.size:
-            return plain
+            return self.all_to_all(group)
         nodes = group.size / members[0]
-        kept = nodes * (1 - (1 - 1 / nodes) ** choices) / choices
+        exchange = self._exchange(group, nodes * (1 - (1 - 1 / nodes) ** choices) / choices)
         forwarded = (group.size - members[0]) / group.size * (members[0] - 1) / members[0]
-        per_byte, below = forwarded / self.tiers[0].effective_bandwidth, 1
-        for index, (tier, held) in enumerate(zip(self.tiers, members)):
-            if held > below:
-                share = (held - below) / group.size / tier.effective_bandwidth
-                per_byte += share if index == 0 else share * kept
-            below = held
-        return Collective(per_byte, plain.fixed)
+        return Collective(exchange.per_byte + forwarded / self.tiers[0].effective_bandwidth, exchange.fixed)
 
     def send(self, tier: int) -> Collective:
         """A point-to-point transfer on tier `tier`."""

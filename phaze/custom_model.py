@@ -192,9 +192,7 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
             raise ValueError(f"{key}: {config[key]!r}; allowed: false (Llama-family layers have no biases)")
     fields: dict[str, object] = {"name": _hf_name(config, path), **LLAMA_FAMILY}  # the zoo's Llama layers
     for key, field in _HF_SHAPE.items():
-        if key not in config:
-            raise ValueError(f"missing field {key}")
-        fields[field] = config[key]
+        fields[field] = _required(config, key)
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads")
     fields["num_kv_heads"] = None if kv_heads == heads else kv_heads
     head_dim = config.get("head_dim")
@@ -202,9 +200,7 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
         fields["kv_channels"] = head_dim
     if model_type in HF_EXPERT_KEYS:
         for key, field in ((HF_EXPERT_KEYS[model_type], "num_experts"), ("num_experts_per_tok", "experts_per_token")):
-            if key not in config:
-                raise ValueError(f"missing field {key}")
-            fields[field] = config[key]
+            fields[field] = _required(config, key)
     if model_type == "qwen3_moe":
         fields.update(_qwen3_moe_fields(config))
     elif model_type == "deepseek_v3":
@@ -215,6 +211,7 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
 
 
 def _required(config: dict, key: str) -> object:
+    """config[key]; a missing key is the file's problem, named."""
     if key not in config:
         raise ValueError(f"missing field {key}")
     return config[key]

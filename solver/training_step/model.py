@@ -54,7 +54,9 @@ interleaved chunks are charged their average activations (`memory.in_flight`).
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -66,6 +68,9 @@ from solver.layout import FitRules, Layout
 from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES, RECOMPUTE_MODES, held_activations, in_flight
 from solver.training_step.options import TrainingOptions
 
+#: What keeps a device busy each micro-batch (`TrainingStep.busy`): compute, recomputation and the
+#: blocking collectives, summed in this order.
+BUSY_TERMS = ("compute", "recompute", "tensor_parallel", "expert_parallel", "context_parallel")
 #: The terms of `StepResult.breakdown`, in the order they happen.
 BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
                   "sharded_data_parallel", "bubble", "pipeline_transfer", "data_parallel_sync", "optimizer")
@@ -551,8 +556,7 @@ class TrainingStep:
     @staticmethod
     def busy(terms: StageTerms) -> np.ndarray:
         """Per micro-batch: compute, recomputation and the blocking collectives of each stage."""
-        return (((terms.compute + terms.recompute) + terms.tensor_parallel) + terms.expert_parallel
-                + terms.context_parallel)
+        return functools.reduce(operator.add, (getattr(terms, name) for name in BUSY_TERMS))
 
     def activation_bytes(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
         return micro_batches_in_flight * terms.held_activations + terms.working_activations
@@ -775,18 +779,16 @@ class TrainingStep:
         with the most parameters (a stage holding it holds at least its parameters; only its
         optimizer step when the sync may hide)."""
         degrees, known = np.asarray(degrees), self._tail_floors
+        parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
+        tail = self.optimizer_time if self.sync_overlaps else self.tail_time
         for degree in set(degrees.flat) - known.keys():
-            parameters, experts = self._layers["parameters"], self._layers["expert_parameters"]
-            tail = self.optimizer_time if self.sync_overlaps else self.tail_time
             known[degree] = float(np.max(tail(parameters, int(degree), experts), initial=0.0))
         return np.array([known[degree] for degree in degrees.flat]).reshape(degrees.shape)
 
     @cached_property
     def layer_busy(self) -> np.ndarray:
-        """`busy` of each layer alone."""
-        layers = self._layers
-        return (((layers["compute"] + layers["recompute"]) + layers["tensor_parallel"]) + layers["expert_parallel"]
-                + layers["context_parallel"])
+        """`busy` of each layer alone (the same terms, summed in the same order)."""
+        return functools.reduce(operator.add, (self._layers[name] for name in BUSY_TERMS))
 
     def time_floor(self, degrees, stages, virtual_stages=1, heaviest_load: float | None = None) -> np.ndarray:
         """A lower bound on the time per batch [s] of every placement of this shard in its mode at
