@@ -64,11 +64,12 @@ def waves(gemm: Gemm, processors: int) -> float:
 
 
 def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Sequence[bool] = (),
-                expert_width: int = 1) -> float:
+                expert_width: float = 1) -> float:
     """Bytes a fused group reads and writes forward; `split[v]` scales what operator v moves; an
     operator marked in `narrow` (an FP8 product) reads its inputs and weights in one byte an element;
-    a grouped expert product at expert-parallel width e reads 1/e of the experts' weights (E/e
-    experts for e times their tokens each)."""
+    a grouped expert product split `expert_width` = s more ways than the graph's (s = e·τ/t: e
+    expert-parallel ranks, each expert over τ ranks) reads 1/s of the experts' weights (E/s of the
+    graph's experts for s times their tokens each; s < 1 when τ < t: more experts, fewer tokens each)."""
     members = set(op.members)
     total = 0.0
     for member in op.members:
@@ -105,7 +106,7 @@ def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[floa
 
 
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],
-               narrow: Sequence[bool] = (), expert_width: int = 1) -> float:
+               narrow: Sequence[bool] = (), expert_width: float = 1) -> float:
     """The roofline time of one fused group in one direction (module docstring), with the FP8 casts
     of an FP8 product after it, its expert products at expert-parallel width `expert_width`."""
     gemms = op_work(graph.nodes[op.members[0]], direction).gemms
@@ -130,10 +131,10 @@ def attention_seconds(graph: OpGraph, kernel: AttentionKernel, direction: str, c
 
 
 def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOptions,
-                core: frozenset[int] = frozenset(), expert_width: int = 1) -> LayerTimes:
+                core: frozenset[int] = frozenset(), expert_width: float = 1) -> LayerTimes:
     """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip` (with a
     fused attention kernel the core is not re-run by selective recomputation: 0), its experts split
-    over `expert_width` devices."""
+    `expert_width` more ways than the graph's (`group_bytes`)."""
     width = graph.tensor_parallel_width
     divided = kernels.split_operators(graph)
     split = [1.0 / width if divided and divided[node.id] else 1.0 for node in graph.nodes]

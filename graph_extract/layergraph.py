@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from graph_extract.attention import attention_kernels
 from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
+from graph_extract.parallel import EXPERT_TENSOR
 from graph_extract.regions import attention_core, block_weight_products, replicated_outputs
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
@@ -42,8 +43,10 @@ class Layer:
     re-creates; `input_bytes` is what enters the layer from other layers (what full recomputation
     keeps). `*_collective_bytes` are the tensor-parallel all-reduces of the forward and backward
     pass, one entry each (empty at width 1). A mixture-of-experts block also has its experts'
-    share of `parameter_bytes` (all experts here; expert parallelism divides them) and the bytes of
-    each token all-to-all of its forward pass (dispatch, combine; the backward pass mirrors them).
+    share of `parameter_bytes` (all experts here; expert parallelism divides them), the bytes of
+    each token all-to-all of its forward pass (dispatch, combine; the backward pass mirrors them) and
+    `expert_*_collective_bytes`: the routed experts' all-reduces, traced at width t and priced at the
+    expert tensor-parallel width.
 
     `fused_attention_activation_bytes` is `activation_bytes` with the attention core run as a fused
     kernel (its Q, K, V and softmax statistics kept instead of the s × s tensors);
@@ -73,6 +76,8 @@ class Layer:
     replicated_matrix_input_activation_bytes: int = 0
     matrix_parameter_bytes: int = 0
     key_value_bytes: int = 0
+    expert_forward_collective_bytes: tuple[int, ...] = ()
+    expert_backward_collective_bytes: tuple[int, ...] = ()
 
     @property
     def is_block(self) -> bool:
@@ -153,9 +158,10 @@ def _layer_kind(name: str) -> str:
     return "block" if name.startswith("layers.") else "embedding" if name == "embedding" else "head"
 
 
-def _collective_bytes(nodes: tuple[OpNode, ...], direction: str) -> tuple[int, ...]:
+def _collective_bytes(nodes: tuple[OpNode, ...], direction: str, group: str = "tensor") -> tuple[int, ...]:
     return tuple(node.output_bytes for node in nodes
-                 if node.kind == "allreduce" and node.attr("group_size", 1) > 1 and node.attr("direction") == direction)
+                 if node.kind == "allreduce" and node.attr("group_size", 1) > 1 and node.attr("direction") == direction
+                 and node.attr("group", "tensor") == group)
 
 
 def _expert_weights(nodes: tuple[OpNode, ...]) -> set[str]:
@@ -224,6 +230,8 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 forward_flops=sum(node.flops for node in nodes),
                 forward_collective_bytes=_collective_bytes(nodes, "forward"),
                 backward_collective_bytes=_collective_bytes(nodes, "backward"),
+                expert_forward_collective_bytes=_collective_bytes(nodes, "forward", EXPERT_TENSOR),
+                expert_backward_collective_bytes=_collective_bytes(nodes, "backward", EXPERT_TENSOR),
                 expert_parameter_bytes=sum(size for name, size in weights.items() if name in experts) * dtype_bytes,
                 all_to_all_bytes=tuple(node.output_bytes for node in nodes if node.kind == "alltoall"),
                 fused_attention_activation_bytes=fused_bytes,

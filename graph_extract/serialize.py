@@ -10,7 +10,7 @@ from graph_extract.layergraph import Layer, LayerEdge, LayerGraph, TiedWeight
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 
 def _shapes(value: list) -> tuple[tuple[int, ...], ...]:
@@ -66,7 +66,8 @@ def layer_graph_from_dict(record: dict[str, Any]) -> LayerGraph:
         layers=tuple(
             Layer(**{**layer, "forward_collective_bytes": tuple(layer["forward_collective_bytes"]),
                      "backward_collective_bytes": tuple(layer["backward_collective_bytes"]),
-                     "all_to_all_bytes": tuple(layer.get("all_to_all_bytes", ()))})
+                     **{name: tuple(layer.get(name, ())) for name in (
+                         "all_to_all_bytes", "expert_forward_collective_bytes", "expert_backward_collective_bytes")}})
             for layer in record["layers"]
         ),
         edges=tuple(LayerEdge(**edge) for edge in record["edges"]),

@@ -194,15 +194,21 @@ def _gemm_dims(kind: str, inputs: list[tuple[int, ...]], weights: tuple[tuple[in
     return GemmDims(batch=math.prod(output[:-2]), m=output[-2], k=k, n=output[-1])
 
 
+def _group(node: fx.Node) -> dict[str, str]:
+    """A collective's group when it is not the tensor-parallel one (the experts' own)."""
+    group = node.kwargs.get("group", "tensor")
+    return {} if group == "tensor" else {"group": group}
+
+
 def _attrs(module: fx.GraphModule, node: fx.Node, op: str) -> tuple[tuple[str, object], ...]:
     attrs: dict[str, object] = {}
     if node.target is all_reduce:
         group_size = node.args[1] if len(node.args) > 1 else node.kwargs["group_size"]
         reduce_op = node.args[2] if len(node.args) > 2 else node.kwargs.get("reduce_op", "sum")
-        attrs.update(direction="forward", group_size=group_size, reduce_op=reduce_op)
+        attrs.update(direction="forward", group_size=group_size, reduce_op=reduce_op, **_group(node))
     elif node.target is copy_to_tensor_parallel_region:
         group_size = node.args[1] if len(node.args) > 1 else node.kwargs["group_size"]
-        attrs.update(direction="backward", group_size=group_size, reduce_op="sum")
+        attrs.update(direction="backward", group_size=group_size, reduce_op="sum", **_group(node))
     elif op == "dropout":
         attrs["p"] = module.get_submodule(node.target).p
     elif op in ("softmax", "sum", "mean", "amax"):

@@ -16,6 +16,7 @@ from torch import nn
 from graph_extract.parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
+    EXPERT_TENSOR,
     VocabParallelEmbedding,
     all_reduce,
     all_to_all,
@@ -280,8 +281,9 @@ class MixtureOfExperts(nn.Module):
     weights; each expert takes at most `spec.expert_capacity(tokens)` tokens (in token order; the
     others are dropped, GShard's rule). Dispatch and combine are all-to-alls over the expert-parallel
     group. The experts are split over the tensor-parallel ranks like the dense MLP (gate/up by
-    columns, down by rows, one all-reduce after the combine); every rank of width t holds all
-    experts here: expert parallelism is a placement choice that divides them (`solver.training_step`).
+    columns, down by rows, one all-reduce after the combine; both collectives in the experts' own
+    group, `EXPERT_TENSOR`); every rank of width t holds all experts here: expert parallelism and the
+    experts' own tensor-parallel width are placement choices that divide them (`solver.layout`).
     """
 
     def __init__(self, spec: ModelSpec, tokens: int, width: int) -> None:
@@ -300,8 +302,8 @@ class MixtureOfExperts(nn.Module):
         self.shared = MLP(spec, width, shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_parallel_region(x, self.width)
-        tokens = x.flatten(0, 1)
+        routed_in = copy_to_tensor_parallel_region(x, self.width, group=EXPERT_TENSOR)
+        tokens = routed_in.flatten(0, 1)
         chosen, experts = F.softmax(self.router(tokens), dim=-1).topk(self.spec.experts_per_token, dim=-1)
         weights = chosen / chosen.sum(dim=-1, keepdim=True)
         source, slot = route(experts, self.spec.num_experts, self.capacity)
@@ -312,7 +314,7 @@ class MixtureOfExperts(nn.Module):
         returned = all_to_all(torch.bmm(hidden, self.down).flatten(0, 1))
         gathered = torch.index_select(F.pad(returned, (0, 0, 0, 1)), 0, slot)
         combined = (gathered.unflatten(0, (-1, self.spec.experts_per_token)) * weights.unsqueeze(-1)).sum(dim=1)
-        routed = all_reduce(combined.view_as(x), self.width)
+        routed = all_reduce(combined.view_as(x), self.width, group=EXPERT_TENSOR)
         return routed if self.shared is None else routed + self.shared(x)
 
 

@@ -188,6 +188,20 @@ def _expert_widths(config: Mapping, spec: ModelSpec) -> tuple[int, ...]:
 CONTEXT_CHUNK_TOKENS = 4096
 
 
+def _expert_tensor_widths(config: Mapping, spec: ModelSpec) -> tuple[int | None, ...]:
+    """The experts' tensor-parallel widths searched (None: t): the given ones, or, for a search over
+    a mixture of experts, t and 1 (Megatron-Core's recommendation for fine-grained experts); t
+    alone for predict and a dense model."""
+    value = config.get("expert_tensor_parallel_width")
+    if value is None:
+        return (None, 1) if spec.num_experts and config["mode"] != "predict" else (None,)
+    widths = tuple(dict.fromkeys(integer("expert_tensor_parallel_width", width, 1)
+                                 for width in values("expert_tensor_parallel_width", value)))
+    if not spec.num_experts and widths != (1,):
+        raise InputError(f"expert_tensor_parallel_width: {spec.name} has no experts; allowed: null")
+    return widths
+
+
 def _context_widths(config: Mapping, sequence_length: int) -> tuple[int, ...]:
     """The context-parallel widths searched: the given ones, or every power of two up to
     `max_context_parallel_width` (null: the largest leaving each rank `CONTEXT_CHUNK_TOKENS` tokens) that
@@ -260,6 +274,7 @@ def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kn
                        ("recompute", axes.recompute), ("virtual_stages", axes.virtual_stages or (1,)),
                        ("expert_parallel_width", axes.expert_parallel_widths),
                        ("context_parallel_width", axes.context_parallel_widths),
+                       ("expert_tensor_parallel_width", axes.expert_tensor_parallel_widths),
                        ("data_parallel_sharding", axes.shardings(question))):
         if len(given) != 1:
             shown = [round(size / GIB, 9) for size in given] if key == "hbm_size" else list(given)
@@ -268,7 +283,8 @@ def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kn
     layout = Layout(axes.tensor_parallel_widths[0],
                     positive_integer("pipeline_parallel_width", config["pipeline_parallel_width"]),
                     positive_integer("data_parallel_width", config["data_parallel_width"]),
-                    (axes.virtual_stages or (1,))[0], axes.expert_parallel_widths[0], axes.context_parallel_widths[0])
+                    (axes.virtual_stages or (1,))[0], axes.expert_parallel_widths[0], axes.context_parallel_widths[0],
+                    axes.expert_tensor_parallel_widths[0])
     return check_layout(question, axes, layout)
 
 
@@ -339,6 +355,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         virtual_stages=_virtual_stages(config, spec, step_model),
         expert_parallel_widths=_expert_widths(config, spec),
         context_parallel_widths=_context_widths(config, sequence_length),
+        expert_tensor_parallel_widths=_expert_tensor_widths(config, spec),
         data_parallel_shardings=shardings if len(shardings) > 1 else None,
     )
     check_expert_widths(question, axes)

@@ -219,6 +219,7 @@ class Case:
     flash_attention: bool = True
     moe: bool = False
     context_parallel_width: int = 1
+    expert_tensor_parallel_width: int | None = None  # None: t
 
     @property
     def kernels(self) -> KernelOptions:
@@ -403,12 +404,12 @@ def case(run: dict) -> Case | str:
     seconds, time_from = measured_seconds(run, spec if recipe and recipe.model_flops else None, t)
     if seconds is None:
         return "no time per iteration, tokens/s or model TFLOP/s measured"
-    experts = 1
-    if is_moe(model):  # Megatron's EP x ETP ranks of an expert layer = phaze's e replicas x t (experts split as t)
-        ranks = parallel["expert_parallel"] * (parallel["expert_tensor_parallel"] or t)
-        experts = ranks // t
-        if ranks % t or degree % experts or model["moe_num_experts"] % experts:
-            return "expert layout (EP x ETP not a multiple of t dividing d and the experts) is not modelled"
+    experts, expert_width = 1, None
+    if is_moe(model):  # Megatron's EP and ETP are phaze's e and τ (`solver.layout`)
+        experts, expert_width = parallel["expert_parallel"], parallel["expert_tensor_parallel"]
+        if (t * degree) % (experts * (expert_width or t)) or model["moe_num_experts"] % experts or \
+                t % (expert_width or t):
+            return "expert layout (EP x ETP not dividing t x d, EP the experts, or ETP t) is not modelled"
     return Case(
         run_id=run["run_id"], chip=chip, system=system, spec=spec, precision=precision_name,
         sequence_length=sequence, devices=hardware["num_devices"], width=t, stages=p, degree=degree,
@@ -416,7 +417,7 @@ def case(run: dict) -> Case | str:
         micro_batch_size=micro_batch, global_batch_size=batch["global_batch_size_seqs"],
         recompute=recompute, sequence_parallel=sequence_parallel, training=options, measured=seconds,
         time_from=time_from, assumed=tuple(assumed), recipe=recipe_name if assumed else "",
-        expert_parallel_width=experts,
+        expert_parallel_width=experts, expert_tensor_parallel_width=expert_width,
         flash_attention=not (training["framework"] or "").startswith(UNFUSED_ATTENTION_FRAMEWORKS),
         moe=is_moe(model), context_parallel_width=context,
     )
@@ -430,9 +431,10 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     cluster = cluster or SYSTEMS[item.system].cluster(item.devices)
     question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels)
     axes = Axes((item.micro_batch_size,), (80 * GIB,), (item.recompute,), (item.width,), (item.virtual_stages,),
-                (item.expert_parallel_width,), (item.context_parallel_width,))
+                (item.expert_parallel_width,), (item.context_parallel_width,),
+                expert_tensor_parallel_widths=(item.expert_tensor_parallel_width,))
     layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width,
-                    item.context_parallel_width)
+                    item.context_parallel_width, item.expert_tensor_parallel_width)
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
     chip = chip or KNOWN_CHIPS[item.chip]
     costs = chip_costs(question, axes, {item.width: graphs}, chip, cache_dir)
@@ -721,6 +723,8 @@ def main(arguments: list[str]) -> int:
         table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
                       str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
                       + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else "")
+                      + (f" et{item.expert_tensor_parallel_width}"
+                         if item.expert_tensor_parallel_width not in (None, item.width) else "")
                       + (f" c{item.context_parallel_width}" if item.context_parallel_width > 1 else "")
                       + (" fsdp" if item.training.data_parallel_sharding == "full" else ""),
                       str(item.micro_batch_size), str(item.global_batch_size), item.recompute,

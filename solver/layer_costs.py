@@ -45,9 +45,9 @@ class LayerCost:
     matrix_backward: float = 0.0
     attention_forward: float = 0.0  # of `forward`, the attention cores (what ring attention's transfers hide behind)
     attention_backward: float = 0.0
-    # (e, forward, backward, matrix_forward, matrix_backward) with the experts split over e devices
-    # (a GPU's roofline; empty: the same at every e)
-    expert_parallel_times: tuple[tuple[int, float, float, float, float], ...] = ()
+    # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
+    # experts (`Layout.expert_split`; a GPU's roofline; empty: the same at every split)
+    expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
 
 
 #: width -> layer id -> cost
@@ -132,6 +132,12 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
     return costs
 
 
+def expert_splits(experts: int, width: int) -> tuple[float, ...]:
+    """Every `Layout.expert_split` e·τ/t ≠ 1 of a width-t graph: e dividing the experts, τ dividing t."""
+    return tuple(sorted({e * tau / width for e in range(1, experts + 1) if experts % e == 0
+                         for tau in range(1, width + 1) if width % tau == 0} - {1.0}))
+
+
 def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> LayerCosts:
     """Every layer's cost on a GPU (`estimator.roofline`), per width; a repeat group shares its
     representative's."""
@@ -143,9 +149,9 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
             times = layer_times(graphs.op_graph, group[0], chip, kernels, core)
             split = ()
             if graphs.layer_graph.layer(group[0]).expert_parameter_bytes:
-                split = tuple((e, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
-                              for e in range(2, experts + 1) if experts % e == 0
-                              for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, e),))
+                split = tuple((s, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
+                              for s in expert_splits(experts, width)
+                              for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, s),))
             cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
                              times.matrix_forward, times.matrix_backward, times.attention_forward,
                              times.attention_backward, split)
@@ -188,6 +194,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 attention_backward=cost[layer.id].attention_backward,
                 key_value_bytes=layer.key_value_bytes,
                 expert_parallel_times=cost[layer.id].expert_parallel_times,
+                expert_forward_collective_bytes=layer.expert_forward_collective_bytes,
+                expert_backward_collective_bytes=layer.expert_backward_collective_bytes,
             )
             for layer in layer_graph.layers
         )

@@ -17,6 +17,16 @@ a sharded model state, are the c·d context- and data-parallel ranks: c·d devic
 (Megatron-Core's data-parallel group with context parallelism); those holding the same experts,
 the c·d/e ranks of the context group and of the d/e replicas with the same experts (taken as c·d/e
 devices t·e apart when d/e > 1: the same size and span).
+
+Expert tensor parallelism. By default each expert is split over the t ranks like the dense layers
+(Megatron's --expert-tensor-parallel-size equal to t). An expert tensor-parallel width τ ≠ t
+(`expert_tensor_parallel_width`; 1 is what Megatron-Core recommends for fine-grained experts) lays
+the experts over the t·c·d ranks of a stage as Megatron-Core's "MoE parallel folding" does (order
+etp-ep-dp over the same ranks): τ consecutive ranks split each expert, e groups τ apart split the
+experts, and the t·c·d/(e·τ) ranks e·τ apart hold the same experts; so e·τ divides t·d. A device
+holds 1/(e·τ) of the experts (not 1/(e·t): the memory Megatron's own estimate once under-counted,
+Megatron-LM issue #4050), routes the tokens it holds after sequence parallelism, and the routed
+experts' collectives run over τ ranks.
 """
 
 from __future__ import annotations
@@ -33,7 +43,8 @@ from hardware import Group
 DIMENSIONS = ("tensor", "context", "expert", "data", "pipeline")
 #: The letter of each width in text (the field's order), and those always shown.
 LETTERS = {"tensor_parallel_width": "t", "pipeline_parallel_width": "p", "data_parallel_width": "d",
-           "virtual_stages": "v", "expert_parallel_width": "e", "context_parallel_width": "c"}
+           "virtual_stages": "v", "expert_parallel_width": "e", "context_parallel_width": "c",
+           "expert_tensor_parallel_width": "et"}
 SHOWN = ("tensor_parallel_width", "pipeline_parallel_width", "data_parallel_width", "virtual_stages")
 #: How a Megatron layout splits the blocks into p·v chunks: `any` (the placement DP: any convex
 #: split), `even` (p·v equal chunks), `even_or_ends` (also with the embedding and the loss counted as
@@ -44,7 +55,8 @@ SPLITS = ("any", "even", "even_or_ends")
 
 @dataclass(frozen=True)
 class Layout:
-    """Widths of a parallel layout (each a positive integer; `devices` = t·c·p·d)."""
+    """Widths of a parallel layout (each a positive integer; `devices` = t·c·p·d); the experts'
+    tensor-parallel width τ None when it is t (the default; a τ equal to t is stored as None)."""
 
     tensor_parallel_width: int = 1
     pipeline_parallel_width: int = 1
@@ -52,10 +64,25 @@ class Layout:
     virtual_stages: int = 1
     expert_parallel_width: int = 1
     context_parallel_width: int = 1
+    expert_tensor_parallel_width: int | None = None
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            positive_integer(field.name, getattr(self, field.name))
+            if getattr(self, field.name) is not None or field.name != "expert_tensor_parallel_width":
+                positive_integer(field.name, getattr(self, field.name))
+        if self.expert_tensor_parallel_width == self.tensor_parallel_width:
+            object.__setattr__(self, "expert_tensor_parallel_width", None)
+
+    @property
+    def expert_tensor_width(self) -> int:
+        """τ: the ranks that split each expert (t unless given)."""
+        return self.expert_tensor_parallel_width or self.tensor_parallel_width
+
+    @property
+    def expert_split(self) -> float:
+        """e·τ/t: how many times fewer experts a device holds than a rank of the width-t graph (which
+        splits every expert over t ranks)."""
+        return self.expert_parallel_width * self.expert_tensor_width / self.tensor_parallel_width
 
     @property
     def devices(self) -> int:
@@ -64,29 +91,34 @@ class Layout:
 
     @property
     def shard(self) -> Layout:
-        """The widths that split each layer (t, e, c), with p = d = v = 1: what a device's share of a
+        """The widths that split each layer (t, e, c, τ), with p = d = v = 1: what a device's share of a
         layer depends on (one step model prices every p, d and v of it)."""
         return Layout(self.tensor_parallel_width, expert_parallel_width=self.expert_parallel_width,
-                      context_parallel_width=self.context_parallel_width)
+                      context_parallel_width=self.context_parallel_width,
+                      expert_tensor_parallel_width=self.expert_tensor_parallel_width)
 
     def replace(self, **widths: int) -> Layout:
         return dataclasses.replace(self, **widths)
 
     def groups(self) -> dict[str, Group]:
-        """The communicator of each dimension (module docstring), and `weights` and `expert_weights`:
-        the ranks that hold the same dense weights, and the same experts."""
+        """The communicator of each dimension (module docstring), `expert_tensor` (the ranks that split
+        each expert), and `weights` and `expert_weights`: the ranks that hold the same dense weights,
+        and the same experts."""
         t, c, e = self.tensor_parallel_width, self.context_parallel_width, self.expert_parallel_width
-        d, p = self.data_parallel_width, self.pipeline_parallel_width
-        expert_replicas = max(d // e, 1)
-        return {"tensor": Group(t, 1), "context": Group(c, t), "expert": Group(e, t * c), "data": Group(d, t * c),
-                "weights": Group(c * d, t),
-                "expert_weights": Group(c * expert_replicas, t * e if expert_replicas > 1 else t),
-                "pipeline": Group(p, t * c * d)}
+        d, p, tau = self.data_parallel_width, self.pipeline_parallel_width, self.expert_tensor_width
+        groups = {"tensor": Group(t, 1), "context": Group(c, t), "data": Group(d, t * c), "weights": Group(c * d, t),
+                  "pipeline": Group(p, t * c * d), "expert_tensor": Group(tau, 1)}
+        if self.expert_tensor_parallel_width is None:
+            expert_replicas = max(d // e, 1)
+            return {**groups, "expert": Group(e, t * c),
+                    "expert_weights": Group(c * expert_replicas, t * e if expert_replicas > 1 else t)}
+        return {**groups, "expert": Group(e, tau), "expert_weights": Group(max(t * c * d // (e * tau), 1), e * tau)}
 
     def text(self) -> str:
-        """t=8 p=16 d=8 v=1 (and the others when > 1: e=4)."""
+        """t=8 p=16 d=8 v=1 (and the others when > 1: e=4; τ when given: et=1)."""
         return " ".join(f"{letter}={getattr(self, name)}" for name, letter in LETTERS.items()
-                        if name in SHOWN or getattr(self, name) > 1)
+                        if name in SHOWN or (getattr(self, name) or 0) > 1
+                        or (name == "expert_tensor_parallel_width" and getattr(self, name) is not None))
 
 
 @dataclass(frozen=True)
@@ -114,9 +146,11 @@ class FitRules:
         a shard, or the most stages of `times` replicas."""
         return self.num_devices // (shard.tensor_parallel_width * shard.context_parallel_width * times)
 
-    def replicas_fit(self, degree: int, experts_width: int) -> bool:
-        """d divides the micro-batches per batch, and e divides d (the experts are split over replicas)."""
-        return self.micro_batches % degree == 0 and degree % experts_width == 0
+    def replicas_fit(self, degree: int, shard: Layout) -> bool:
+        """d divides the micro-batches per batch, and e divides d (the experts are split over replicas;
+        with an expert tensor-parallel width τ: e·τ divides t·d)."""
+        t, e, tau = shard.tensor_parallel_width, shard.expert_parallel_width, shard.expert_tensor_width
+        return self.micro_batches % degree == 0 and (t * degree) % (e * tau) == 0
 
     def interleaves(self, stages: int, degree: int) -> bool:
         """Megatron's interleaved schedule: at least two stages, and the micro-batches per replica a
@@ -143,11 +177,18 @@ class FitRules:
         if d > self.room(layout, p):
             return (f"devices: {p} stages x {t * c} x {d} replicas need {layout.devices}, the cluster has "
                     f"{self.num_devices}")
-        if not self.replicas_fit(d, e):
+        tau = layout.expert_tensor_parallel_width
+        if tau is not None and t % tau:
+            allowed = [width for width in range(1, t + 1) if t % width == 0]
+            return (f"expert_tensor_parallel_width: {tau} does not divide tensor_parallel_width={t}; allowed: "
+                    f"{', '.join(map(str, allowed))}")
+        if not self.replicas_fit(d, layout):
             return (f"data_parallel_width: {d} does not divide the {self.micro_batches} micro-batches per batch "
                     "(global_batch_size / micro_batch_size)" if self.micro_batches % d else
                     f"expert_parallel_width: {e} does not divide data_parallel_width={d} (the experts are split "
-                    "over data-parallel replicas)")
+                    "over data-parallel replicas)" if tau is None else
+                    f"expert_parallel_width: {e} x expert_tensor_parallel_width {tau} = {e * tau} does not divide "
+                    f"tensor x data parallel = {t} x {d} (the experts are laid over those ranks)")
         if v > 1 and not self.interleaves(p, d):
             return ("virtual_stages: interleaving needs pipeline_parallel_width >= 2" if p < 2 else
                     f"virtual_stages: the interleaved schedule needs the {self.micro_batches // d} micro-batches "
@@ -188,7 +229,7 @@ class FitRules:
 def data_parallel_widths(rules: FitRules, shard: Layout) -> list[int]:
     """The data-parallel widths d a shard shape (t, e, c) allows with some pipeline."""
     return [d for d in range(1, min(rules.room(shard), rules.micro_batches) + 1)
-            if rules.replicas_fit(d, shard.expert_parallel_width)]
+            if rules.replicas_fit(d, shard)]
 
 
 def allowed_virtual_stages(blocks: int) -> tuple[int, ...]:

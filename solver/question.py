@@ -69,6 +69,7 @@ class Axes:
     expert_parallel_widths: tuple[int, ...] = (1,)
     context_parallel_widths: tuple[int, ...] = (1,)
     data_parallel_shardings: tuple[str, ...] | None = None
+    expert_tensor_parallel_widths: tuple[int | None, ...] = (None,)  # None: t (`Layout`)
 
     def __post_init__(self) -> None:
         for field in ("micro_batch_sizes", "memory_capacities", "recompute", "tensor_parallel_widths",
@@ -109,11 +110,15 @@ class Axes:
         return capacity
 
     def shards(self) -> list[Layout]:
-        """The shard shapes searched (t, e, c), by context-parallel width, then expert-parallel width,
-        then tensor-parallel width."""
-        return [Layout(t, expert_parallel_width=e, context_parallel_width=c)
-                for c in sorted(self.context_parallel_widths) for e in sorted(self.expert_parallel_widths)
-                for t in sorted(self.tensor_parallel_widths)]
+        """The shard shapes searched (t, e, c, τ), by context-parallel width, then expert-parallel
+        width, then tensor-parallel width, then expert tensor-parallel width (t first; a τ that does
+        not divide t is not a shape of that t)."""
+        shards = [Layout(t, expert_parallel_width=e, context_parallel_width=c, expert_tensor_parallel_width=tau)
+                  for c in sorted(self.context_parallel_widths) for e in sorted(self.expert_parallel_widths)
+                  for t in sorted(self.tensor_parallel_widths)
+                  for tau in sorted(self.expert_tensor_parallel_widths, key=lambda tau: (tau is not None, tau or 0))
+                  if tau is None or t % tau == 0]
+        return list(dict.fromkeys(shards))
 
     def record(self) -> dict:
         return dataclasses.asdict(self)

@@ -241,6 +241,20 @@ def test_bad_moe_input_is_one_line_naming_the_field():
         "recompute=selective").startswith("expert_parallel_width: 8 does not divide data_parallel_width=4")
     assert check_error("run_solver", "model=mixtral-8x7b", "+model.overrides.capacity_factor=0").startswith(
         "model.overrides.capacity_factor: must be a number > 0")
+    assert check_error("run_solver", "model=mixtral-8x7b", "expert_tensor_parallel_width=0") == (
+        "expert_tensor_parallel_width: must be an integer >= 1, got 0")
+    assert check_error("run_solver", "model=llama3-8b", "expert_tensor_parallel_width=2") == (
+        "expert_tensor_parallel_width: llama3-8b has no experts; allowed: null")
+    layout = ("predict", "model=mixtral-8x7b", "chip=h100_sxm", "system=dgx_h100", "num_devices=16",
+              "tensor_parallel_width=4", "pipeline_parallel_width=2", "data_parallel_width=2", "expert_parallel_width=8",
+              "recompute=none")
+    assert check_error(*layout, "expert_tensor_parallel_width=3") == (
+        "expert_tensor_parallel_width: 3 does not divide tensor_parallel_width=4; allowed: 1, 2, 4")
+    assert check_error(*layout, "expert_tensor_parallel_width=2") == (
+        "expert_parallel_width: 8 x expert_tensor_parallel_width 2 = 16 does not divide tensor x data parallel = "
+        "4 x 2 (the experts are laid over those ranks)")
+    assert check_error(*layout, "expert_tensor_parallel_width=[1,2]") == (
+        "expert_tensor_parallel_width: predict prices one placement; give one value, got [1, 2]")
 
 
 def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
@@ -258,13 +272,14 @@ def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
 def test_the_qwen3_moe_runs_of_the_calibration_set():
     """Qwen3-235B-A22B (Megatron-MoE-ModelZoo): 128 experts of FFN 1536, top 8, 4 key/value heads of 128
     (64 x 128 = 8192 wide attention on a 4096-wide model), the tokenizer's 151,936 words; Megatron's EP
-    x ETP = 32 x 1 ranks at t 2 are e = 16 replicas here; 94 blocks on p 32 x v 3 chunks count the
+    = 32 and ETP = 1 at t 2 are e = 32, τ = 1 (a device holds 1/32 of the experts); 94 blocks on p 32 x v 3 chunks count the
     embedding and the loss as a block each (the first chunk holds the embedding alone)."""
     first = case(RUNS["moezoo_qwen3_235b_h100_row1"])
     spec = first.spec
     assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_dim) == (94, 4096, 64, 4, 128)
     assert (spec.num_experts, spec.experts_per_token, spec.ffn_hidden_size, spec.vocab_size) == (128, 8, 1536, 151936)
-    assert (first.width, first.stages, first.degree, first.virtual_stages, first.expert_parallel_width) == (2, 8, 16, 4, 16)
+    assert (first.width, first.stages, first.degree, first.virtual_stages, first.expert_parallel_width,
+            first.expert_tensor_parallel_width) == (2, 8, 16, 4, 32, 1)
     assert first.training.overlap_grad_reduce and first.training.data_parallel_sharding == "optimizer"
     # the dispatcher each row states: DeepEP once a node; the 1F1B all-to-all overlap on row 2 only
     assert (first.training.expert_dispatch, first.training.overlap_expert_dispatch) == ("deduplicated", False)
@@ -275,7 +290,7 @@ def test_the_qwen3_moe_runs_of_the_calibration_set():
     assert "vocabulary" in first.assumed and first.measured == 19.7
     fourth = case(RUNS["moezoo_qwen3_235b_h100_row4"])
     assert (fourth.width, fourth.stages, fourth.degree, fourth.virtual_stages, fourth.expert_parallel_width) == (
-        2, 32, 4, 3, 4)
+        2, 32, 4, 3, 8)
     assert case(RUNS["moezoo_qwen3_next_80b_a3b_h100"]).startswith("not stated: model.num_layers")
     predicted = prediction(fourth, None)
     assert predicted.placement.chunks[0] == (0,) and predicted.placement.chunks[-1] == (95,)
@@ -460,3 +475,71 @@ def test_expert_products_read_one_eth_of_the_weights_at_expert_width_e():
         step = TrainingStep(graphs[1], cluster, TrainingOptions(), KernelOptions(True), Device(1e12, 1e12), 8, "none",
                             Layout(1, expert_parallel_width=e))
         assert step._layers["forward"][1] == pytest.approx(forward)
+
+
+def etp_graph() -> StepGraph:
+    """`moe_graph` at width 2, each block's routed experts with one all-reduce forward and one backward
+    of 1e6 bytes (their own group: `EXPERT_TENSOR`)."""
+    graph = moe_graph(2)
+    layers = tuple(dataclasses.replace(layer, expert_forward_collective_bytes=(1e6,),
+                                       expert_backward_collective_bytes=(1e6,)) if layer.is_block else layer
+                   for layer in graph.layers)
+    return dataclasses.replace(graph, layers=layers)
+
+
+@pytest.mark.parametrize("tau", [None, 1])
+def test_expert_tensor_parallel_memory_and_collectives_by_hand(tau):
+    """t 2, d 4, e 4, one stage of 8 devices on one tier of 1e9 B/s. A width-2 rank holds 2e6 expert
+    parameters a block (all experts, split over t = 2: 4e6 whole). Megatron shards the experts over
+    EP x ETP (Megatron-LM issue #4050): τ = t = 2 gives 4e6 / 8 = 0.5e6 a block, τ = 1 gives 4e6 / 4 =
+    1e6 (each expert whole on a device); the experts' optimizer state is split over the t·d/(e·τ)
+    ranks holding the same experts (1 and 2); their all-reduces run over τ ranks (none at τ = 1); the
+    dispatch is the same 4e6 bytes a rank (half the 8e6 routed tokens) over 4 ranks either way."""
+    cluster = Cluster.build("one", 8, 8, [dict(bandwidth=1e9, latency=0.0, efficiency=1.0)])
+    shard = Layout(2, expert_parallel_width=4, expert_tensor_parallel_width=tau)
+    step = TrainingStep(etp_graph(), cluster, TrainingOptions("adam", "optimizer"), KernelOptions(False),
+                        Device(1e12, 1e12), 8, "none", shard)
+    result = step.price(Placement(shard.replace(data_parallel_width=4), ((0, 1, 2, 3),)))
+    whole_experts = 4e6  # a block's experts, unsplit
+    per_block = whole_experts / (4 * (tau or 2))
+    dense = 4 * 4e6 - 2 * 2e6
+    assert result.parameters == (dense + 2 * per_block,)
+    assert result.memory[0]["weights"] == pytest.approx((dense + 2 * per_block) * 2)  # 16-bit
+    expert_replicas = 2 * 4 // (4 * (tau or 2))
+    assert result.memory[0]["optimizer_state"] == pytest.approx(dense * 12 / 4 + 2 * per_block * 12 / expert_replicas)
+    # the experts' all-reduce of 1e6 bytes over 2 ranks moves 2 x 1/2 of them (τ = 2); 2 blocks x (forward
+    # + backward) x 2 micro-batches
+    assert result.breakdown["tensor_parallel"] == pytest.approx(0.0 if tau == 1 else 2 * 2 * 2 * 1e6 / 1e9)
+    # the all-to-all: 3/4 of 4e6 bytes leave a rank; 2 a pass, forward and backward, 2 blocks, 2 micro-batches
+    assert result.breakdown["expert_parallel"] == pytest.approx(2 * 2 * 2 * 2 * 4e6 * 3 / 4 / 1e9)
+    groups = shard.replace(data_parallel_width=4).groups()
+    assert (groups["expert"], groups["expert_tensor"]) == ((Group(4, 2), Group(2, 1)) if tau is None else
+                                                           (Group(4, 1), Group(1, 1)))
+
+
+def test_expert_tensor_parallel_width_rules_and_graph():
+    """e·τ must divide t·d and τ divide t, each one line; the width-t graph's routed experts' all-reduces
+    are their own (`expert_*_collective_bytes`), the attention's and the shared expert's stay the
+    tensor-parallel group's; τ = t is the default layout itself."""
+    step = TrainingStep(etp_graph(), Cluster.build("one", 8, 8, [dict(bandwidth=1e9)]),
+                        TrainingOptions("adam", "optimizer"), KernelOptions(False), Device(1e12, 1e12), 8, "none",
+                        Layout(2, expert_parallel_width=4, expert_tensor_parallel_width=1))
+    assert step.price(Placement(Layout(2, 1, 2, expert_parallel_width=4, expert_tensor_parallel_width=1),
+                                ((0, 1, 2, 3),))).feasible  # e·τ = 4 divides t·d = 4 (e does not divide d)
+    assert step.price(Placement(Layout(2, 1, 1, expert_parallel_width=4, expert_tensor_parallel_width=1),
+                                ((0, 1, 2, 3),))).infeasible_reason == (
+        "expert_parallel_width: 4 x expert_tensor_parallel_width 1 = 4 does not divide tensor x data parallel "
+        "= 2 x 1 (the experts are laid over those ranks)")
+    assert Layout(4, expert_tensor_parallel_width=4) == Layout(4)
+    assert Layout(4, expert_tensor_parallel_width=1).text() == "t=4 p=1 d=1 v=1 et=1"
+    with pytest.raises(InputError, match="^expert_tensor_parallel_width: must be a positive integer, got 0$"):
+        Layout(2, expert_tensor_parallel_width=0)
+    from solver.layout import FitRules
+    assert FitRules(16, 8, 4, 2, 8).problem(Layout(4, 1, 2, expert_parallel_width=2, expert_tensor_parallel_width=3)) \
+        == "expert_tensor_parallel_width: 3 does not divide tensor_parallel_width=4; allowed: 1, 2, 4"
+    shared = TOY.with_overrides(shared_experts=1)
+    layer = extract(shared, 1, 16, 2).layer_graph.layers[1]
+    h_bytes = 16 * shared.hidden_size * 2  # one micro-batch's tokens x h in 16 bits
+    assert layer.expert_forward_collective_bytes == (h_bytes,) and layer.expert_backward_collective_bytes == (h_bytes,)
+    # attention and the shared expert: one all-reduce each way each
+    assert layer.forward_collective_bytes == (h_bytes, h_bytes) and layer.backward_collective_bytes == (h_bytes, h_bytes)

@@ -143,7 +143,8 @@ def test_the_tier_of_every_group_on_dgx_h100():
     assert layout.devices == 64
     intra, inter = (tier.name for tier in cluster.tiers)
     assert cluster.spans(layout.groups()) == {"tensor": intra, "context": intra, "expert": "none", "data": inter,
-                                              "weights": inter, "expert_weights": inter, "pipeline": inter}
+                                              "weights": inter, "expert_weights": inter, "pipeline": inter,
+                                              "expert_tensor": intra}  # the experts split as t
     wide = Layout(8, 1, 2, context_parallel_width=4)  # t = 8 fills a node: every other group crosses nodes
     assert cluster.spans(wide.groups())["context"] == inter and cluster.spans(wide.groups())["tensor"] == intra
 

@@ -73,6 +73,8 @@ def report(record: dict) -> None:
              f"t={inputs['tensor_parallel_width']} p={inputs['pipeline_parallel_width']} "
              f"d={inputs['data_parallel_width']} v={inputs['virtual_stages']}"
              + (f" e={inputs['expert_parallel_width']}" if inputs['expert_parallel_width'] > 1 else "")
+             + (f" et={inputs['expert_tensor_parallel_width']}"
+                if inputs.get('expert_tensor_parallel_width') is not None else "")
              + f", micro-batch {inputs['micro_batch_size']}, "
              f"batch {inputs['global_batch_size']}, recompute={inputs['recompute']}")
     table = Table(title=title, show_header=False)

@@ -38,7 +38,11 @@ group's collectives on the tiers it spans.
   split over e of its d data-parallel replicas, e | d): a device holds 1/e of the experts; each MoE
   block's token dispatch and combine are all-to-alls over the e replicas, 1/t of the routed tokens
   per device, twice forward and twice backward (and again when fully recomputed), blocking like the
-  tensor-parallel collectives.
+  tensor-parallel collectives. With an expert tensor-parallel width τ ≠ t (`solver.layout`) a
+  device holds 1/(e·τ) of the experts, the all-to-alls run over e ranks τ apart, and the routed
+  experts' all-reduces over τ ranks on τ/t of a width-t rank's tokens (none at τ = 1). The experts'
+  saved activations stay those of the width-t graph (a simplification: at τ < t a device keeps the
+  same expert-width activations but fewer dispatched-token copies).
 * Sharded data parallelism (`TrainingOptions.data_parallel_sharding`, ZeRO stages 1-3 / FSDP):
   the ranks holding the same weights (c·d with context parallelism, or groups of
   `data_parallel_shard_width` of them) split the optimizer state, the gradients and the weights;
@@ -110,9 +114,12 @@ class StepLayer:
     attention_forward: float = 0.0  # of `forward`, the attention core's time (what ring attention hides behind)
     attention_backward: float = 0.0  # of `backward`, the attention core's time
     key_value_bytes: float = 0.0  # the keys and values the attention core reads (what ring attention passes on)
-    # (e, forward, backward, matrix_forward, matrix_backward) with the experts split over e devices, where
-    # they differ from e = 1 (a GPU's roofline: 1/e of the expert weights read a micro-batch)
-    expert_parallel_times: tuple[tuple[int, float, float, float, float], ...] = ()
+    # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
+    # experts (s = e·τ/t, `Layout.expert_split`), where they differ from s = 1 (a GPU's roofline: 1/s of
+    # the expert weights read a micro-batch)
+    expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
+    expert_forward_collective_bytes: tuple[float, ...] = ()  # the routed experts' own all-reduces (τ ranks)
+    expert_backward_collective_bytes: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -296,9 +303,9 @@ class TrainingStep:
         # an `expert_parallel_times` entry, and each layer's entry (None: its own times)
         position = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward",
                                                                "matrix_backward"), start=1)}
-        expert_width = self.shard.expert_parallel_width
-        at_width = [next((entry for entry in layer.expert_parallel_times if entry[0] == expert_width), None)
-                    for layer in layers] if expert_width > 1 else [None] * len(layers)
+        split = self.shard.expert_split
+        at_width = [next((entry for entry in layer.expert_parallel_times if entry[0] == split), None)
+                    for layer in layers] if split != 1 else [None] * len(layers)
 
         def each(name: str) -> np.ndarray:
             """The layers' `name` (their times at this shard's expert-parallel width)."""
@@ -307,9 +314,15 @@ class TrainingStep:
             return np.array([getattr(layer, name) if found is None else found[position[name]]
                              for layer, found in zip(layers, at_width)], float)
 
+        # the routed experts' collectives: over the τ ranks splitting each expert, on the tokens of τ/t
+        # of a width-t rank (τ = t: the tensor-parallel group's, on the same tokens)
+        experts_tensor, experts_tokens = self.expert_tensor_collective, tokens * self.shard.expert_tensor_width / width
         forward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.forward_collective_bytes)
+                               + sum(experts_tensor.scalar(b * experts_tokens) for b in layer.expert_forward_collective_bytes)
                                for layer in layers], float)
         backward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.backward_collective_bytes)
+                                + sum(experts_tensor.scalar(b * experts_tokens)
+                                      for b in layer.expert_backward_collective_bytes)
                                 for layer in layers], float)
         forward, backward = each("forward") * tokens, each("backward") * tokens
         raw_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
@@ -330,7 +343,7 @@ class TrainingStep:
             exposed_experts = np.maximum(raw_experts - (forward + backward), 0.0)
         all_to_all = all_to_all * np.divide(exposed_experts, raw_experts, out=np.zeros(len(layers)),
                                             where=raw_experts > 0)  # its backward share, exposed
-        expert_parameters = each("expert_parameters") / self.shard.expert_parallel_width
+        expert_parameters = each("expert_parameters") / split
         rerun = {"none": np.zeros(len(layers)), "full": forward,
                  "selective": each("attention_core_forward") * tokens}[self.recompute]
         held, working = held_activations(layers, self.recompute, width, self.kernels)
@@ -438,6 +451,12 @@ class TrainingStep:
     @cached_property
     def tensor_parallel_collective(self) -> Collective:
         return self.cluster.all_reduce(self.shard.groups()["tensor"])
+
+    @cached_property
+    def expert_tensor_collective(self) -> Collective:
+        """The routed experts' all-reduce (or reduce-scatter and all-gather) over the τ ranks splitting
+        each expert."""
+        return self.cluster.all_reduce(self.shard.groups()["expert_tensor"])
 
     @cached_property
     def expert_parallel_collective(self) -> Collective:
