@@ -305,6 +305,12 @@ _SPECS = (
     # sliding window; benchmarked (Megatron-LM's MoE recipes) at 4096 tokens.
     ModelSpec("mixtral-8x7b", 32, 4096, 32, 14336, **{**_LLAMA2, "max_position_embeddings": 32768},
               num_kv_heads=8, num_experts=8, experts_per_token=2),
+    # Mixtral-8x22B v0.1 (mistralai/Mixtral-8x22B-v0.1 config.json; Megatron-MoE-ModelZoo's
+    # Mixtral-8x22B.yaml): 56 x 6144, 48 query / 8 key-value heads, 8 SwiGLU experts of 16,384, 2 per
+    # token; vocabulary 32,768, untied; 65,536 positions, benchmarked at 4,096 tokens.
+    ModelSpec("mixtral-8x22b", 56, 6144, 48, 16384, **{**_LLAMA2, "vocab_size": 32768,
+                                                      "max_position_embeddings": 65536},
+              num_kv_heads=8, num_experts=8, experts_per_token=2),
     # Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B config.json): 94 blocks, all of 128 SwiGLU experts of
     # width 1,536, 8 per token (routing weights renormalised), no shared expert; 64 query heads of
     # 128 (kv_channels: 8,192 wide in a 4,096-wide model) and 4 key/value heads with QK-norm;

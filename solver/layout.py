@@ -106,13 +106,14 @@ class Layout:
         and the same experts."""
         t, c, e = self.tensor_parallel_width, self.context_parallel_width, self.expert_parallel_width
         d, p, tau = self.data_parallel_width, self.pipeline_parallel_width, self.expert_tensor_width
-        groups = {"tensor": Group(t, 1), "context": Group(c, t), "data": Group(d, t * c), "weights": Group(c * d, t),
-                  "pipeline": Group(p, t * c * d), "expert_tensor": Group(tau, 1)}
         if self.expert_tensor_parallel_width is None:
             expert_replicas = max(d // e, 1)
-            return {**groups, "expert": Group(e, t * c),
-                    "expert_weights": Group(c * expert_replicas, t * e if expert_replicas > 1 else t)}
-        return {**groups, "expert": Group(e, tau), "expert_weights": Group(max(t * c * d // (e * tau), 1), e * tau)}
+            expert, expert_weights = Group(e, t * c), Group(c * expert_replicas, t * e if expert_replicas > 1 else t)
+        else:
+            expert, expert_weights = Group(e, tau), Group(max(t * c * d // (e * tau), 1), e * tau)
+        return {"tensor": Group(t, 1), "context": Group(c, t), "expert": expert, "data": Group(d, t * c),
+                "weights": Group(c * d, t), "expert_weights": expert_weights, "pipeline": Group(p, t * c * d),
+                "expert_tensor": Group(tau, 1)}
 
     def text(self) -> str:
         """t=8 p=16 d=8 v=1 (and the others when > 1: e=4; τ when given: et=1)."""

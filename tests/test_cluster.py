@@ -93,11 +93,19 @@ def test_rank_groups_follow_megatron_core_order():
                     expert_parallel_width=2, context_parallel_width=2)
     assert layout.devices == 2 * 2 * 3 * 4
     groups = layout.groups()
-    assert list(groups) == ["tensor", "context", "expert", "data", "weights", "expert_weights", "pipeline"]
+    assert list(groups) == ["tensor", "context", "expert", "data", "weights", "expert_weights", "pipeline",
+                            "expert_tensor"]
     assert groups == {"tensor": Group(2, 1), "context": Group(2, 2), "expert": Group(2, 4), "data": Group(4, 4),
-                      "weights": Group(8, 2), "expert_weights": Group(4, 4), "pipeline": Group(3, 16)}
+                      "weights": Group(8, 2), "expert_weights": Group(4, 4), "pipeline": Group(3, 16),
+                      "expert_tensor": Group(2, 1)}  # the experts split as t
+    # Megatron-Core's MoE parallel folding with ETP 1: the t·c·d = 16 ranks of a stage hold e = 2 expert
+    # groups 1 apart, the 16 / 2 = 8 ranks holding the same experts 2 apart
+    folded = layout.replace(expert_tensor_parallel_width=1).groups()
+    assert (folded["expert"], folded["expert_weights"], folded["expert_tensor"]) == (Group(2, 1), Group(8, 2),
+                                                                                    Group(1, 1))
     cluster = two_tiers(devices=48, node=8)
     # tensor (2 at stride 1), context (2 at 2), expert (2 at 4) in a node of 8; data (4 at 4) and the
     # pipeline (stages 16 apart) cross nodes
     assert cluster.spans(groups) == {"tensor": "nvlink", "context": "nvlink", "expert": "nvlink", "data": "ib",
-                                     "weights": "ib", "expert_weights": "ib", "pipeline": "ib"}
+                                     "weights": "ib", "expert_weights": "ib", "pipeline": "ib",
+                                     "expert_tensor": "nvlink"}

@@ -50,6 +50,10 @@ def test_mixtral_parameters_all_and_active():
         assert (extracted.parameter_count, extracted.active_parameter_count) == (total, active)
     dense = extract("llama3-8b", 1, 64, 2)
     assert dense.active_parameter_count == dense.parameter_count
+    total, active = mixtral_parameters(56, 6144, 48, 8, 16384, 32768, 8, 2)
+    assert (total, active) == (140_630_071_296, 39_161_468_928)  # 141B and 39B, as Mistral AI publishes
+    extracted = extract("mixtral-8x22b", 1, 64, 2)
+    assert (extracted.parameter_count, extracted.active_parameter_count) == (total, active)
 
 
 def reference_moe(block: MixtureOfExperts, x: torch.Tensor, capacity: int) -> torch.Tensor:
