@@ -166,14 +166,19 @@ def test_a_step_with_expert_parallelism_by_hand():
         "replicas)")
 
 
-def with_experts(step: TrainingStep, rng: random.Random, experts_width: int) -> TrainingStep:
-    """The step with its blocks made MoE blocks: part of their parameters experts', two all-to-alls."""
+def with_experts(step: TrainingStep, rng: random.Random, experts_width: int,
+                 expert_tensor_width: int | None = None) -> TrainingStep:
+    """The step with its blocks made MoE blocks: part of their parameters experts', two all-to-alls,
+    an all-reduce of the experts' each way (at the expert tensor-parallel width τ)."""
     layers = tuple(dataclasses.replace(layer, expert_parameters=layer.parameters * rng.choice([0.5, 0.75]),
-                                       all_to_all_bytes=(float(rng.randint(1, 4)) * 1e6,) * 2)
+                                       all_to_all_bytes=(float(rng.randint(1, 4)) * 1e6,) * 2,
+                                       expert_forward_collective_bytes=(float(rng.randint(1, 4)) * 1e6,),
+                                       expert_backward_collective_bytes=(float(rng.randint(1, 4)) * 1e6,))
                    if layer.is_block else layer for layer in step.graph.layers)
     graph = dataclasses.replace(step.graph, layers=layers)
     return TrainingStep(graph, step.cluster, step.training, step.kernels, step.device, step.micro_batches,
-                        step.recompute, step.shard.replace(expert_parallel_width=experts_width))
+                        step.recompute, step.shard.replace(expert_parallel_width=experts_width,
+                                                           expert_tensor_parallel_width=expert_tensor_width))
 
 
 def brute_force(step: TrainingStep) -> float:
@@ -195,19 +200,22 @@ def brute_force(step: TrainingStep) -> float:
 def test_placement_search_with_expert_parallelism_equals_brute_force(seed):
     rng = random.Random(seed)
     for mode, steps in random_steps(500 + seed, rng.randint(3, 7)).items():
-        by_experts = {e: {t: with_experts(step, random.Random(seed * 13 + t), e) for t, step in steps.items()}
-                      for e in (1, 2, 4)}
+        by_experts = {(e, tau): {t: with_experts(step, random.Random(seed * 13 + t), e, tau)
+                                 for t, step in steps.items()}
+                      for e in (1, 2, 4) for tau in (None, 1)}  # τ = t, and each expert whole on a device
         for e, at_e in by_experts.items():
             for t, step in at_e.items():
                 found = place_capped(step, state_space(step))
                 expected = brute_force(step)
                 assert (found[1].time_per_batch if found else math.inf) == pytest.approx(expected, rel=1e-12), (e, t)
-        result = best_placement([by_experts[e][t] for e in sorted(by_experts) for t in sorted(by_experts[e])],
+        result = best_placement([at_e[t] for at_e in by_experts.values() for t in sorted(at_e)],
                                 virtual_stages=(1,))
         expected = min(brute_force(step) for at_e in by_experts.values() for step in at_e.values())
         assert result.time_per_batch == pytest.approx(expected, rel=1e-12), mode
         if result.feasible:
-            assert result.layout.data_parallel_width % result.layout.expert_parallel_width == 0
+            layout = result.layout
+            assert (layout.tensor_parallel_width * layout.data_parallel_width) % (
+                layout.expert_parallel_width * layout.expert_tensor_width) == 0
 
 
 def test_search_lower_bound_holds_for_every_expert_width():
