@@ -14,12 +14,16 @@ from graph_extract import ModelSpec, get_spec
 from graph_extract.factory import is_factory_reference
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
 from phaze.custom_model import NAME_PATTERN, folder_error, read_factory, read_model_file
-from solver.layout import Layout
+from solver.layout import Layout, MegatronSplit
 
 #: The ModelSpec fields a factory model (`model.config=MODULE:FUNCTION`) may override: the others are its module's.
 FACTORY_OVERRIDES = ("name", "num_layers", "default_sequence_length")
 #: The fields of `model.fixed_megatron`, the fixed Megatron-style baseline (p, t, d).
 FIXED_MEGATRON_FIELDS = ("pipeline_parallel_width", "tensor_parallel_width", "data_parallel_width")
+#: What a published layout may add (Megatron's --num-layers-per-virtual-pipeline-stage as v,
+#: --expert-model-parallel-size, --expert-tensor-parallel-size, the split flags of `MegatronSplit`).
+FIXED_MEGATRON_OPTIONAL = ("virtual_stages", "expert_parallel_width", "expert_tensor_parallel_width",
+                           "account_for_embedding_and_loss", "first_stage_blocks", "last_stage_blocks")
 #: Largest width of the fixed baseline: a million devices.
 MAX_WIDTH = 1_048_576
 
@@ -85,13 +89,29 @@ def model_spec(model: Mapping) -> ModelSpec:
     return checked_spec(base, overrides, "model.overrides.")
 
 
-def fixed_megatron(model: Mapping, devices: int) -> Layout | None:
-    """The model's fixed Megatron baseline as a layout on `devices` devices, or None: its (t, p) with
-    the data-parallel width that fills the cluster (its file's d when t·p·d is the cluster's devices:
-    the published layouts are for 1,024), so that the search and the baseline use the same devices."""
+def fixed_megatron(model: Mapping, devices: int) -> tuple[Layout | None, MegatronSplit]:
+    """The model's fixed Megatron baseline as a layout on `devices` devices (None: none) and how it
+    splits the blocks: its (t, p) with the data-parallel width that fills the cluster (its file's d
+    when t·p·d is the cluster's devices: the published layouts are for 1,024), so that the search
+    and the baseline use the same devices; a published layout's v, e, τ and split when given
+    (`FIXED_MEGATRON_OPTIONAL`)."""
     fixed = model.get("fixed_megatron")
     if fixed is None:
-        return None
+        return None, MegatronSplit()
+    unknown = sorted(set(fixed) - set(FIXED_MEGATRON_FIELDS) - set(FIXED_MEGATRON_OPTIONAL))
+    if unknown:
+        raise InputError(f"model.fixed_megatron.{unknown[0]}: unknown key; allowed: "
+                         f"{', '.join((*FIXED_MEGATRON_FIELDS, *FIXED_MEGATRON_OPTIONAL))}")
     p, t, d = (positive_integer(f"model.fixed_megatron.{name}", fixed.get(name), MAX_WIDTH)
                for name in FIXED_MEGATRON_FIELDS)
-    return Layout(t, p, d if t * p * d == devices or t * p > devices else devices // (t * p))
+    given = {name: positive_integer(f"model.fixed_megatron.{name}", fixed[name], MAX_WIDTH)
+             for name in ("virtual_stages", "expert_parallel_width", "expert_tensor_parallel_width")
+             if fixed.get(name) is not None}
+    ends = fixed.get("account_for_embedding_and_loss", False)
+    if not isinstance(ends, bool):
+        raise InputError(f"model.fixed_megatron.account_for_embedding_and_loss: {ends!r}; allowed: true, false")
+    try:
+        split = MegatronSplit(ends, fixed.get("first_stage_blocks"), fixed.get("last_stage_blocks"))
+    except InputError as error:
+        raise InputError(f"model.fixed_megatron.{error}") from None
+    return Layout(t, p, d if t * p * d == devices or t * p > devices else devices // (t * p), **given), split

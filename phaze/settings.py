@@ -316,6 +316,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                   positive_integer("num_devices", config["num_devices"], MAX_DEVICES))
     shardings = _shardings(config)
     shard_width = config["data_parallel_shard_width"]
+    baseline, baseline_split = fixed_megatron(config["model"], cluster.num_devices)
     question = Question(
         model=spec,
         sequence_length=sequence_length,
@@ -339,7 +340,8 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS)),
         step_model=step_model,
-        baseline=fixed_megatron(config["model"], cluster.num_devices),
+        baseline=baseline,
+        baseline_split=baseline_split,
     )
     STEP_MODELS[step_model].check(question)
     if known is not None:

@@ -123,6 +123,31 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class MegatronSplit:
+    """How a published Megatron layout splits the blocks into its chunks beyond an even split:
+    `account_for_ends` (--account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split: the embedding and the loss counted as a block each), or the
+    first and the last stage's blocks given (--decoder-first-pipeline-num-layers,
+    --decoder-last-pipeline-num-layers; the other stages split the rest evenly; v = 1)."""
+
+    account_for_ends: bool = False
+    first_stage_blocks: int | None = None
+    last_stage_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("first_stage_blocks", "last_stage_blocks"):
+            if getattr(self, name) is not None:
+                positive_integer(name, getattr(self, name))
+        if self.account_for_ends and self.uneven:
+            raise InputError("account_for_embedding_and_loss: with first_stage_blocks or last_stage_blocks; "
+                             "allowed: one of them")
+
+    @property
+    def uneven(self) -> bool:
+        return self.first_stage_blocks is not None or self.last_stage_blocks is not None
+
+
+@dataclass(frozen=True)
 class FitRules:
     """What a layout must follow for one question, besides memory (the step model's): the cluster's
     devices (all of them with `whole_cluster`: a given layout; a search may leave some idle), the

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from common.checks import InputError, choice
 from graph_extract import KernelOptions, ModelSpec
 from hardware import Network
-from solver.layout import Layout
+from solver.layout import Layout, MegatronSplit
 from solver.training_step.memory import RECOMPUTE_MODES, SHARDINGS
 from solver.training_step.options import TrainingOptions
 
@@ -34,6 +34,7 @@ class Question:
     kernels: KernelOptions = KernelOptions()
     step_model: str = "training_step"
     baseline: Layout | None = None  # the fixed Megatron layout a result is compared against
+    baseline_split: MegatronSplit = MegatronSplit()  # how that layout splits the blocks
 
     def __post_init__(self) -> None:
         if self.training.tensor_parallel_overlap and not self.kernels.sequence_parallel:
@@ -54,7 +55,9 @@ class Question:
         return {"model": dataclasses.asdict(self.model), "sequence_length": self.sequence_length,
                 "global_batch_size": self.global_batch_size, "cluster": self.cluster.to_dict(),
                 "training": self.training.record(), "kernels": self.kernels.record(), "step_model": self.step_model,
-                "baseline": None if self.baseline is None else dataclasses.asdict(self.baseline)}
+                "baseline": None if self.baseline is None else dataclasses.asdict(self.baseline),
+                **({"baseline_split": dataclasses.asdict(self.baseline_split)}
+                   if self.baseline_split != MegatronSplit() else {})}
 
 
 @dataclass(frozen=True)

@@ -103,13 +103,15 @@ class TrainingStepModel:
 
     def fixed(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], hbm_bandwidth: float
               ) -> tuple[PlacementResult | None, str | None]:
-        """The baseline with the widest of the axes' expert-parallel widths that divides its d."""
-        baseline = question.baseline
-        degree = baseline.data_parallel_width
-        experts = max((e for e in axes.expert_parallel_widths if degree % e == 0), default=1)
-        layout = baseline.replace(expert_parallel_width=experts)
+        """The baseline as given (its e, τ and v, its blocks split as `question.baseline_split`); a
+        mixture's baseline that gives no e takes the widest of the axes' that divides its d."""
+        layout = question.baseline
+        if layout.expert_parallel_width == 1:
+            degree = layout.data_parallel_width
+            layout = layout.replace(expert_parallel_width=max(
+                (e for e in axes.expert_parallel_widths if degree % e == 0), default=1))
         step = self.step(question, axes, graphs[layout.tensor_parallel_width], hbm_bandwidth, layout.shard)
-        return fixed_megatron(step, layout)
+        return fixed_megatron(step, layout, question.baseline_split)
 
     def lower_bound(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], work: np.ndarray,
                     width: int, hbm_bandwidth: float) -> np.ndarray:

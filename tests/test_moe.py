@@ -555,3 +555,35 @@ def test_expert_tensor_parallel_width_rules_and_graph():
     assert layer.expert_forward_collective_bytes == (h_bytes,) and layer.expert_backward_collective_bytes == (h_bytes,)
     # attention and the shared expert: one all-reduce each way each
     assert layer.forward_collective_bytes == (h_bytes, h_bytes) and layer.backward_collective_bytes == (h_bytes, h_bytes)
+
+
+def test_megatron_uneven_first_and_last_stages_and_the_published_baselines():
+    """DeepSeek-V3's 61 blocks on 16 stages as Megatron-MoE-ModelZoo lays them (4 first, 1 last, 56 / 14
+    = 4 between); 6 blocks with 1 first and 2 last on 3 stages: [emb, b1] [b2, b3, b4] [b5, b6, head];
+    a rest that does not split is None. The zoo's mixtures give their published layouts as the fixed
+    baseline (v, e, τ, the split), one line for a bad key."""
+    from phaze.model_config import fixed_megatron as configured
+    from solver.layout import MegatronSplit
+    graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 7) for i in range(8)),
+                      tuple((i, i + 1, 1.0) for i in range(7)))
+    assert megatron_chunks(graph, 3, split=MegatronSplit(first_stage_blocks=1, last_stage_blocks=2)) == (
+        (0, 1), (2, 3, 4), (5, 6, 7))
+    assert megatron_chunks(graph, 4, split=MegatronSplit(first_stage_blocks=1, last_stage_blocks=2)) is None  # 3 / 2
+    assert megatron_chunks(graph, 2, 2, split=MegatronSplit(first_stage_blocks=2)) is None  # v = 1 only
+    deepseek = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 62) for i in range(63)),
+                         tuple((i, i + 1, 1.0) for i in range(62)))
+    chunks = megatron_chunks(deepseek, 16, split=MegatronSplit(first_stage_blocks=4, last_stage_blocks=1))
+    assert [len(chunk) for chunk in chunks] == [5] + [4] * 14 + [2]  # the embedding and the head at the ends
+    layout, split = configured({"fixed_megatron": dict(pipeline_parallel_width=8, tensor_parallel_width=2,
+                                                       data_parallel_width=64, virtual_stages=4,
+                                                       expert_parallel_width=32, expert_tensor_parallel_width=1,
+                                                       account_for_embedding_and_loss=True)}, 1024)
+    assert layout == Layout(2, 8, 64, 4, 32, expert_tensor_parallel_width=1) and split == MegatronSplit(True)
+    assert check_error("run_solver", "model=deepseek-v3", "model.fixed_megatron.first_stage_blocks=0") == (
+        "model.fixed_megatron.first_stage_blocks: must be a positive integer, got 0")
+    with pytest.raises(InputError, match=r"^model\.fixed_megatron\.account_for_embedding_and_loss: with "
+                                         r"first_stage_blocks or last_stage_blocks; allowed: one of them$"):
+        configured({"fixed_megatron": dict(pipeline_parallel_width=2, tensor_parallel_width=1, data_parallel_width=1,
+                                           account_for_embedding_and_loss=True, first_stage_blocks=1)}, 2)
+    assert check_error("run_solver", "model=qwen3-235b-a22b", "+model.fixed_megatron.layers_per_stage=2").startswith(
+        "model.fixed_megatron.layers_per_stage: unknown key")

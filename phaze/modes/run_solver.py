@@ -84,6 +84,10 @@ def fixed_megatron_baseline(settings: Settings, axes: Axes, graphs: dict, costs:
         "placement": {"pipeline_parallel_width": fixed.pipeline_parallel_width,
                       "tensor_parallel_width": fixed.tensor_parallel_width,
                       "data_parallel_width": fixed.data_parallel_width,
+                      **{name: getattr(fixed, name) for name in ("virtual_stages", "expert_parallel_width")
+                         if getattr(fixed, name) > 1},
+                      **({"expert_tensor_parallel_width": fixed.expert_tensor_parallel_width}
+                         if fixed.expert_tensor_parallel_width is not None else {}),
                       "recompute": result.recompute if result else None},
         "throughput": throughput,
         "time_per_batch_s": result.time_per_batch if result else None,

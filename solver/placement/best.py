@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from solver.layout import Layout
+from solver.layout import Layout, MegatronSplit
 from solver.training_step.model import Placement, StepResult, TrainingStep
 
 from .candidates import StateSpace, chain_space, downset_space
@@ -79,12 +79,19 @@ def placement_result(step: TrainingStep, placement: Placement, result: StepResul
                            data_parallel_sharding=step.training.data_parallel_sharding)
 
 
-def fixed_megatron(step: TrainingStep, layout: Layout) -> tuple[PlacementResult | None, str | None]:
-    """Megatron's plain layout `layout` (of the step's shard): (result, None) or (None, why it
-    cannot run)."""
-    chunks = megatron_chunks(step.graph, layout.pipeline_parallel_width)
+def fixed_megatron(step: TrainingStep, layout: Layout, split: MegatronSplit | None = None
+                   ) -> tuple[PlacementResult | None, str | None]:
+    """Megatron's layout `layout` (of the step's shard; interleaved when v > 1), its blocks split as
+    `split` says (None: evenly): (result, None) or (None, why it cannot run)."""
+    chunks = megatron_chunks(step.graph, layout.pipeline_parallel_width, layout.virtual_stages, split=split)
     if chunks is None:
-        return None, f"the blocks of the model do not split evenly into {layout.pipeline_parallel_width} pipeline stages"
+        stages, virtual_stages = layout.pipeline_parallel_width, layout.virtual_stages
+        how = ("the first and last stage's blocks as given" if split is not None and split.uneven else
+               "the embedding and the loss counted as blocks" if split is not None and split.account_for_ends else "")
+        if virtual_stages == 1 and not how:
+            return None, f"the blocks of the model do not split evenly into {stages} pipeline stages"
+        return None, (f"the blocks of the model do not split into {stages} x {virtual_stages} pipeline chunks"
+                      + (f" ({how})" if how else ""))
     placement = Placement(layout, chunks, step.recompute)
     result = step.price(placement)
     if not result.feasible:

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from solver.layout import FitRules, Layout, layouts
+from solver.layout import FitRules, Layout, MegatronSplit, layouts
 from solver.training_step.memory import in_flight
 from solver.training_step.model import Placement, StageTerms, StepGraph, StepResult, TrainingStep, per_device
 
@@ -26,13 +26,18 @@ def block_span(graph: StepGraph) -> tuple[int, int] | None:
 
 
 def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1,
-                    account_for_ends: bool = False) -> tuple[tuple[int, ...], ...] | None:
+                    account_for_ends: bool = False, split: MegatronSplit | None = None
+                    ) -> tuple[tuple[int, ...], ...] | None:
     """The chunks of Megatron's layout, first to last, or None when the blocks do not split evenly.
 
     `account_for_ends` (Megatron's --account-for-embedding-in-pipeline-split and
     --account-for-loss-in-pipeline-split): the layers before the blocks count as one block and those
-    after as another, so the first and the last chunk hold one block fewer.
+    after as another, so the first and the last chunk hold one block fewer. `split` says it too, or
+    gives the first and last stage's blocks (`MegatronSplit`).
     """
+    if split is not None and split.uneven:
+        return _uneven_chunks(graph, stages, virtual_stages, split)
+    account_for_ends = account_for_ends or (split is not None and split.account_for_ends)
     span = block_span(graph)
     ends = 2 if account_for_ends else 0
     if span is None or (span[1] - span[0] + ends) % (stages * virtual_stages):
@@ -44,6 +49,27 @@ def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1,
               for j in range(stages * virtual_stages)]
     chunks[0] = list(range(first)) + chunks[0]
     chunks[-1] = chunks[-1] + list(range(end, graph.n))
+    return tuple(tuple(chunk) for chunk in chunks)
+
+
+def _uneven_chunks(graph: StepGraph, stages: int, virtual_stages: int, split: MegatronSplit
+                   ) -> tuple[tuple[int, ...], ...] | None:
+    """Megatron's stages with the first and/or last stage's blocks given and the rest split evenly
+    over the other stages (v = 1), or None when they do not split so."""
+    span = block_span(graph)
+    first, last = split.first_stage_blocks, split.last_stage_blocks
+    middle = stages - (first is not None) - (last is not None)
+    if span is None or virtual_stages != 1 or middle < 0:
+        return None
+    rest = span[1] - span[0] - (first or 0) - (last or 0)
+    if rest < 0 or (middle == 0 and rest) or (middle and (rest % middle or not rest)):
+        return None
+    sizes = ([first] if first is not None else []) + [rest // middle if middle else 0] * middle + (
+        [last] if last is not None else [])
+    bounds = [span[0] + sum(sizes[:index]) for index in range(stages + 1)]
+    chunks = [list(range(bounds[index], bounds[index + 1])) for index in range(stages)]
+    chunks[0] = list(range(span[0])) + chunks[0]
+    chunks[-1] = chunks[-1] + list(range(span[1], graph.n))
     return tuple(tuple(chunk) for chunk in chunks)
 
 
