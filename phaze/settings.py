@@ -202,6 +202,16 @@ def _expert_tensor_widths(config: Mapping, spec: ModelSpec) -> tuple[int | None,
     return widths
 
 
+def _dispatch_share(config: Mapping, known: KnownChip | None) -> float:
+    """`TrainingOptions.expert_dispatch_compute_share`: `expert_dispatch_sms` of a GPU's streaming
+    multiprocessors (0 on a template chip, which has none)."""
+    processors = known.streaming_multiprocessors if known is not None else 0
+    if not processors:
+        integer("expert_dispatch_sms", config["expert_dispatch_sms"], 0)
+        return 0.0
+    return integer("expert_dispatch_sms", config["expert_dispatch_sms"], 0, processors - 1) / processors
+
+
 def _context_widths(config: Mapping, sequence_length: int) -> tuple[int, ...]:
     """The context-parallel widths searched: the given ones, or every power of two up to
     `max_context_parallel_width` (null: the largest leaving each rank `CONTEXT_CHUNK_TOKENS` tokens) that
@@ -335,7 +345,8 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                                                                    shard_width, MAX_DEVICES),
                                  boolean("reshard_after_forward", config["reshard_after_forward"]),
                                  choice("expert_dispatch", config["expert_dispatch"], EXPERT_DISPATCHES),
-                                 boolean("overlap_expert_dispatch", config["overlap_expert_dispatch"])),
+                                 boolean("overlap_expert_dispatch", config["overlap_expert_dispatch"]),
+                                 _dispatch_share(config, known)),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS)),

@@ -181,6 +181,9 @@ RECIPES = {
         "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
         "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
 }
+#: SMs an overlapped expert dispatch holds when a run does not say (Megatron's --moe-deepep-num-sms
+#: default, the SMs DeepSeek-V3 gives its dispatch, DeepSeek-AI 2024 §3.2.2).
+DISPATCH_SMS = 20
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
 #: What a run's `training.other_settings` may state, by Megatron's flag (or PyTorch DDP's name).
@@ -371,6 +374,9 @@ def case(run: dict) -> Case | str:
     recompute, precision, micro_batch = settings["recompute"], settings["precision"], settings["micro-batch"]
     sequence_parallel = bool(sequence_parallel) and (t or 1) > 1
     options, implied = stated_training(run, sequence_parallel, recipe, model_recipe)
+    if options.overlap_expert_dispatch:  # Megatron's --moe-deepep-num-sms default (20) of the chip's SMs
+        options = dataclasses.replace(options, expert_dispatch_compute_share=(
+            DISPATCH_SMS / KNOWN_CHIPS[chip].streaming_multiprocessors))
     assumed += implied
     precision_name = "fp8" if "FP8" in (precision or "").upper() else "16-bit"
     if precision_name == "fp8" and not KNOWN_CHIPS[chip].has_fp8:

@@ -587,3 +587,27 @@ def test_megatron_uneven_first_and_last_stages_and_the_published_baselines():
                                            account_for_embedding_and_loss=True, first_stage_blocks=1)}, 2)
     assert check_error("run_solver", "model=qwen3-235b-a22b", "+model.fixed_megatron.layers_per_stage=2").startswith(
         "model.fixed_megatron.layers_per_stage: unknown key")
+
+
+def test_an_overlapped_dispatch_slows_the_compute_beside_it_by_its_share_of_the_device():
+    """d 4, e 2 on one tier of 1e9 B/s: an exchange moves 1/2 of 8e6 bytes, 4 ms; a block's 4 take
+    R = 16 ms beside C = 3 s of compute. Overlapped on a quarter of the device (Megatron's DeepEP SMs),
+    the compute runs 1/4 slower while they run: C + R/4, so R/4 of them stays exposed (not R − C < 0);
+    2 blocks x 2 micro-batches. A share of 1 or more is one line."""
+    cluster = Cluster.build("one", 8, 8, [dict(bandwidth=1e9, latency=0.0, efficiency=1.0)])
+
+    def priced(share):
+        options = TrainingOptions("adam", "optimizer", overlap_expert_dispatch=True, expert_dispatch_compute_share=share)
+        step = TrainingStep(moe_graph(), cluster, options, KernelOptions(True), Device(1e12, 1e12), 8, "none",
+                            Layout(1, expert_parallel_width=2))
+        return step.price(Placement(Layout(1, 1, 4, expert_parallel_width=2), ((0, 1, 2, 3),)))
+
+    exchanges = 4 * 8e6 / 2 / 1e9
+    assert priced(0.0).breakdown["expert_parallel"] == 0.0
+    shared = priced(0.25)
+    assert shared.breakdown["expert_parallel"] == pytest.approx(2 * 2 * exchanges / 4)
+    assert shared.hidden["expert_parallel"] == pytest.approx(2 * 2 * exchanges * 3 / 4)
+    with pytest.raises(InputError, match=r"^expert_dispatch_compute_share: 1; allowed: a number in \[0, 1\)$"):
+        TrainingOptions(expert_dispatch_compute_share=1)
+    assert check_error("run_solver", "model=mixtral-8x7b", "chip=h100_sxm", "system=dgx_h100",
+                       "expert_dispatch_sms=132") == "expert_dispatch_sms: must be an integer in [0, 131], got 132"

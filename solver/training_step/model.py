@@ -339,8 +339,11 @@ class TrainingStep:
                                for layer in layers], float)
         raw_experts = 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0)
         exposed_experts = raw_experts
-        if self.training.overlap_expert_dispatch:  # behind another micro-batch's compute of the layer
-            exposed_experts = np.maximum(raw_experts - (forward + backward), 0.0)
+        if self.training.overlap_expert_dispatch:  # behind another micro-batch's compute of the layer, on
+            # the share of the device the dispatch's kernels leave it: compute C and exchanges R take
+            # max(C + share·R, R), so max(R − C, share·R) of R stays exposed
+            exposed_experts = np.maximum(raw_experts - (forward + backward),
+                                         self.training.expert_dispatch_compute_share * raw_experts)
         all_to_all = all_to_all * np.divide(exposed_experts, raw_experts, out=np.zeros(len(layers)),
                                             where=raw_experts > 0)  # its backward share, exposed
         expert_parameters = each("expert_parameters") / split

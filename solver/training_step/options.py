@@ -43,7 +43,11 @@ search and every cache key read.
   dispatcher; `hardware.Cluster.dispatch`);
 * `overlap_expert_dispatch`: each layer's dispatch and combine hide behind another micro-batch's
   compute of that layer, never more than it (Megatron's --overlap-moe-expert-parallel-comm, the
-  1F1B all-to-all overlap; DeepSeek-V3's DualPipe does the same across its two directions).
+  1F1B all-to-all overlap; DeepSeek-V3's DualPipe does the same across its two directions);
+* `expert_dispatch_compute_share`: the share of a device's compute the overlapped dispatch's
+  kernels hold while they run (their streaming multiprocessors over the chip's: Megatron's
+  --moe-deepep-num-sms, default 20, and DeepSeek-V3's 20 of an H800's 132, DeepSeek-AI 2024 §3.2.2);
+  the other micro-batch's compute runs that much slower meanwhile (0: a chip without such a split).
 A new training option is a field here and the formula in the step model that reads it.
 """
 
@@ -78,6 +82,7 @@ class TrainingOptions:
     reshard_after_forward: bool = True
     expert_dispatch: str = "all_to_all"
     overlap_expert_dispatch: bool = False
+    expert_dispatch_compute_share: float = 0.0
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -94,6 +99,9 @@ class TrainingOptions:
         boolean("reshard_after_forward", self.reshard_after_forward)
         choice("expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
         boolean("overlap_expert_dispatch", self.overlap_expert_dispatch)
+        share = self.expert_dispatch_compute_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+            raise InputError(f"expert_dispatch_compute_share: {share!r}; allowed: a number in [0, 1)")
         if self.overlap_param_gather and not (self.gathers_updated_weights and self.overlap_grad_reduce):
             raise InputError("overlap_param_gather: needs data_parallel_sharding=optimizer or gradients and "
                              "overlap_grad_reduce=true (as Megatron-LM); allowed here: false")
