@@ -114,6 +114,8 @@ class Recipe:
     models: dict[str, ModelRecipe] = field(default_factory=dict)
     family: dict = field(default_factory=dict)
     model_flops: bool = False
+    flops_causal_half: bool = False  # its release's formula counts half the causal attention (2025's)
+    expert_tensor_parallel: int | None = None  # a mixture's --expert-tensor-parallel-size (None: t)
 
 
 def _llama2(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, overlap: bool = False) -> ModelRecipe:
@@ -171,8 +173,11 @@ RECIPES = {
         "yanring/Megatron-MoE-ModelZoo model_configs/benchmarking/Qwen3-235B-A22B.yaml @ 1ed4179f72e4: "
         "--use-distributed-optimizer, --overlap-grad-reduce, --sequence-parallel, "
         "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, tokenizer "
-        "Qwen/Qwen3-235B-A22B with --make-vocab-size-divisible-by 1187 (vocabulary 151,936 = 1187 x 128); "
-        "no recomputation flag (the benchmark rows add theirs)"),
+        "Qwen/Qwen3-235B-A22B with --make-vocab-size-divisible-by 1187 (vocabulary 151,936 = 1187 x 128), "
+        "--expert-tensor-parallel-size 1; no recomputation flag (the benchmark rows add theirs); micro-batch 1 (runtime_configs/benchmarking/"
+        "runtime.conf @ c1ad0b5c89f4); the time from TFLOP/s by Megatron-LM's num_floating_point_operations "
+        "as of 2025 (causal attention counted half: the rows stating both agree within 0.5 %)",
+        micro_batch_size=1, model_flops=True, flops_causal_half=True, expert_tensor_parallel=1),
     "Megatron-LM + DeepSpeed ZeRO-3": Recipe(
         "full", False, TrainingOptions("adam", "full", grad_reduce_in_bf16=True),
         "Narayanan et al. SC'21 Sec. 5.2 and Table 2 (the ZeRO-3 rows: DeepSpeed's ZeRO-3 on Megatron's "
@@ -244,6 +249,20 @@ def is_moe(model: dict) -> bool:
     return bool(model["moe_num_experts"]) or "MoE" in (model["architecture"] or "")
 
 
+#: Megatron-Core's --recompute-modules that re-run a whole MoE or MLP layer (not phaze's recompute modes).
+WHOLE_MODULES = frozenset({"moe", "mlp", "shared_experts", "mla_up_proj"})
+
+
+def recomputed_modules(detail: str) -> frozenset[str]:
+    """The modules a run's `--recompute-modules ...` names (empty when it names none)."""
+    words = detail.split()
+    if "--recompute-modules" not in words:
+        return frozenset()
+    following = words[words.index("--recompute-modules") + 1:]
+    return frozenset(word for word in (following[:next((i for i, w in enumerate(following) if w.startswith("--")),
+                                                        len(following))]))
+
+
 def run_recipe(run: dict) -> str | None:
     """The RECIPES entry of the run's framework release or source, if phaze knows it."""
     names = (run["training"]["framework"] or "", run["source_group"] or "")
@@ -266,19 +285,26 @@ def model_spec(model: dict, sequence: int, family: dict) -> ModelSpec:
                      **family, **shape)
 
 
-def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int) -> float:
+def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int, causal_half: bool = False) -> float:
     """FLOPs per iteration as Megatron-LM counts them (megatron/training/training.py,
-    num_floating_point_operations, release core_r0.8.0): 12·B·s·L·h²·((1 + g/a + s/h)·(a·k/h)
-    + (f/h)·(2 if gated) + V/(2·L·h)), with the full s × s attention and the padded vocabulary V."""
-    h, heads = spec.hidden_size, spec.num_heads
+    num_floating_point_operations): 12·B·s·L·h²·((1 + g/a + s/h)·(a·k/h) + MLP/(L·h) + V/(2·L·h)),
+    the MLP term Σ over blocks of the dense width f, or a mixture's k routed experts' width plus its
+    shared experts', × 3/2 when gated (SwiGLU), and the padded vocabulary V. Release core_r0.8.0
+    counts the full s × s attention; 2025's (`causal_half`) half of it, s/(2h). Multi-head latent
+    attention is not counted here (no calibration run has it)."""
+    h, heads, layers = spec.hidden_size, spec.num_heads, spec.num_layers
     groups, channels = spec.num_kv_heads or heads, spec.kv_channels or h // heads
-    gated = 2 if spec.activation == "swiglu" else 1
-    return 12 * batch * sequence * spec.num_layers * h * h * (
-        (1 + groups / heads + sequence / h) * heads * channels / h + spec.ffn_hidden_size / h * gated
-        + spec.padded_vocab_size(width) / (2 * spec.num_layers * h))
+    gated = 1.5 if spec.activation == "swiglu" else 1.0
+    moe_blocks = sum(spec.is_moe_block(index) for index in range(layers))
+    routed = spec.expert_ffn_hidden_size * (spec.experts_per_token + spec.shared_experts) if spec.num_experts else 0
+    mlp = ((layers - moe_blocks) * spec.ffn_hidden_size + moe_blocks * routed) * gated
+    return 12 * batch * sequence * layers * h * h * (
+        (1 + groups / heads + sequence / (2 * h if causal_half else h)) * heads * channels / h + mlp / (layers * h)
+        + spec.padded_vocab_size(width) / (2 * layers * h))
 
 
-def measured_seconds(run: dict, spec: ModelSpec | None = None, width: int = 1) -> tuple[float | None, str]:
+def measured_seconds(run: dict, spec: ModelSpec | None = None, width: int = 1, causal_half: bool = False
+                     ) -> tuple[float | None, str]:
     """(seconds per iteration, how derived): the stated or derived time; else the global batch's tokens
     (sequences × sequence length) / the measured tokens per second; else, given the model as Megatron
     counts it (`spec`), its FLOPs per iteration / (the measured model TFLOP/s × the devices)."""
@@ -292,7 +318,7 @@ def measured_seconds(run: dict, spec: ModelSpec | None = None, width: int = 1) -
         return run["batch"]["global_batch_size_seqs"] * run["model"]["seq_length_tokens"] / tokens_per_s, FROM_TOKENS
     if spec is not None and measured["tflop_per_s_per_device"]:
         flops = megatron_model_flops(spec, run["batch"]["global_batch_size_seqs"], run["model"]["seq_length_tokens"],
-                                     width)
+                                     width, causal_half)
         return flops / (measured["tflop_per_s_per_device"] * 1e12 * run["hardware"]["num_devices"]), FROM_FLOPS
     return None, ""
 
@@ -407,12 +433,20 @@ def case(run: dict) -> Case | str:
     sequence = model["seq_length_tokens"]
     family = {**(model_recipe.family if model_recipe else {}), **(recipe.family if recipe else {})}
     spec = model_spec(model, sequence, family)
-    seconds, time_from = measured_seconds(run, spec if recipe and recipe.model_flops else None, t)
+    seconds, time_from = measured_seconds(run, spec if recipe and recipe.model_flops else None, t,
+                                          bool(recipe and recipe.flops_causal_half))
     if seconds is None:
         return "no time per iteration, tokens/s or model TFLOP/s measured"
+    rerun = recomputed_modules(training.get("recompute_detail") or "") & WHOLE_MODULES
+    if rerun:
+        return (f"recompute modules {', '.join(sorted(rerun))} (whole MoE or MLP layers re-run): not modelled "
+                "(selective re-runs the attention core)")
     experts, expert_width = 1, None
     if is_moe(model):  # Megatron's EP and ETP are phaze's e and τ (`solver.layout`)
         experts, expert_width = parallel["expert_parallel"], parallel["expert_tensor_parallel"]
+        if expert_width is None and recipe is not None and recipe.expert_tensor_parallel is not None:
+            expert_width = recipe.expert_tensor_parallel
+            assumed.append("expert tensor parallel")
         if (t * degree) % (experts * (expert_width or t)) or model["moe_num_experts"] % experts or \
                 t % (expert_width or t):
             return "expert layout (EP x ETP not dividing t x d, EP the experts, or ETP t) is not modelled"
