@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from common.checks import InputError
 from graph_extract import ExtractedModel, KernelOptions
 from hardware import KnownChip
-from solver.layout import FitRules, Layout
+from solver.layout import FitRules, Layout, MegatronSplit
 from solver.placement.layouts import megatron_chunks
 from solver.question import Axes, Question, context_problem
 from solver.step_models import TrainingStepModel
@@ -101,7 +101,7 @@ def megatron_placement(graph: StepGraph, layout: Layout, recompute: str) -> Plac
     split and --account-for-loss-in-pipeline-split); else InputError."""
     stages, virtual_stages = layout.pipeline_parallel_width, layout.virtual_stages
     chunks = megatron_chunks(graph, stages, virtual_stages) or megatron_chunks(
-        graph, stages, virtual_stages, account_for_ends=True)
+        graph, stages, virtual_stages, MegatronSplit(account_for_ends=True))
     if chunks is None:
         blocks = sum(layer.is_block for layer in graph.layers)
         raise InputError(f"pipeline_parallel_width: {stages} stages x {virtual_stages} virtual stages divide neither "

@@ -18,7 +18,7 @@ from graph_extract.transformer import MixtureOfExperts
 from hardware import Cluster, Group
 from phaze.cli import check_command_line
 from phaze.validate import case, prediction
-from solver.layout import Layout, data_parallel_widths
+from solver.layout import Layout, MegatronSplit, data_parallel_widths
 from solver.placement.best import best_placement, state_space
 from solver.placement.capped import place_capped
 from solver.placement.layouts import megatron_chunks
@@ -276,9 +276,9 @@ def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
     graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 5) for i in range(6)),
                       tuple((i, i + 1, 1.0) for i in range(5)))
     assert megatron_chunks(graph, 3) is None
-    assert megatron_chunks(graph, 3, account_for_ends=True) == ((0, 1), (2, 3), (4, 5))
-    assert megatron_chunks(graph, 3, 2, account_for_ends=True) == ((0,), (1,), (2,), (3,), (4,), (5,))
-    assert megatron_chunks(graph, 2, account_for_ends=False) == ((0, 1, 2), (3, 4, 5))
+    assert megatron_chunks(graph, 3, split=MegatronSplit(True)) == ((0, 1), (2, 3), (4, 5))
+    assert megatron_chunks(graph, 3, 2, MegatronSplit(True)) == ((0,), (1,), (2,), (3,), (4,), (5,))
+    assert megatron_chunks(graph, 2, split=MegatronSplit(False)) == ((0, 1, 2), (3, 4, 5))
 
 
 def test_the_qwen3_moe_runs_of_the_calibration_set():
@@ -563,7 +563,6 @@ def test_megatron_uneven_first_and_last_stages_and_the_published_baselines():
     a rest that does not split is None. The zoo's mixtures give their published layouts as the fixed
     baseline (v, e, τ, the split), one line for a bad key."""
     from phaze.model_config import fixed_megatron as configured
-    from solver.layout import MegatronSplit
     graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 7) for i in range(8)),
                       tuple((i, i + 1, 1.0) for i in range(7)))
     assert megatron_chunks(graph, 3, split=MegatronSplit(first_stage_blocks=1, last_stage_blocks=2)) == (

@@ -25,21 +25,19 @@ def block_span(graph: StepGraph) -> tuple[int, int] | None:
     return blocks[0], blocks[-1] + 1
 
 
-def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1,
-                    account_for_ends: bool = False, split: MegatronSplit | None = None
+def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1, split: MegatronSplit | None = None
                     ) -> tuple[tuple[int, ...], ...] | None:
-    """The chunks of Megatron's layout, first to last, or None when the blocks do not split evenly.
+    """The chunks of Megatron's layout, first to last, or None when the blocks do not split so.
 
-    `account_for_ends` (Megatron's --account-for-embedding-in-pipeline-split and
-    --account-for-loss-in-pipeline-split): the layers before the blocks count as one block and those
-    after as another, so the first and the last chunk hold one block fewer. `split` says it too, or
-    gives the first and last stage's blocks (`MegatronSplit`).
+    `split` (`MegatronSplit`; None: even): with `account_for_ends` (Megatron's
+    --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split) the layers
+    before the blocks count as one block and those after as another, so the first and the last chunk
+    hold one block fewer; or the first and last stage's blocks are given.
     """
     if split is not None and split.uneven:
         return _uneven_chunks(graph, stages, virtual_stages, split)
-    account_for_ends = account_for_ends or (split is not None and split.account_for_ends)
     span = block_span(graph)
-    ends = 2 if account_for_ends else 0
+    ends = 2 if split is not None and split.account_for_ends else 0
     if span is None or (span[1] - span[0] + ends) % (stages * virtual_stages):
         return None
     first, end = span
