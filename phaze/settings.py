@@ -53,7 +53,7 @@ from solver.predict import check_layout
 from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches, context_widths
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
-from solver.training_step import EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
+from solver.training_step import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
 from solver.training_step.memory import OPTIMIZERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
@@ -203,13 +203,13 @@ def _expert_tensor_widths(config: Mapping, spec: ModelSpec) -> tuple[int | None,
 
 
 def _dispatch_share(config: Mapping, known: KnownChip | None) -> float:
-    """`TrainingOptions.expert_dispatch_compute_share`: `expert_dispatch_sms` of a GPU's streaming
-    multiprocessors (0 on a template chip, which has none)."""
+    """`TrainingOptions.expert_dispatch_compute_share`: `expert_dispatch_sms` (null: `DISPATCH_SMS`) of
+    a GPU's streaming multiprocessors (0 on a template chip, which has none)."""
     processors = known.streaming_multiprocessors if known is not None else 0
-    if not processors:
-        integer("expert_dispatch_sms", config["expert_dispatch_sms"], 0)
-        return 0.0
-    return integer("expert_dispatch_sms", config["expert_dispatch_sms"], 0, processors - 1) / processors
+    given = config["expert_dispatch_sms"]
+    sms = integer("expert_dispatch_sms", DISPATCH_SMS if given is None else given, 0,
+                  processors - 1 if processors else None)
+    return sms / processors if processors else 0.0
 
 
 def _context_widths(config: Mapping, sequence_length: int) -> tuple[int, ...]:

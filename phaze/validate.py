@@ -31,6 +31,7 @@ never in the working directory unasked.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -55,7 +56,7 @@ from solver.layer_costs import step_graphs
 from solver.layout import Layout
 from solver.predict import Prediction, predict
 from solver.question import Axes, Question
-from solver.training_step import RECOMPUTE_MODES, TrainingOptions
+from solver.training_step import DISPATCH_SMS, RECOMPUTE_MODES, TrainingOptions
 
 GIB = 2**30
 #: How published runs name the chips phaze predicts them on (the GPUs: priced by their roofline).
@@ -186,9 +187,6 @@ RECIPES = {
         "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
         "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
 }
-#: SMs an overlapped expert dispatch holds when a run does not say (Megatron's --moe-deepep-num-sms
-#: default, the SMs DeepSeek-V3 gives its dispatch, DeepSeek-AI 2024 §3.2.2).
-DISPATCH_SMS = 20
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
 #: What a run's `training.other_settings` may state, by Megatron's flag (or PyTorch DDP's name).
@@ -259,8 +257,7 @@ def recomputed_modules(detail: str) -> frozenset[str]:
     if "--recompute-modules" not in words:
         return frozenset()
     following = words[words.index("--recompute-modules") + 1:]
-    return frozenset(word for word in (following[:next((i for i, w in enumerate(following) if w.startswith("--")),
-                                                        len(following))]))
+    return frozenset(itertools.takewhile(lambda word: not word.startswith("--"), following))
 
 
 def run_recipe(run: dict) -> str | None:
@@ -400,7 +397,7 @@ def case(run: dict) -> Case | str:
     recompute, precision, micro_batch = settings["recompute"], settings["precision"], settings["micro-batch"]
     sequence_parallel = bool(sequence_parallel) and (t or 1) > 1
     options, implied = stated_training(run, sequence_parallel, recipe, model_recipe)
-    if options.overlap_expert_dispatch:  # Megatron's --moe-deepep-num-sms default (20) of the chip's SMs
+    if options.overlap_expert_dispatch:  # Megatron's --moe-deepep-num-sms default of the chip's SMs
         options = dataclasses.replace(options, expert_dispatch_compute_share=(
             DISPATCH_SMS / KNOWN_CHIPS[chip].streaming_multiprocessors))
     assumed += implied
@@ -447,8 +444,8 @@ def case(run: dict) -> Case | str:
         if expert_width is None and recipe is not None and recipe.expert_tensor_parallel is not None:
             expert_width = recipe.expert_tensor_parallel
             assumed.append("expert tensor parallel")
-        if (t * degree) % (experts * (expert_width or t)) or model["moe_num_experts"] % experts or \
-                t % (expert_width or t):
+        if not Layout(t, data_parallel_width=degree, expert_parallel_width=experts,
+                      expert_tensor_parallel_width=expert_width).experts_fit() or model["moe_num_experts"] % experts:
             return "expert layout (EP x ETP not dividing t x d, EP the experts, or ETP t) is not modelled"
     return Case(
         run_id=run["run_id"], chip=chip, system=system, spec=spec, precision=precision_name,

@@ -68,8 +68,9 @@ class Layout:
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            if getattr(self, field.name) is not None or field.name != "expert_tensor_parallel_width":
-                positive_integer(field.name, getattr(self, field.name))
+            if field.name == "expert_tensor_parallel_width" and self.expert_tensor_parallel_width is None:
+                continue  # τ = t
+            positive_integer(field.name, getattr(self, field.name))
         if self.expert_tensor_parallel_width == self.tensor_parallel_width:
             object.__setattr__(self, "expert_tensor_parallel_width", None)
 
@@ -77,6 +78,12 @@ class Layout:
     def expert_tensor_width(self) -> int:
         """τ: the ranks that split each expert (t unless given)."""
         return self.expert_tensor_parallel_width or self.tensor_parallel_width
+
+    def experts_fit(self) -> bool:
+        """τ divides t and e·τ divides t·d: the experts' ranks lie within the tensor and data ranks of
+        a stage (with τ = t: e divides d)."""
+        t, tau = self.tensor_parallel_width, self.expert_tensor_width
+        return t % tau == 0 and (t * self.data_parallel_width) % (self.expert_parallel_width * tau) == 0
 
     @property
     def expert_split(self) -> float:
@@ -175,8 +182,7 @@ class FitRules:
     def replicas_fit(self, degree: int, shard: Layout) -> bool:
         """d divides the micro-batches per batch, and e divides d (the experts are split over replicas;
         with an expert tensor-parallel width τ: e·τ divides t·d)."""
-        t, e, tau = shard.tensor_parallel_width, shard.expert_parallel_width, shard.expert_tensor_width
-        return self.micro_batches % degree == 0 and (t * degree) % (e * tau) == 0
+        return self.micro_batches % degree == 0 and shard.replace(data_parallel_width=degree).experts_fit()
 
     def interleaves(self, stages: int, degree: int) -> bool:
         """Megatron's interleaved schedule: at least two stages, and the micro-batches per replica a

@@ -6,6 +6,7 @@ interleaved schedule (which layouts fit: `solver.layout`).
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 
 import numpy as np
@@ -34,41 +35,38 @@ def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1, spli
     before the blocks count as one block and those after as another, so the first and the last chunk
     hold one block fewer; or the first and last stage's blocks are given.
     """
-    if split is not None and split.uneven:
-        return _uneven_chunks(graph, stages, virtual_stages, split)
     span = block_span(graph)
-    ends = 2 if split is not None and split.account_for_ends else 0
-    if span is None or (span[1] - span[0] + ends) % (stages * virtual_stages):
+    if span is None:
         return None
-    first, end = span
-    size = (end - first + ends) // (stages * virtual_stages)
-    start = first - ends // 2  # the blocks' positions, the first chunk's unit for the embedding included
-    chunks = [list(range(max(start + j * size, first), min(start + (j + 1) * size, end)))
-              for j in range(stages * virtual_stages)]
-    chunks[0] = list(range(first)) + chunks[0]
-    chunks[-1] = chunks[-1] + list(range(end, graph.n))
-    return tuple(tuple(chunk) for chunk in chunks)
+    blocks, chunks = span[1] - span[0], stages * virtual_stages
+    if split is not None and split.uneven:
+        sizes = _uneven_sizes(blocks, stages, virtual_stages, split)
+    else:
+        ends = 2 if split is not None and split.account_for_ends else 0
+        if (blocks + ends) % chunks:
+            return None
+        sizes = [(blocks + ends) // chunks] * chunks
+        sizes[0] -= ends // 2  # the embedding's unit
+        sizes[-1] -= ends // 2  # the loss's
+    if sizes is None:
+        return None
+    bounds = list(itertools.accumulate(sizes, initial=span[0]))
+    layers = [list(range(bounds[index], bounds[index + 1])) for index in range(len(sizes))]
+    layers[0] = list(range(span[0])) + layers[0]  # the layers before the blocks with the first chunk
+    layers[-1] = layers[-1] + list(range(span[1], graph.n))  # and those after with the last
+    return tuple(tuple(chunk) for chunk in layers)
 
 
-def _uneven_chunks(graph: StepGraph, stages: int, virtual_stages: int, split: MegatronSplit
-                   ) -> tuple[tuple[int, ...], ...] | None:
-    """Megatron's stages with the first and/or last stage's blocks given and the rest split evenly
-    over the other stages (v = 1), or None when they do not split so."""
-    span = block_span(graph)
+def _uneven_sizes(blocks: int, stages: int, virtual_stages: int, split: MegatronSplit) -> list[int] | None:
+    """The blocks of each of Megatron's stages with the first and/or last stage's given and the rest
+    split evenly over the other stages (v = 1), or None when they do not split so."""
     first, last = split.first_stage_blocks, split.last_stage_blocks
     middle = stages - (first is not None) - (last is not None)
-    if span is None or virtual_stages != 1 or middle < 0:
+    rest = blocks - (first or 0) - (last or 0)
+    if virtual_stages != 1 or middle < 0 or rest < 0 or (middle == 0 and rest) or (middle and (rest % middle or not rest)):
         return None
-    rest = span[1] - span[0] - (first or 0) - (last or 0)
-    if rest < 0 or (middle == 0 and rest) or (middle and (rest % middle or not rest)):
-        return None
-    sizes = ([first] if first is not None else []) + [rest // middle if middle else 0] * middle + (
+    return ([first] if first is not None else []) + [rest // middle if middle else 0] * middle + (
         [last] if last is not None else [])
-    bounds = [span[0] + sum(sizes[:index]) for index in range(stages + 1)]
-    chunks = [list(range(bounds[index], bounds[index + 1])) for index in range(stages)]
-    chunks[0] = list(range(span[0])) + chunks[0]
-    chunks[-1] = chunks[-1] + list(range(span[1], graph.n))
-    return tuple(tuple(chunk) for chunk in chunks)
 
 
 @lru_cache(maxsize=256)

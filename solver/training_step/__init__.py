@@ -16,10 +16,11 @@ from solver.training_step.memory import (
                                         in_flight,
 )
 from solver.training_step.model import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, TrainingStep
-from solver.training_step.options import EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
+from solver.training_step.options import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
 
 __all__ = [
     "BREAKDOWN_KEYS",
+    "DISPATCH_SMS",
     "EXPERT_DISPATCHES",
     "MEMORY_KINDS",
     "OPTIMIZERS",

@@ -61,6 +61,9 @@ from common.checks import InputError, boolean, choice, non_negative_number, posi
 from solver.training_step.memory import OPTIMIZERS, SHARDINGS, ModelState
 
 
+#: Streaming multiprocessors an overlapped expert dispatch holds unless told (Megatron's
+#: --moe-deepep-num-sms default; what DeepSeek-V3 gives its dispatch, DeepSeek-AI 2024 §3.2.2).
+DISPATCH_SMS = 20
 #: How a mixture's tokens reach their experts (`TrainingOptions.expert_dispatch`).
 EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
 
