@@ -192,7 +192,8 @@ class PreparedLayer:
     def _price(self, core: CoreConfig, lanes: int) -> tuple[np.ndarray, np.ndarray]:
         tc_cycles, tc_energy = self._tensor_cores(core)
         vc_cycles, vc_energy = self._vector_cores(lanes)
-        seconds = np.maximum(tc_cycles, vc_cycles) / self.table.template.clock_hz
+        template = self.table.template
+        seconds = np.maximum(tc_cycles / template.tensor_core_efficiency, vc_cycles) / template.clock_hz
         return seconds, tc_energy + vc_energy
 
     def prices(self, accelerator: AcceleratorConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -212,9 +213,9 @@ class PreparedLayer:
         lanes, lane_index = np.unique(np.concatenate([space.num_vc * space.width, space.width]), return_inverse=True)
         vector = np.stack([self._vector_cores(int(count))[0] for count in lanes], axis=1)[:, lane_index]
         vector_every, vector_single = vector[:, : len(space)], vector[:, len(space):]
-        clock = self.table.template.clock_hz
-        latency = np.maximum(self._tc_cycles[:, single], vector_single) / clock
-        parallel = np.maximum(self._tc_cycles[:, every], vector_every) / clock
+        clock, efficiency = self.table.template.clock_hz, self.table.template.tensor_core_efficiency
+        latency = np.maximum(self._tc_cycles[:, single] / efficiency, vector_single) / clock
+        parallel = np.maximum(self._tc_cycles[:, every] / efficiency, vector_every) / clock
         return latency, parallel
 
     def on(self, accelerator: AcceleratorConfig) -> FusedLayer:

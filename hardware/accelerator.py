@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from common.checks import InputError, positive_integer, positive_number, power_of_two, unknown_fields
+from common.checks import InputError, fraction, positive_integer, positive_number, power_of_two, unknown_fields
 from hardware.area import area_um2
 
 #: The named template chips (fields of AcceleratorConfig), one file each.
@@ -91,6 +91,10 @@ class AcceleratorConfig:
     * `clock_hz` is 1.05 GHz: latency = cycles / 1.05e9 seconds (the original divided by 1.05e6).
     * The links between chips are not part of the chip: the cluster (`hardware.Cluster`) prices
       every collective and transfer.
+    * `tensor_core_efficiency` is the fraction of the tiled schedule's rate the tensor cores keep
+      (1: the tiling model's cycles as they are; a real chip's, fitted on its measured runs, says
+      what the model does not see: filling and draining the systolic array between tiles, the
+      compiler's loop overheads). It divides every tensor-core cycle count.
     """
 
     num_tc: int
@@ -104,6 +108,7 @@ class AcceleratorConfig:
     hbm_bandwidth: float = 1.2e12
     core_buffer_words_per_cycle: float = 64.0
     glb_words_per_cycle: float = 256.0
+    tensor_core_efficiency: float = 1.0
     energy: EnergyCosts = field(default_factory=EnergyCosts)
 
     def __post_init__(self) -> None:
@@ -113,6 +118,7 @@ class AcceleratorConfig:
         if not isinstance(self.energy, EnergyCosts):
             raise InputError(f"accelerator.energy: must be EnergyCosts, got {self.energy!r}")
         _check_numbers(self, "accelerator")
+        fraction("accelerator.tensor_core_efficiency", self.tensor_core_efficiency)
 
     @property
     def tc_core(self) -> CoreConfig:

@@ -141,15 +141,23 @@ class Cluster:
                              f"got {self.tiers[-1].devices}")
 
     @classmethod
-    def build(cls, name: str, num_devices: int, node_size: int, tiers: list[Mapping]) -> Cluster:
+    def build(cls, name: str, num_devices: int, node_size: int, tiers: list[Mapping], slices: int = 1) -> Cluster:
         """From a system's data: tiers without `devices` join a node (all but the last) or the cluster
-        (the last); latency defaults to 0, efficiency to 1."""
+        (the last), a tier of `devices: slice` one of the `slices` equal slices of the cluster (a TPU
+        slice's ICI; the slices joined by the data-centre network, as MaxText's multislice runs);
+        latency defaults to 0, efficiency to 1."""
+        positive_integer("system.slices", slices)
+        if slices > 1 and (num_devices % slices or (num_devices // slices) % node_size):
+            raise InputError(f"system.slices: {slices} must split num_devices={num_devices} into slices of whole "
+                             f"nodes of {node_size}; allowed: a divisor of {num_devices // node_size}")
         built = []
         for index, tier in enumerate(tiers):
             fields = dict(tier)
             unknown_fields(f"system.tiers[{index}]", fields, TIER_FIELDS)
             if fields.get("devices") is None:
                 fields["devices"] = num_devices if index == len(tiers) - 1 else node_size
+            elif fields["devices"] == "slice":
+                fields["devices"] = num_devices // slices
             fields.setdefault("latency", 0.0)
             fields.setdefault("efficiency", 1.0)
             if "bandwidth" not in fields:

@@ -24,28 +24,36 @@ SYSTEMS_FOLDER = Path(__file__).resolve().parent / "systems"
 #: Network shapes by the name a system's `topology` gives.
 TOPOLOGIES = {"tiers": Cluster}
 #: The fields of a system's file.
-SYSTEM_FIELDS = ("name", "chip", "node_size", "topology", "tiers")
+SYSTEM_FIELDS = ("name", "chip", "node_size", "topology", "tiers", "slices")
 
 
 @dataclass(frozen=True)
 class System:
     """A machine: `chip`s (a known chip's name) in nodes of `node_size`, joined by `tiers` of links
-    (mappings of `hardware.cluster.TIER_FIELDS`) in the shape `topology`."""
+    (mappings of `hardware.cluster.TIER_FIELDS`) in the shape `topology`; a TPU pod's devices in
+    `slices` slices (its ICI joins a slice, the data-centre network the slices)."""
 
     name: str
     chip: str
     node_size: int
     tiers: tuple[Mapping, ...]
     topology: str = "tiers"
+    slices: int = 1
 
-    def cluster(self, num_devices: int) -> Network:
-        """This system with `num_devices` devices."""
-        return TOPOLOGIES[self.topology].build(self.name, num_devices, self.node_size, list(self.tiers))
+    def cluster(self, num_devices: int, slices: int | None = None) -> Network:
+        """This system with `num_devices` devices (in `slices` slices: by default the file's)."""
+        return TOPOLOGIES[self.topology].build(self.name, num_devices, self.node_size, list(self.tiers),
+                                               self.slices if slices is None else slices)
+
+    @property
+    def sliced(self) -> bool:
+        """Whether a tier of the system joins a slice (`devices: slice`): it has a `slices` setting."""
+        return any(dict(tier).get("devices") == "slice" for tier in self.tiers)
 
     def record(self) -> dict:
         """The system as a mapping of its file's fields (what the command line's `system` holds)."""
         return {"name": self.name, "chip": self.chip, "node_size": self.node_size, "topology": self.topology,
-                "tiers": [dict(tier) for tier in self.tiers]}
+                "tiers": [dict(tier) for tier in self.tiers], **({"slices": self.slices} if self.sliced else {})}
 
 
 def read_system(path: Path) -> System:
@@ -57,7 +65,7 @@ def read_system(path: Path) -> System:
     chip = choice(f"{where}: chip", entry.get("chip"), tuple(KNOWN_CHIPS))
     topology = choice(f"{where}: topology", entry.get("topology", "tiers"), tuple(TOPOLOGIES))
     system = System(path.stem, chip, positive_integer(f"{where}: node_size", entry.get("node_size")),
-                    tuple(entry.get("tiers") or ()), topology)
+                    tuple(entry.get("tiers") or ()), topology, positive_integer(f"{where}: slices", entry.get("slices", 1)))
     system.cluster(system.node_size)  # the tiers are checked by building the smallest cluster
     return system
 

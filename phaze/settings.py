@@ -74,7 +74,7 @@ MAX_TIME_LIMIT_S = 86_400.0
 #: Ranges of the template's technology fields (unit, largest value): 100 GHz, 1 PB/s.
 ACCELERATOR_NUMBERS = {"clock_hz": ("Hz", 1e11), "hbm_bandwidth": ("B/s", 1e15)}
 #: The fields of a system (a hardware system's, or a preset of phaze/conf/system/).
-SYSTEM_FIELDS = ("name", "chip", "step_model", "node_size", "topology", "tiers")
+SYSTEM_FIELDS = ("name", "chip", "step_model", "node_size", "topology", "tiers", "slices")
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ def _system(system: Mapping, devices: int) -> tuple[Network, str]:
     if not isinstance(tiers, list) or not all(isinstance(tier, dict) for tier in tiers):
         raise InputError(f"system.tiers: must be a list of tiers (name, bandwidth, latency, efficiency), got {tiers!r}")
     topology = choice("system.topology", system.get("topology", "tiers"), tuple(TOPOLOGIES))
-    return TOPOLOGIES[topology].build(str(system.get("name", "custom")), devices, node_size, tiers), step_model
+    return TOPOLOGIES[topology].build(str(system.get("name", "custom")), devices, node_size, tiers,
+                                      system.get("slices", 1)), step_model
 
 
 def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip | None]:

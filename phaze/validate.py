@@ -59,9 +59,9 @@ from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, RECOMPUTE_MODES, TrainingOptions
 
 GIB = 2**30
-#: How published runs name the chips phaze predicts them on (the GPUs: priced by their roofline).
-VALIDATED_CHIPS = tuple(sorted(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names
-                               if KNOWN_CHIPS[system.chip].cost_model == "roofline"))
+#: How published runs name the chips phaze predicts them on (GPUs priced by their roofline, TPUs by the
+#: template's estimator and schedules).
+VALIDATED_CHIPS = tuple(sorted(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names))
 
 
 #: Frameworks of runs measured before fused attention kernels: FlashAttention was published in May 2022
@@ -83,6 +83,13 @@ GPT_FAMILY = {name: getattr(get_spec("megatrongpt3"), name) for name in (
 #: changes no shape), no biases, untied embeddings, no dropout.
 NEMOTRON_FAMILY = dict(norm="layernorm", activation="squared_relu", position_embedding="rotary", bias=False,
                        tied_lm_head=False, dropout=0.0, fused_qkv=False, vocab_pad_multiple=128)
+
+#: MaxText's decoder as of its 2023-12 configs (MaxText/configs/base.yml at 76bd53b0f): RMSNorm, rotary
+#: positions, a two-matrix ReLU MLP (mlp_activations ["relu"]), separate query, key and value
+#: projections, no biases, no dropout (dropout_rate 0), the logits through the embedding
+#: (logits_via_embedding: tied), the vocabulary as given.
+MAXTEXT_FAMILY = dict(norm="rmsnorm", activation="relu", position_embedding="rotary", bias=False, tied_lm_head=True,
+                      dropout=0.0, fused_qkv=False, vocab_pad_multiple=1)
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,8 @@ class Recipe:
     model_flops: bool = False
     flops_causal_half: bool = False  # its release's formula counts half the causal attention (2025's)
     expert_tensor_parallel: int | None = None  # a mixture's --expert-tensor-parallel-size (None: t)
+    flop_count: str = "megatron"  # whose FLOP formula its model TFLOP/s follow: "megatron" or "maxtext"
+    multislice: bool = False  # its data_parallel counts slices over the data-centre network, FSDP each slice
 
 
 def _llama2(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, overlap: bool = False) -> ModelRecipe:
@@ -186,6 +195,18 @@ RECIPES = {
         "paper's FLOP count (Eq. 3, four passes) assumes for these rows too; fp16 gradients reduced in "
         "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
         "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
+    "MaxText": Recipe(
+        "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
+        "AI-Hypercomputer/maxtext MaxText/configs/base.yml and configs/{v4,v5e,v5p}/*.sh @ 76bd53b0f: the "
+        "decoder of MAXTEXT_FAMILY; weights, gradients and optimizer state sharded over each slice's "
+        "ici_fsdp_parallelism ranks (FSDP), replicated over dcn_data_parallelism slices (hybrid sharding); "
+        "the tensor axis shards the activations' embedding between blocks (as sequence parallelism does); "
+        "remat_policy full = full recomputation, minimal = the matmul outputs kept (selective); the scripts' "
+        "LIBTPU_INIT_ARGS (--xla_tpu_enable_async_collective_fusion, ..._fuse_all_gather, "
+        "--xla_tpu_overlap_compute_collective_tc) overlap the collectives, the tensor axis's too, with the "
+        "matrix products; the time from TFLOP/s "
+        "by MaxText's calculate_tflops_training_per_device of that commit",
+        family=MAXTEXT_FAMILY, model_flops=True, flop_count="maxtext", multislice=True),
 }
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
@@ -226,6 +247,7 @@ class Case:
     moe: bool = False
     context_parallel_width: int = 1
     expert_tensor_parallel_width: int | None = None  # None: t
+    slices: int = 1  # a TPU run's slices, joined by the data-centre network
 
     @property
     def kernels(self) -> KernelOptions:
@@ -300,11 +322,23 @@ def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int,
         + spec.padded_vocab_size(width) / (2 * layers * h))
 
 
-def measured_seconds(run: dict, spec: ModelSpec | None = None, width: int = 1, causal_half: bool = False
-                     ) -> tuple[float | None, str]:
+def maxtext_model_flops(spec: ModelSpec, batch: int, sequence: int) -> float:
+    """FLOPs per iteration as MaxText counted its TFLOP/s at 76bd53b0f (MaxText/max_utils.py,
+    calculate_tflops_training_per_device): 6 FLOPs per parameter per token (every parameter, the
+    embedding included) plus the attention's 12·L·a·d_head·s² per sequence, the whole s × s counted."""
+    h, heads, layers = spec.hidden_size, spec.num_heads, spec.num_layers
+    channels = spec.kv_channels or h // heads
+    kv_heads = spec.num_kv_heads or heads
+    block = h * channels * (2 * heads + 2 * kv_heads) + 2 * h * spec.ffn_hidden_size + 2 * h  # q, k, v, o; MLP; norms
+    parameters = layers * block + spec.vocab_size * h + h  # the embedding (tied), the final norm
+    return 6 * parameters * batch * sequence + 12 * layers * heads * channels * sequence**2 * batch
+
+
+def measured_seconds(run: dict, flops: float | None = None) -> tuple[float | None, str]:
     """(seconds per iteration, how derived): the stated or derived time; else the global batch's tokens
-    (sequences × sequence length) / the measured tokens per second; else, given the model as Megatron
-    counts it (`spec`), its FLOPs per iteration / (the measured model TFLOP/s × the devices)."""
+    (sequences × sequence length) / the measured tokens per second; else, given the FLOPs of an
+    iteration as the run's framework counts them (`flops`), those / (the measured model TFLOP/s × the
+    devices)."""
     measured = run["measured"]
     seconds = measured["seconds_per_iteration"] or measured["seconds_per_iteration_derived"]
     if seconds is not None:
@@ -313,11 +347,16 @@ def measured_seconds(run: dict, spec: ModelSpec | None = None, width: int = 1, c
         measured["tokens_per_sec_per_device"] and measured["tokens_per_sec_per_device"] * run["hardware"]["num_devices"])
     if tokens_per_s:
         return run["batch"]["global_batch_size_seqs"] * run["model"]["seq_length_tokens"] / tokens_per_s, FROM_TOKENS
-    if spec is not None and measured["tflop_per_s_per_device"]:
-        flops = megatron_model_flops(spec, run["batch"]["global_batch_size_seqs"], run["model"]["seq_length_tokens"],
-                                     width, causal_half)
+    if flops is not None and measured["tflop_per_s_per_device"]:
         return flops / (measured["tflop_per_s_per_device"] * 1e12 * run["hardware"]["num_devices"]), FROM_FLOPS
     return None, ""
+
+
+def framework_flops(recipe: Recipe, spec: ModelSpec, batch: int, sequence: int, width: int) -> float:
+    """FLOPs of an iteration of `batch` sequences as the recipe's framework counts its model TFLOP/s."""
+    if recipe.flop_count == "maxtext":
+        return maxtext_model_flops(spec, batch, sequence)
+    return megatron_model_flops(spec, batch, sequence, width, recipe.flops_causal_half)
 
 
 def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, model_recipe: ModelRecipe | None
@@ -363,7 +402,7 @@ def case(run: dict) -> Case | str:
     """The run as phaze predicts it, or why it is left out."""
     model, hardware, training = run["model"], run["hardware"], run["training"]
     found = system_of(hardware["device_type"])
-    if found is None or KNOWN_CHIPS[found.chip].cost_model != "roofline":
+    if found is None:
         return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
     chip, system = found.chip, found.name
     parallel, batch = run["parallelism"], run["batch"]
@@ -405,9 +444,17 @@ def case(run: dict) -> Case | str:
     if precision_name == "fp8" and not KNOWN_CHIPS[chip].has_fp8:
         return f"FP8 precision: {chip} has no FP8 tensor cores"
     context = parallel["context_parallel"] or 1
-    degree = parallel["data_parallel"]
+    degree, slices = parallel["data_parallel"], 1
+    if recipe is not None and recipe.multislice and parallel["fsdp_parallel"] is not None:
+        slices, degree = degree or 1, None  # MaxText: data_parallel counts slices; d is every FSDP rank
     if degree is None and t and p and hardware["num_devices"] % (t * p * context) == 0:
         degree = hardware["num_devices"] // (t * p * context)
+    if slices > 1 and (degree is None or degree % slices):
+        return f"{slices} slices do not split the data-parallel ranks"
+    if slices > 1:  # sharded within a slice, replicated across slices (hybrid sharding)
+        options = dataclasses.replace(options, data_parallel_shard_width=degree // slices)
+    if recipe is not None and recipe.multislice and micro_batch and t:
+        micro_batch *= t  # MaxText's per_device_batch_size counts a chip's; a tensor group runs t of them at once
     needed = {"model.num_layers": model["num_layers"], "model.hidden_size": model["hidden_size"],
               "model.num_attention_heads": model["num_attention_heads"], "model.seq_length_tokens": model["seq_length_tokens"],
               "model.vocab_size": model["vocab_size"], "parallelism.tensor_parallel": t,
@@ -430,8 +477,8 @@ def case(run: dict) -> Case | str:
     sequence = model["seq_length_tokens"]
     family = {**(model_recipe.family if model_recipe else {}), **(recipe.family if recipe else {})}
     spec = model_spec(model, sequence, family)
-    seconds, time_from = measured_seconds(run, spec if recipe and recipe.model_flops else None, t,
-                                          bool(recipe and recipe.flops_causal_half))
+    seconds, time_from = measured_seconds(run, framework_flops(recipe, spec, batch["global_batch_size_seqs"], sequence, t)
+                                          if recipe and recipe.model_flops else None)
     if seconds is None:
         return "no time per iteration, tokens/s or model TFLOP/s measured"
     rerun = recomputed_modules(training.get("recompute_detail") or "") & WHOLE_MODULES
@@ -456,7 +503,7 @@ def case(run: dict) -> Case | str:
         time_from=time_from, assumed=tuple(assumed), recipe=recipe_name if assumed else "",
         expert_parallel_width=experts, expert_tensor_parallel_width=expert_width,
         flash_attention=not (training["framework"] or "").startswith(UNFUSED_ATTENTION_FRAMEWORKS),
-        moe=is_moe(model), context_parallel_width=context,
+        moe=is_moe(model), context_parallel_width=context, slices=slices,
     )
 
 
@@ -465,15 +512,15 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     """The run predicted by phaze: its model on its cluster in its precision (by default the system's
     chip and cluster; others to calibrate them)."""
     spec = item.spec
-    cluster = cluster or SYSTEMS[item.system].cluster(item.devices)
+    cluster = cluster or SYSTEMS[item.system].cluster(item.devices, item.slices)
     question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels)
-    axes = Axes((item.micro_batch_size,), (80 * GIB,), (item.recompute,), (item.width,), (item.virtual_stages,),
+    chip = chip or KNOWN_CHIPS[item.chip]
+    axes = Axes((item.micro_batch_size,), (chip.hbm_capacity,), (item.recompute,), (item.width,), (item.virtual_stages,),
                 (item.expert_parallel_width,), (item.context_parallel_width,),
                 expert_tensor_parallel_widths=(item.expert_tensor_parallel_width,))
     layout = Layout(item.width, item.stages, item.degree, item.virtual_stages, item.expert_parallel_width,
                     item.context_parallel_width, item.expert_tensor_parallel_width)
     graphs = extract(spec, item.micro_batch_size, item.sequence_length, item.width, cache_dir=cache_dir)
-    chip = chip or KNOWN_CHIPS[item.chip]
     costs = chip_costs(question, axes, {item.width: graphs}, chip, cache_dir)
     return predict(question, axes, layout, graphs, step_graphs({item.width: graphs}, costs)[item.width], chip)
 
@@ -488,7 +535,7 @@ def run_cases(runs: list[dict]) -> list[tuple[dict, Case | str]]:
             item = case(run)
             if isinstance(item, Case):
                 check_request(item.spec, item.micro_batch_size, item.sequence_length, item.width)
-                SYSTEMS[item.system].cluster(item.devices)
+                SYSTEMS[item.system].cluster(item.devices, item.slices)
         except ValueError as problem:
             raise InputError(f"FILE: run {run['run_id']!r}: {' '.join(str(problem).split())}") from None
         found.append((run, item))
