@@ -58,7 +58,6 @@ from solver.predict import Prediction, predict
 from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, RECOMPUTE_MODES, TrainingOptions
 
-GIB = 2**30
 #: How published runs name the chips phaze predicts them on (GPUs priced by their roofline, TPUs by the
 #: template's estimator and schedules).
 VALIDATED_CHIPS = tuple(sorted(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names))
@@ -126,6 +125,7 @@ class Recipe:
     expert_tensor_parallel: int | None = None  # a mixture's --expert-tensor-parallel-size (None: t)
     flop_count: str = "megatron"  # whose FLOP formula its model TFLOP/s follow: "megatron" or "maxtext"
     multislice: bool = False  # its data_parallel counts slices over the data-centre network, FSDP each slice
+    flops_attention: float = 1.0  # the share of the s x s attention its FLOP count takes (maxtext)
 
 
 def _llama2(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, overlap: bool = False) -> ModelRecipe:
@@ -195,7 +195,7 @@ RECIPES = {
         "paper's FLOP count (Eq. 3, four passes) assumes for these rows too; fp16 gradients reduced in "
         "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
         "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
-    "MaxText": Recipe(
+    "MaxText TPU v5p": (MAXTEXT := Recipe(
         "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
         "AI-Hypercomputer/maxtext MaxText/configs/base.yml and configs/{v4,v5e,v5p}/*.sh @ 76bd53b0f: the "
         "decoder of MAXTEXT_FAMILY; weights, gradients and optimizer state sharded over each slice's "
@@ -205,8 +205,14 @@ RECIPES = {
         "LIBTPU_INIT_ARGS (--xla_tpu_enable_async_collective_fusion, ..._fuse_all_gather, "
         "--xla_tpu_overlap_compute_collective_tc) overlap the collectives, the tensor axis's too, with the "
         "matrix products; the time from TFLOP/s "
-        "by MaxText's calculate_tflops_training_per_device of that commit",
-        family=MAXTEXT_FAMILY, model_flops=True, flop_count="maxtext", multislice=True),
+        "by MaxText's calculate_training_tflops of that commit (half the s x s attention)",
+        family=MAXTEXT_FAMILY, model_flops=True, flop_count="maxtext", multislice=True, flops_attention=0.5)),
+    "MaxText TPU v5e": dataclasses.replace(MAXTEXT, source=MAXTEXT.source.replace(
+        "of that commit (half the s x s attention)", "as of its table's first publication, 2023-11-08 (the whole s x s "
+        "attention, before 4e41a72d1 halved it)"), flops_attention=1.0),
+    "MaxText TPU v4": dataclasses.replace(MAXTEXT, source=MAXTEXT.source.replace(
+        "of that commit (half the s x s attention)", "as of its table's first publication, spring 2023 (6 FLOPs per "
+        "parameter per token, no attention term)"), flops_attention=0.0),
 }
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
@@ -322,16 +328,18 @@ def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int,
         + spec.padded_vocab_size(width) / (2 * layers * h))
 
 
-def maxtext_model_flops(spec: ModelSpec, batch: int, sequence: int) -> float:
-    """FLOPs per iteration as MaxText counted its TFLOP/s at 76bd53b0f (MaxText/max_utils.py,
-    calculate_tflops_training_per_device): 6 FLOPs per parameter per token (every parameter, the
-    embedding included) plus the attention's 12·L·a·d_head·s² per sequence, the whole s × s counted."""
+def maxtext_model_flops(spec: ModelSpec, batch: int, sequence: int, attention: float = 0.5) -> float:
+    """FLOPs per iteration as MaxText counts its TFLOP/s (MaxText/train.py calculate_training_tflops at
+    76bd53b0f): 6 per parameter per token, every parameter counted (the tied embedding, one norm per
+    parallel block, the query, key and value norms), plus `attention` × 12·L·a·d_head·s² per sequence.
+    Its READMEs' tables were measured under the formula of their day: the whole s × s (v5e, Nov 2023:
+    `attention` 1), half of it (v5p, Dec 2023, after 4e41a72d1: 0.5), none (v4, spring 2023: 0)."""
     h, heads, layers = spec.hidden_size, spec.num_heads, spec.num_layers
     channels = spec.kv_channels or h // heads
     kv_heads = spec.num_kv_heads or heads
-    block = h * channels * (2 * heads + 2 * kv_heads) + 2 * h * spec.ffn_hidden_size + 2 * h  # q, k, v, o; MLP; norms
+    block = h * channels * (2 * heads + 2 * kv_heads) + 2 * h * spec.ffn_hidden_size + h + 3 * channels
     parameters = layers * block + spec.vocab_size * h + h  # the embedding (tied), the final norm
-    return 6 * parameters * batch * sequence + 12 * layers * heads * channels * sequence**2 * batch
+    return 6 * parameters * batch * sequence + attention * 12 * layers * heads * channels * sequence**2 * batch
 
 
 def measured_seconds(run: dict, flops: float | None = None) -> tuple[float | None, str]:
@@ -355,7 +363,7 @@ def measured_seconds(run: dict, flops: float | None = None) -> tuple[float | Non
 def framework_flops(recipe: Recipe, spec: ModelSpec, batch: int, sequence: int, width: int) -> float:
     """FLOPs of an iteration of `batch` sequences as the recipe's framework counts its model TFLOP/s."""
     if recipe.flop_count == "maxtext":
-        return maxtext_model_flops(spec, batch, sequence)
+        return maxtext_model_flops(spec, batch, sequence, recipe.flops_attention)
     return megatron_model_flops(spec, batch, sequence, width, recipe.flops_causal_half)
 
 
