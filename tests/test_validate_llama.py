@@ -184,7 +184,7 @@ def test_the_dense_16_bit_a100_predictions_are_as_calibrated():
 
 def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps([RUNS["sc21_t1_1.7B"], RUNS["nemo2407_LLAMA2-7B_8gpu"],
-                                                    RUNS["maxtext_v4_22B_1x128"]]))
+                                                    RUNS["megatron2020_mp_1B_DGX-2"]]))
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "COLUMNS": "200",
                    "XDG_CACHE_HOME": str(tmp_path / "xdg")}  # its graphs cached under tmp_path
     run = subprocess.run([sys.executable, "-m", "phaze", "validate", "runs.json"], cwd=tmp_path, capture_output=True,
@@ -194,7 +194,8 @@ def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     assert "h100_sxm" in row and "fp8" in row and f"{128 * 4096 / (16847 * 8):.4g}†" in row
     assert "‡ NeMo 24.07: NeMo-Framework-Launcher" in run.stdout
     assert "a100_80gb 16-bit: 1 runs" in run.stdout and "h100_sxm fp8: 1 runs" in run.stdout
-    assert "hardware TPU v4: not an A100 or H100 or H800: 1 (maxtext_v4_22B_1x128)" in run.stdout
+    assert ("hardware V100 (DGX-2): not an A100 or H100 or H800 or TPU v4 or TPU v5e or TPU v5p: 1 "
+            "(megatron2020_mp_1B_DGX-2)") in run.stdout
 
 
 def test_fused_attention_flops_and_bytes_of_one_layer_by_hand():
