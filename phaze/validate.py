@@ -121,11 +121,12 @@ class Recipe:
     models: dict[str, ModelRecipe] = field(default_factory=dict)
     family: dict = field(default_factory=dict)
     model_flops: bool = False
-    flops_causal_half: bool = False  # its release's formula counts half the causal attention (2025's)
     expert_tensor_parallel: int | None = None  # a mixture's --expert-tensor-parallel-size (None: t)
     flop_count: str = "megatron"  # whose FLOP formula its model TFLOP/s follow: "megatron" or "maxtext"
+    # the share of the whole s x s attention that formula counts: 1, half (Megatron's 2025, MaxText's
+    # after 2023-11-30: causal), 0 (MaxText's before June 2023)
+    flops_attention: float = 1.0
     multislice: bool = False  # its data_parallel counts slices over the data-centre network, FSDP each slice
-    flops_attention: float = 1.0  # the share of the s x s attention its FLOP count takes (maxtext)
 
 
 def _llama2(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, overlap: bool = False) -> ModelRecipe:
@@ -139,6 +140,21 @@ def _shape(layers: int, hidden: int, heads: int, vocabulary: int, kv_heads: int 
 
 
 _ADAM_SHARDED = dict(optimizer="adam", data_parallel_sharding="optimizer", overlap_grad_reduce=True)
+
+def _maxtext(flop_count: str, attention: float) -> Recipe:
+    """MaxText's recipe for one README table (the three differ only in the FLOP count of their day)."""
+    return Recipe(
+        "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
+        "AI-Hypercomputer/maxtext MaxText/configs/base.yml and configs/{v4,v5e,v5p}/*.sh @ 76bd53b0f: the "
+        "decoder of MAXTEXT_FAMILY; weights, gradients and optimizer state sharded over each slice's "
+        "ici_fsdp_parallelism ranks (FSDP), replicated over dcn_data_parallelism slices (hybrid sharding); "
+        "the tensor axis shards the activations' embedding between blocks (as sequence parallelism does); "
+        "remat_policy full = full recomputation, minimal = the matmul outputs kept (selective); the scripts' "
+        "LIBTPU_INIT_ARGS (--xla_tpu_enable_async_collective_fusion, ..._fuse_all_gather, "
+        "--xla_tpu_overlap_compute_collective_tc) overlap the collectives, the tensor axis's too, with the "
+        f"matrix products; the time from TFLOP/s by MaxText's calculate_training_tflops {flop_count}",
+        family=MAXTEXT_FAMILY, model_flops=True, flop_count="maxtext", flops_attention=attention, multislice=True)
+
 
 #: The recipes of the releases the calibration set's runs were measured with (by framework or source).
 RECIPES = {
@@ -187,7 +203,7 @@ RECIPES = {
         "--expert-tensor-parallel-size 1; no recomputation flag (the benchmark rows add theirs); micro-batch 1 (runtime_configs/benchmarking/"
         "runtime.conf @ c1ad0b5c89f4); the time from TFLOP/s by Megatron-LM's num_floating_point_operations "
         "as of 2025 (causal attention counted half: the rows stating both agree within 0.5 %)",
-        micro_batch_size=1, model_flops=True, flops_causal_half=True, expert_tensor_parallel=1),
+        micro_batch_size=1, model_flops=True, flops_attention=0.5, expert_tensor_parallel=1),
     "Megatron-LM + DeepSpeed ZeRO-3": Recipe(
         "full", False, TrainingOptions("adam", "full", grad_reduce_in_bf16=True),
         "Narayanan et al. SC'21 Sec. 5.2 and Table 2 (the ZeRO-3 rows: DeepSpeed's ZeRO-3 on Megatron's "
@@ -195,24 +211,11 @@ RECIPES = {
         "paper's FLOP count (Eq. 3, four passes) assumes for these rows too; fp16 gradients reduced in "
         "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
         "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
-    "MaxText TPU v5p": (MAXTEXT := Recipe(
-        "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
-        "AI-Hypercomputer/maxtext MaxText/configs/base.yml and configs/{v4,v5e,v5p}/*.sh @ 76bd53b0f: the "
-        "decoder of MAXTEXT_FAMILY; weights, gradients and optimizer state sharded over each slice's "
-        "ici_fsdp_parallelism ranks (FSDP), replicated over dcn_data_parallelism slices (hybrid sharding); "
-        "the tensor axis shards the activations' embedding between blocks (as sequence parallelism does); "
-        "remat_policy full = full recomputation, minimal = the matmul outputs kept (selective); the scripts' "
-        "LIBTPU_INIT_ARGS (--xla_tpu_enable_async_collective_fusion, ..._fuse_all_gather, "
-        "--xla_tpu_overlap_compute_collective_tc) overlap the collectives, the tensor axis's too, with the "
-        "matrix products; the time from TFLOP/s "
-        "by MaxText's calculate_training_tflops of that commit (half the s x s attention)",
-        family=MAXTEXT_FAMILY, model_flops=True, flop_count="maxtext", multislice=True, flops_attention=0.5)),
-    "MaxText TPU v5e": dataclasses.replace(MAXTEXT, source=MAXTEXT.source.replace(
-        "of that commit (half the s x s attention)", "as of its table's first publication, 2023-11-08 (the whole s x s "
-        "attention, before 4e41a72d1 halved it)"), flops_attention=1.0),
-    "MaxText TPU v4": dataclasses.replace(MAXTEXT, source=MAXTEXT.source.replace(
-        "of that commit (half the s x s attention)", "as of its table's first publication, spring 2023 (6 FLOPs per "
-        "parameter per token, no attention term)"), flops_attention=0.0),
+    "MaxText TPU v5p": _maxtext("of that commit (half the s x s attention)", 0.5),
+    "MaxText TPU v5e": _maxtext("as of its table's first publication, 2023-11-08 (the whole s x s attention, "
+                                "before 4e41a72d1 halved it)", 1.0),
+    "MaxText TPU v4": _maxtext("as of its table's first publication, spring 2023 (6 FLOPs per parameter per "
+                               "token, no attention term)", 0.0),
 }
 #: Vocabulary of MoE runs that do not state it, by model name prefix (the recipe's tokenizer).
 MOE_VOCABULARY = {"Qwen3-235B": 151936}
@@ -310,12 +313,12 @@ def model_spec(model: dict, sequence: int, family: dict) -> ModelSpec:
                      **family, **shape)
 
 
-def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int, causal_half: bool = False) -> float:
+def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int, attention: float = 1.0) -> float:
     """FLOPs per iteration as Megatron-LM counts them (megatron/training/training.py,
     num_floating_point_operations): 12·B·s·L·h²·((1 + g/a + s/h)·(a·k/h) + MLP/(L·h) + V/(2·L·h)),
     the MLP term Σ over blocks of the dense width f, or a mixture's k routed experts' width plus its
     shared experts', × 3/2 when gated (SwiGLU), and the padded vocabulary V. Release core_r0.8.0
-    counts the full s × s attention; 2025's (`causal_half`) half of it, s/(2h). Multi-head latent
+    counts the full s × s attention; 2025's half of it, s/(2h) (`attention`: the share counted). Multi-head latent
     attention is not counted here (no calibration run has it)."""
     h, heads, layers = spec.hidden_size, spec.num_heads, spec.num_layers
     groups, channels = spec.num_kv_heads or heads, spec.kv_channels or h // heads
@@ -324,7 +327,7 @@ def megatron_model_flops(spec: ModelSpec, batch: int, sequence: int, width: int,
     routed = spec.expert_ffn_hidden_size * (spec.experts_per_token + spec.shared_experts) if spec.num_experts else 0
     mlp = ((layers - moe_blocks) * spec.ffn_hidden_size + moe_blocks * routed) * gated
     return 12 * batch * sequence * layers * h * h * (
-        (1 + groups / heads + sequence / (2 * h if causal_half else h)) * heads * channels / h + mlp / (layers * h)
+        (1 + groups / heads + attention * sequence / h) * heads * channels / h + mlp / (layers * h)
         + spec.padded_vocab_size(width) / (2 * layers * h))
 
 
@@ -364,7 +367,7 @@ def framework_flops(recipe: Recipe, spec: ModelSpec, batch: int, sequence: int, 
     """FLOPs of an iteration of `batch` sequences as the recipe's framework counts its model TFLOP/s."""
     if recipe.flop_count == "maxtext":
         return maxtext_model_flops(spec, batch, sequence, recipe.flops_attention)
-    return megatron_model_flops(spec, batch, sequence, width, recipe.flops_causal_half)
+    return megatron_model_flops(spec, batch, sequence, width, recipe.flops_attention)
 
 
 def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, model_recipe: ModelRecipe | None
@@ -453,15 +456,16 @@ def case(run: dict) -> Case | str:
         return f"FP8 precision: {chip} has no FP8 tensor cores"
     context = parallel["context_parallel"] or 1
     degree, slices = parallel["data_parallel"], 1
-    if recipe is not None and recipe.multislice and parallel["fsdp_parallel"] is not None:
+    multislice = recipe is not None and recipe.multislice
+    if multislice and parallel["fsdp_parallel"] is not None:
         slices, degree = degree or 1, None  # MaxText: data_parallel counts slices; d is every FSDP rank
     if degree is None and t and p and hardware["num_devices"] % (t * p * context) == 0:
         degree = hardware["num_devices"] // (t * p * context)
-    if slices > 1 and (degree is None or degree % slices):
-        return f"{slices} slices do not split the data-parallel ranks"
     if slices > 1:  # sharded within a slice, replicated across slices (hybrid sharding)
+        if degree is None or degree % slices:
+            return f"{slices} slices do not split the data-parallel ranks"
         options = dataclasses.replace(options, data_parallel_shard_width=degree // slices)
-    if recipe is not None and recipe.multislice and micro_batch and t:
+    if multislice and micro_batch and t:
         micro_batch *= t  # MaxText's per_device_batch_size counts a chip's; a tensor group runs t of them at once
     needed = {"model.num_layers": model["num_layers"], "model.hidden_size": model["hidden_size"],
               "model.num_attention_heads": model["num_attention_heads"], "model.seq_length_tokens": model["seq_length_tokens"],
