@@ -114,7 +114,7 @@ def test_non_positive_technology_value_is_an_error():
 def test_unknown_field_and_unknown_name_are_errors():
     with pytest.raises(ValueError, match="accelerator: unknown field 'frequency'"):
         named_accelerator("tpuv4_like", frequency=1e9)
-    with pytest.raises(ValueError, match="accelerator: unknown template 'tpu9'; allowed: tpuv4_like"):
+    with pytest.raises(ValueError, match="accelerator: unknown template 'tpu9'; allowed: tpuv4, tpuv4_like, tpuv5e, tpuv5p"):
         named_accelerator("tpu9")
 
 
