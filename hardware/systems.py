@@ -18,11 +18,12 @@ from omegaconf import OmegaConf
 from common.checks import InputError, choice, positive_integer, unknown_fields
 from hardware.chips import KNOWN_CHIPS
 from hardware.cluster import Cluster, Network
+from hardware.torus import Torus
 
 #: The systems, one file each (the file's name is the system's).
 SYSTEMS_FOLDER = Path(__file__).resolve().parent / "systems"
 #: Network shapes by the name a system's `topology` gives.
-TOPOLOGIES = {"tiers": Cluster}
+TOPOLOGIES = {"tiers": Cluster, "torus": Torus}
 #: The fields of a system's file.
 SYSTEM_FIELDS = ("name", "chip", "node_size", "topology", "tiers", "slices")
 

@@ -48,7 +48,7 @@ def test_a_new_system_is_a_data_file(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"chip": "b200"}, "a.yaml: chip: unknown 'b200'; allowed: a100_80gb, h100_sxm, h800_sxm, tpuv4, tpuv5e, tpuv5p"),
-    ({"topology": "torus"}, "a.yaml: topology: unknown 'torus'; allowed: tiers"),
+    ({"topology": "dragonfly"}, "a.yaml: topology: unknown 'dragonfly'; allowed: tiers, torus"),
     ({"name": "b"}, "a.yaml: name must be the file's name 'a', got 'b'"),
     ({"links": 2}, "a.yaml: unknown field 'links'; allowed: name, chip, node_size, topology, tiers, slices"),
     ({"tiers": [{"bandwidth": 0}]}, "system.tiers[0].bandwidth: must be a finite number > 0, got 0"),

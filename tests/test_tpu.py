@@ -63,14 +63,14 @@ def test_the_tensor_core_efficiency_divides_a_matrix_products_time(tmp_path):
 
 def test_slices_are_joined_by_the_data_centre_network():
     cluster = SYSTEMS["tpuv5e_pod"].cluster(512, 2)
-    assert [(tier.name, tier.devices) for tier in cluster.tiers] == [("ici", 256), ("dcn", 512)]
+    assert [(tier.name, tier.devices) for tier in cluster.tiers] == [("ici_x", 16), ("ici_y", 256), ("dcn", 512)]
     # the two replicas of a hybrid-sharded gradient shard, one per slice (256 ranks apart): a ring of
     # 2 on the DCN, 3.125 GB/s x 0.8 per chip, 10 us a step
     size = 1e9
     expected = 2 * (1 / 2) * size / (3.125e9 * 0.8) + 2 * 1e-5
     assert cluster.all_reduce(Group(2, 256)).scalar(size) == pytest.approx(expected, rel=1e-12)
-    # 256 ranks of one slice stay on the ICI
-    assert cluster.tier_joining(Group(256, 1)) == 0
+    # 256 ranks of one slice stay on the ICI (its 16 x 16 torus: both axes)
+    assert cluster.tier_joining(Group(256, 1)) == 1
     with pytest.raises(InputError, match="system.slices: 3 must split num_devices=512"):
         SYSTEMS["tpuv5e_pod"].cluster(512, 3)
 
