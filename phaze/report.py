@@ -37,6 +37,7 @@ COLUMNS = {
     "placement": "p x t x d (v)",
     "recompute": "recompute",
     "speedup_tpuv4_like": "vs TPUv4-like",
+    "speedup_tpuv4": "vs TPU v4",
     "speedup_fixed_megatron": "vs fixed Megatron",
     "architectures_evaluated": "evaluated",
     "reason": "reason",

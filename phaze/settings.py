@@ -71,8 +71,9 @@ MAX_BATCH = 16_777_216
 MAX_JOBS = 1024
 #: Largest time limit of one layer schedule [s]: a day.
 MAX_TIME_LIMIT_S = 86_400.0
-#: Ranges of the template's technology fields (unit, largest value): 100 GHz, 1 PB/s.
-ACCELERATOR_NUMBERS = {"clock_hz": ("Hz", 1e11), "hbm_bandwidth": ("B/s", 1e15)}
+#: Ranges of the template's technology fields (unit, largest value): 100 GHz, 1 PB/s, a million words a cycle.
+ACCELERATOR_NUMBERS = {"clock_hz": ("Hz", 1e11), "hbm_bandwidth": ("B/s", 1e15),
+                       "core_buffer_words_per_cycle": ("words/cycle", 1e6)}
 #: The fields of a system (a hardware system's, or a preset of phaze/conf/system/).
 SYSTEM_FIELDS = ("name", "chip", "step_model", "node_size", "topology", "tiers", "slices")
 

@@ -149,3 +149,12 @@ def test_a_finished_run_reruns_from_the_caches_alone(run_in, monkeypatch):
     monkeypatch.setattr(solver.step_models, "best_placement", computed)
     again, _ = run_in("again", "hbm_size=[1,2]", "micro_batch_size=[1,2]", "candidate_sample=24")
     assert again["complete"] and again["per_setting"] == first["per_setting"]
+
+
+def test_the_validated_tpu_v4_is_a_baseline_on_the_same_system(run_in):
+    searched, _ = run_in("searched", "candidate_sample=12")
+    known, _ = run_in("tpuv4", "chip=tpuv4", "hbm_size=32")  # the chip itself, with its own 32 GiB
+    baseline = searched["baselines"]["tpuv4"]
+    assert baseline["accelerator"]["name"] == "tpuv4" and searched["system"] == known["system"]
+    assert baseline["throughput"] == known["throughput"] and baseline["placement"] == known["placement"]
+    assert baseline["speedup"] == pytest.approx(searched["throughput"] / known["throughput"], rel=1e-12)
