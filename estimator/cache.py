@@ -82,14 +82,14 @@ class GemmCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             temporary = temporary_file(self.directory, path.name)
         except OSError as error:
-            warn_once(("unwritable", self.directory), "estimate cache: cannot write to %s (%s); new estimates are "
-                      "not stored", self.directory, error.strerror or error)
+            warn_once(("unwritable", self.directory.parent), "estimate cache: cannot write to %s (%s); new estimates "
+                      "are not stored", self.directory.parent, error.strerror or error)
             return
         try:
             pq.write_table(table, temporary)
             os.replace(temporary, path)
         except (OSError, pa.ArrowException) as error:
-            warn_once(("unwritable", self.directory), "estimate cache: cannot write %s (%s); new estimates are "
+            warn_once(("unwritable", self.directory.parent), "estimate cache: cannot write %s (%s); new estimates are "
                       "not stored", path, error.strerror or error)
         finally:
             temporary.unlink(missing_ok=True)
