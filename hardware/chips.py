@@ -86,7 +86,8 @@ class KnownChip:
                 **{name: getattr(self, name) for name in FIGURES if name in self.sources}}
 
 
-def _figure(where: str, figure: str, entry: object) -> tuple[float, str]:
+def sourced_figure(where: str, figure: str, entry: object) -> tuple[float, str]:
+    """A {value, source} figure: its positive value and its source."""
     if not isinstance(entry, dict) or set(entry) != {"value", "source"} or not str(entry["source"]).strip():
         raise InputError(f"{where}: {figure} must be {{value, source}} with a source")
     value = entry["value"]
@@ -103,7 +104,7 @@ def read_chip(path: Path) -> KnownChip:
         raise InputError(f"{where}: cost_model must be one of {', '.join(COST_MODELS)}, got {cost_model!r}")
     template_name = entry.pop("template") if cost_model == "template" else None
     names = tuple(entry.pop("names", ()))
-    figures = {figure: _figure(where, figure, value) for figure, value in entry.items()}
+    figures = {figure: sourced_figure(where, figure, value) for figure, value in entry.items()}
     unknown_fields(where, figures, FIGURES)
     return KnownChip(path.stem, cost_model, template=named_accelerator(template_name) if template_name else None,
                      template_name=template_name, names=names,

@@ -1,0 +1,75 @@
+"""The manufacturing cost of a chip: its die (wafer cost over the good dies a wafer gives), its HBM
+stacks and its package. Figures in hardware/cost_model.yaml, each with its source.
+
+    dies per wafer = π (D/2)² / A − π D / √(2A)                      (D the wafer's diameter)
+    yield          = (1 + A·D0/α)^−α                                  (negative binomial, α = 3)
+    die cost       = wafer cost / (dies per wafer × yield)
+
+Simplifications: no harvesting of dies with a defect (A100 sells with 108 of 128 SMs, so its real
+cost per sold die is lower), no test, design or mask cost; the package a fixed CoWoS figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from common.checks import choice, positive_number
+from hardware.chips import sourced_figure
+from hardware.offchip import Memory
+
+COST_MODEL = Path(__file__).resolve().parent / "cost_model.yaml"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A process node: $ per wafer and defects per µm²."""
+
+    name: str
+    wafer_cost: float
+    defect_density: float
+
+
+@dataclass(frozen=True)
+class CostModel:
+    wafer_diameter: float  # µm
+    yield_clustering: float
+    package_cost: float  # $
+    nodes: dict[str, Node]
+
+    def node(self, name: str) -> Node:
+        return self.nodes[choice("technology_node", name, tuple(self.nodes))]
+
+    def dies_per_wafer(self, die_area: float) -> float:
+        """Whole dies of `die_area` µm² on a wafer (the edge's partial dies taken off)."""
+        diameter = self.wafer_diameter
+        return math.pi * (diameter / 2) ** 2 / die_area - math.pi * diameter / math.sqrt(2 * die_area)
+
+    def die_yield(self, die_area: float, node: str) -> float:
+        """The share of dies without a defect."""
+        alpha = self.yield_clustering
+        return (1 + die_area * self.node(node).defect_density / alpha) ** -alpha
+
+    def die_cost(self, die_area: float, node: str) -> float:
+        """$ per good die of `die_area` µm² at `node`."""
+        positive_number("die area", die_area, "µm²")
+        return self.node(node).wafer_cost / (self.dies_per_wafer(die_area) * self.die_yield(die_area, node))
+
+    def chip_cost(self, die_area: float, node: str, memory: Memory) -> float:
+        """$ of a packaged chip: its die, its HBM stacks, its package."""
+        return self.die_cost(die_area, node) + memory.cost + self.package_cost
+
+
+@cache
+def cost_model() -> CostModel:
+    data = OmegaConf.to_container(OmegaConf.load(COST_MODEL))
+    where = "cost_model.yaml"
+    nodes = {name: Node(name, *(sourced_figure(f"{where}: nodes.{name}", figure, entry.get(figure))[0]
+                                for figure in ("wafer_cost", "defect_density")))
+             for name, entry in data["nodes"].items()}
+    return CostModel(*(sourced_figure(where, name, data.get(name))[0]
+                       for name in ("wafer_diameter", "yield_clustering", "package_cost")), nodes)
