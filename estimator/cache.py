@@ -22,8 +22,9 @@ from estimator.tc_model import GemmCost, MemorySystem
 from hardware import CoreConfig
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
-TC_MODEL_VERSION = 2
-COLUMNS = ("cycles", "core_buffer_words", "glb_words", "dram_words", "chip_cycles")
+TC_MODEL_VERSION = 3
+#: What a file holds: the costs that do not depend on the HBM's bandwidth (cycles follow at load).
+COLUMNS = GemmCost.STORED
 METADATA_KEY = b"phaze_estimates"
 
 
@@ -34,9 +35,10 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(memory: MemorySystem, cores: Sequence[CoreConfig]) -> str:
-    """A digest of everything a GEMM cost depends on besides its shape."""
+    """A digest of everything the stored GEMM costs depend on besides the shape: not the HBM's
+    bandwidth, so chips differing only in it share their estimates."""
     record = [TC_MODEL_VERSION, memory.core_buffer_words_per_cycle, memory.glb_words_per_cycle,
-              memory.dram_words_per_cycle, [(c.num, c.width * c.depth, c.glb_bytes) for c in cores]]
+              [(c.num, c.width * c.depth, c.glb_bytes) for c in cores]]
     return hashlib.sha1(json.dumps(record).encode()).hexdigest()[:16]
 
 
@@ -54,9 +56,9 @@ class GemmCache:
     def _metadata(self, n: int, c: int, k: int) -> bytes:
         return json.dumps({"key": self.key, "shape": [n, c, k], "rows": self.rows}).encode()
 
-    def load(self, n: int, c: int, k: int) -> GemmCost | None:
-        """The stored cost, or None if absent; a damaged or mismatched file is set aside (once
-        reported), an unreadable one reported: either is then a miss."""
+    def load(self, n: int, c: int, k: int, dram_words_per_cycle: float) -> GemmCost | None:
+        """The stored cost at this HBM bandwidth, or None if absent; a damaged or mismatched file is
+        set aside (once reported), an unreadable one reported: either is then a miss."""
 
         def read(path: Path) -> GemmCost:
             table = pq.read_table(path)
@@ -65,9 +67,9 @@ class GemmCache:
             columns = {name: table.column(name).to_numpy().astype(np.float64) for name in COLUMNS}
             if any(len(column) != self.rows or not np.all(np.isfinite(column)) for column in columns.values()):
                 raise ValueError("a column has the wrong length or a non-finite value")
-            if not np.all(columns["cycles"] > 0) or not np.all(columns["chip_cycles"] > 0):
+            if not np.all(columns["chip_cycles"] > 0) or not np.all(columns["dram_bound_words"] > 0):
                 raise ValueError("a latency is not positive")
-            return GemmCost(n * c * k, **columns)
+            return GemmCost.at(n * c * k, dram_words_per_cycle, **columns)
 
         return read_cache_file(self.path(n, c, k), read, (KeyError, pa.ArrowException),
                                "estimate cache: cannot read %s (%s); computing it")

@@ -111,7 +111,7 @@ class EstimateTable:
         """Load every shape from the cache or compute (and store) it; returns how many were computed."""
         wanted = [shape for shape in dict.fromkeys(shapes) if shape not in self._gemms]
         for shape in wanted:
-            cost = self.cache.load(*shape) if self.cache else None
+            cost = self.cache.load(*shape, self.memory.dram_words_per_cycle) if self.cache else None
             if cost is not None:
                 self._gemms[shape] = cost
         missing = [shape for shape in wanted if shape not in self._gemms]
@@ -147,8 +147,7 @@ class EstimateTable:
             cost = self.gemm(shape)
             if index is None:
                 return cost
-            return GemmCost(cost.macs, *(getattr(cost, name)[index:index + 1] for name in
-                                         ("cycles", "core_buffer_words", "glb_words", "dram_words", "chip_cycles")))
+            return cost.rows(index)
         return gemm_cost(*shape, [core.units_per_core], [core.num], [core.glb_bytes], self.memory)
 
     def _gemm_on(self, shape: Shape, core: CoreConfig) -> tuple[float, float]:

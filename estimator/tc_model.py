@@ -77,7 +77,9 @@ class MemorySystem:
 class GemmCost:
     """Cycles and words moved per boundary of one GEMM on each of a list of core configurations;
     `chip_cycles` without the DRAM boundary (a GEMM whose operands stay on chip, as inside a fused
-    attention kernel)."""
+    attention kernel); `dram_bound_words` the larger of the words read and written across the
+    DRAM boundary, so cycles = max(chip cycles, dram_bound_words / HBM words a cycle) at any HBM
+    bandwidth (`at`)."""
 
     macs: int
     cycles: np.ndarray
@@ -85,6 +87,21 @@ class GemmCost:
     glb_words: np.ndarray
     dram_words: np.ndarray
     chip_cycles: np.ndarray
+    dram_bound_words: np.ndarray
+
+    #: The fields that do not depend on the HBM's bandwidth (what the cache stores).
+    STORED = ("core_buffer_words", "glb_words", "dram_words", "chip_cycles", "dram_bound_words")
+
+    @classmethod
+    def at(cls, macs: int, dram_words_per_cycle: float, **stored: np.ndarray) -> GemmCost:
+        """The cost with `STORED` fields at an HBM bandwidth of `dram_words_per_cycle`."""
+        cycles = np.maximum(stored["chip_cycles"], stored["dram_bound_words"] / dram_words_per_cycle)
+        return cls(macs, cycles, **stored)
+
+    def rows(self, index: int) -> GemmCost:
+        """The cost on configuration `index` alone (arrays of one row)."""
+        return GemmCost(self.macs, *(getattr(self, item)[index:index + 1] for item in self.__dataclass_fields__
+                                     if item != "macs"))
 
 
 class GemmTiles:
@@ -195,7 +212,7 @@ def gemm_cost(n: int, c: int, k: int, pes: np.ndarray, num: np.ndarray, glb_word
     inner_time = np.broadcast_to(np.maximum(reads, writes), tiles.shape).ravel()
     inner_total = np.broadcast_to(reads + writes, tiles.shape).ravel()
     log_volume = np.broadcast_to(tiles.log_volume, tiles.shape).ravel()
-    cycles, core_words, glb_moved, dram_words, chip_cycles = (np.empty(len(pes)) for _ in range(5))
+    core_words, glb_moved, dram_words, chip_cycles, dram_bound = (np.empty(len(pes)) for _ in range(5))
     for glb in np.unique(glb_words):
         at_glb = glb_words == glb
         padded, chosen = tiles.chip_tiles(float(glb), int(log_num[at_glb].max()))
@@ -217,12 +234,13 @@ def gemm_cost(n: int, c: int, k: int, pes: np.ndarray, num: np.ndarray, glb_word
                 q = int(np.argmin(best_time[: log_n + 1]))
                 tile = usable[best[q]]
                 rows = at_p & (log_num == log_n)
-                cycles[rows] = max(best_time[q], dram_time / memory.dram_words_per_cycle)
                 chip_cycles[rows] = best_time[q]
                 core_words[rows] = inner_total[tile]
                 glb_moved[rows] = inner_total[chosen[q, tile]]
                 dram_words[rows] = dram_total
-    return GemmCost(n * c * k, cycles, core_words, glb_moved, dram_words, chip_cycles)
+                dram_bound[rows] = dram_time
+    return GemmCost.at(n * c * k, memory.dram_words_per_cycle, core_buffer_words=core_words, glb_words=glb_moved,
+                       dram_words=dram_words, chip_cycles=chip_cycles, dram_bound_words=dram_bound)
 
 
 def tc_gemm_cycles(n: int, c: int, k: int, num_tc: int, width: int, depth: int, glb_bytes: int,

@@ -381,6 +381,23 @@ def parquet_folder(path: Path) -> None:
     shutil.copy(path.parent / f"{'x'.join(map(str, OTHER_SHAPE))}.parquet", path / "other.parquet")
 
 
+def test_chips_differing_in_hbm_bandwidth_share_their_estimates(tmp_path):
+    # a memory-bound shape: [4 x 8192]·[8192 x 8192] streams 64 M weights for 268 M MACs
+    shape = (4, 8192, 8192)
+    EstimateTable(CHIP, CORES, tmp_path).fill([shape])
+    for bandwidth in (0.3e12, 1.2e12, 4.8e12):
+        chip = dataclasses.replace(CHIP, hbm_bandwidth=bandwidth)
+        shared = EstimateTable(chip, CORES, tmp_path)
+        assert np.array_equal(shared.gemm(shape).cycles, EstimateTable(chip, CORES).gemm(shape).cycles)
+        assert shared.computed == 0  # read, not computed
+        cost = shared.gemm(shape)
+        words_per_cycle = bandwidth / CHIP.clock_hz / CHIP.bytes_per_element
+        assert np.array_equal(cost.cycles, np.maximum(cost.chip_cycles, cost.dram_bound_words / words_per_cycle))
+    slow = EstimateTable(dataclasses.replace(CHIP, hbm_bandwidth=0.3e12), CORES, tmp_path).gemm(shape).cycles
+    fast = EstimateTable(dataclasses.replace(CHIP, hbm_bandwidth=4.8e12), CORES, tmp_path).gemm(shape).cycles
+    assert np.all(slow >= fast) and np.any(slow > fast)
+
+
 PARQUET_DAMAGES = {"truncated": truncate, "a folder": parquet_folder, "empty": lambda path: path.write_bytes(b"")}
 
 
