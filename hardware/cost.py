@@ -11,11 +11,11 @@ cost per sold die is lower), no test, design or mask cost; the package a fixed C
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from common.checks import choice, positive_number
@@ -44,22 +44,24 @@ class CostModel:
     def node(self, name: str) -> Node:
         return self.nodes[choice("technology_node", name, tuple(self.nodes))]
 
-    def dies_per_wafer(self, die_area: float) -> float:
-        """Whole dies of `die_area` µm² on a wafer (the edge's partial dies taken off)."""
+    def dies_per_wafer(self, die_area):
+        """Whole dies of `die_area` µm² on a wafer (the edge's partial dies taken off); a number or a
+        numpy array of areas, as every function of this class."""
         diameter = self.wafer_diameter
-        return math.pi * (diameter / 2) ** 2 / die_area - math.pi * diameter / math.sqrt(2 * die_area)
+        return np.pi * (diameter / 2) ** 2 / die_area - np.pi * diameter / np.sqrt(2 * die_area)
 
-    def die_yield(self, die_area: float, node: str) -> float:
+    def die_yield(self, die_area, node: str):
         """The share of dies without a defect."""
         alpha = self.yield_clustering
         return (1 + die_area * self.node(node).defect_density / alpha) ** -alpha
 
-    def die_cost(self, die_area: float, node: str) -> float:
+    def die_cost(self, die_area, node: str):
         """$ per good die of `die_area` µm² at `node`."""
-        positive_number("die area", die_area, "µm²")
+        if np.ndim(die_area) == 0:
+            positive_number("die area", die_area, "µm²")
         return self.node(node).wafer_cost / (self.dies_per_wafer(die_area) * self.die_yield(die_area, node))
 
-    def chip_cost(self, die_area: float, node: str, memory: Memory) -> float:
+    def chip_cost(self, die_area, node: str, memory: Memory):
         """$ of a packaged chip: its die, its HBM stacks, its package."""
         return self.die_cost(die_area, node) + memory.cost + self.package_cost
 

@@ -61,20 +61,31 @@ class PowerModel:
 
     def peak_power(self, accelerator: AcceleratorConfig, node: str, memory: Memory, links: ScaleUp) -> dict[str, float]:
         """W by part with every unit busy (module docstring); "total" their sum."""
-        energy, clock = self.node(node), accelerator.clock_hz
-        bits = 8 * accelerator.bytes_per_element
-        parts = {
-            "idle": self.idle_power(accelerator, node, memory, links),
-            "tensor_cores": accelerator.num_tc * accelerator.tc_width * accelerator.tc_depth * clock * energy.mac,
-            "vector_cores": accelerator.num_vc * accelerator.vc_width * clock * energy.vector_op,
-            "core_buffers": accelerator.num_tc * accelerator.core_buffer_words_per_cycle * clock * bits
-            * energy.small_sram_per_bit,
-            "global_buffer": accelerator.num_tc * accelerator.glb_words_per_cycle * clock * bits
-            * energy.large_sram_per_bit,
-            "hbm": memory.energy(memory.bandwidth),
-            "links": links.energy(links.bandwidth),
-        }
+        parts = {"idle": self.idle_power(accelerator, node, memory, links),
+                 **self.busy_cores(accelerator, node, accelerator.num_tc, accelerator.tc_width, accelerator.tc_depth,
+                                   accelerator.num_vc, accelerator.vc_width),
+                 "hbm": memory.energy(memory.bandwidth),
+                 "links": links.energy(links.bandwidth)}
         return {**parts, "total": sum(parts.values())}
+
+    def busy_cores(self, template: AcceleratorConfig, node: str, num_tc, tc_width, tc_depth, num_vc,
+                   vc_width) -> dict:
+        """W of the cores and the buffers feeding them, all busy, for chips of the template's
+        technology with these dimensions (numbers, or numpy arrays of many candidates')."""
+        energy, clock = self.node(node), template.clock_hz
+        bits = 8 * template.bytes_per_element
+        return {
+            "tensor_cores": num_tc * tc_width * tc_depth * clock * energy.mac,
+            "vector_cores": num_vc * vc_width * clock * energy.vector_op,
+            "core_buffers": num_tc * template.core_buffer_words_per_cycle * clock * bits * energy.small_sram_per_bit,
+            "global_buffer": num_tc * template.glb_words_per_cycle * clock * bits * energy.large_sram_per_bit,
+        }
+
+    def offchip_power(self, node: str, memory: Memory, links: ScaleUp) -> float:
+        """W of the HBM and the links at their peak, their interfaces' idle power included: a chip's
+        peak power is this plus its compute part's (`busy_cores` and the idle power of its area)."""
+        return (self.node(node).idle_per_area * (memory.area + links.area) + memory.stacks * self.hbm_idle_per_stack
+                + memory.energy(memory.bandwidth) + links.energy(links.bandwidth))
 
     def energy_costs(self, accelerator: AcceleratorConfig, node: str, memory: Memory) -> EnergyCosts:
         """The estimator's energies at this node and HBM: per MAC, and per word of each buffer level

@@ -12,6 +12,7 @@ import pandas as pd
 
 from common.files import atomic_write
 from hardware import AcceleratorConfig, KnownChip
+from solver import pareto
 from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation
 from solver.layout import Layout
@@ -126,6 +127,26 @@ def write_table(directory: Path, rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(TABLE_COLUMNS))
     write_frame(directory, TABLE, frame)
     return frame
+
+
+PARETO = "pareto"  # pareto.parquet and pareto.csv
+#: The objectives of the system space's front: maximised, minimised, minimised.
+PARETO_OBJECTIVES = {"throughput": True, "power_w": False, "cost_usd": False}
+
+
+def write_pareto(directory: Path, chips: list[dict]) -> pd.DataFrame:
+    """pareto.parquet and .csv: the chips (one row each: its fields, throughput, power_w, cost_usd)
+    that no other chip evaluated beats in throughput, peak power and cost at once (feasible ones)."""
+    frame = pd.DataFrame(chips)
+    if len(frame):
+        frame = frame[frame["throughput"] > 0]
+    if not len(frame):
+        front = pd.DataFrame(columns=list(PARETO_OBJECTIVES))
+    else:
+        kept = pareto.front([frame[name] for name in PARETO_OBJECTIVES], list(PARETO_OBJECTIVES.values()))
+        front = frame.iloc[kept].sort_values("power_w").reset_index(drop=True)
+    write_frame(directory, PARETO, front)
+    return front
 
 
 def dumps(record: dict) -> str:

@@ -53,6 +53,7 @@ from solver.predict import check_layout
 from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches, context_widths
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
+from solver.system_search import ARCHITECTURE_SPACES, OBJECTIVES, SYSTEM_STRATEGIES, SystemDesign, system_design
 from solver.training_step import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
 from solver.training_step.memory import OPTIMIZERS
 
@@ -99,6 +100,7 @@ class Settings:
     layout: Layout | None = None  # predict: the layout priced
     executor: str = "local"  # where run_solver evaluates candidates: local processes or Ray actors
     ray_address: str | None = None  # executor=ray: a cluster to join (auto, host:port); None: a private Ray
+    system_design: SystemDesign | None = None  # architecture_space=system: the memories, links, budgets, objective
 
     @property
     def spec(self) -> ModelSpec:
@@ -300,6 +302,47 @@ def _predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kn
     return check_layout(question, axes, layout)
 
 
+def _scaled_system(system: Mapping, scale: float) -> dict:
+    """The system with its scale-up (first) tier's bandwidth × scale."""
+    tiers = [dict(tier) for tier in system["tiers"]]
+    tiers[0]["bandwidth"] = tiers[0]["bandwidth"] * scale
+    return {**system, "tiers": tiers}
+
+
+def _system_design(config: Mapping, known: KnownChip | None, accelerator, devices: int) -> SystemDesign | None:
+    """architecture_space=system's design, checked; None for the original space (whose search has
+    no power, cost or objective other than the throughput: those keys are refused there)."""
+    space = choice("architecture_space", config["architecture_space"], ARCHITECTURE_SPACES)
+    budgets = {name: config[name] for name in ("power_budget", "cost_budget")}
+    for name, unit in (("power_budget", "W"), ("cost_budget", "US dollars")):
+        if budgets[name] is not None:
+            budgets[name] = positive_number(name, budgets[name], f"{unit} or null")
+    objective = choice("objective", config["objective"], OBJECTIVES)
+    if space == "original":
+        for name, value in budgets.items():
+            if value is not None:
+                raise InputError(f"{name}: needs architecture_space=system (the original space prices no power or "
+                                 f"cost); allowed here: null")
+        if objective != "throughput":
+            raise InputError(f"objective: {objective} needs architecture_space=system; allowed here: throughput")
+        return None
+    if known is not None:
+        raise InputError(f"architecture_space: {known.name} is a chip that exists, with its own memory and links; "
+                         f"allowed with chip={config['chip']}: original")
+    search = config["search"]
+    if search not in SYSTEM_STRATEGIES:
+        raise InputError(f"search: architecture_space=system searches with {' or '.join(SYSTEM_STRATEGIES)}; "
+                         f"got {search}")
+    if config["hbm_size"] is not None:
+        raise InputError("hbm_size: architecture_space=system takes the HBM capacity from the stacks; allowed: null")
+    system = config["system"]
+    return system_design(str(system.get("name", "custom")),
+                         lambda scale: _system(_scaled_system(system, scale), devices)[0], accelerator, objective,
+                         config["area_budget"] and positive_number("area_budget", config["area_budget"], "µm² or null"),
+                         budgets["power_budget"], budgets["cost_budget"],
+                         {name: value for name, value in config["system_space"].items() if value is not None})
+
+
 def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Settings:
     """Check every user-facing key of a composed configuration (plain containers, interpolations
     resolved; hydra's DictConfig is converted); `spec`: the model, given as a value (the Python API),
@@ -405,4 +448,5 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         layout=_predicted_layout(config, question, axes, known) if mode == "predict" else None,
         executor=executor,
         ray_address=ray_address,
+        system_design=_system_design(config, known, accelerator, cluster.num_devices) if mode == "run_solver" else None,
     )

@@ -107,14 +107,17 @@ def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: K
 
 
 def optimistic_throughputs(question: Question, axes: Axes, graphs_by_width, space: CandidateSpace,
-                           bounds: dict[int, GroupBounds]) -> np.ndarray:
+                           bounds: dict[int, GroupBounds], columns: np.ndarray | None = None) -> np.ndarray:
     """An upper bound on the throughput [samples/s] of every candidate of `space` (module docstring),
-    from the group bounds of every width, for the axes' micro-batch size and largest HBM size."""
-    best_time = np.full(len(space), np.inf)
+    or of the candidates `columns`, from the group bounds of every width, for the axes' micro-batch
+    size and largest HBM size."""
+    best_time = np.full(len(space) if columns is None else len(columns), np.inf)
     graphs, model = step_graphs(graphs_by_width, None), step_model(question)
     largest = axes.at(memory_capacity=max(axes.memory_capacities))
     for width, extracted in graphs_by_width.items():
         work = bounds[width].layer_work(tuple(layer.id for layer in extracted.layer_graph.layers))
+        if columns is not None:
+            work = work[:, columns]
         time = model.lower_bound(question, largest, graphs, work, width, space.template.hbm_bandwidth)
         best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):

@@ -368,6 +368,18 @@ def _refined_bound(record: dict) -> RefinedBound:
     return bound
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What a search maximises when it is not the throughput (`solver.system_search`): the value of a
+    candidate's best evaluation (`value(index, evaluation)`), and per candidate of the space a weight
+    such that weight × a throughput bound bounds the value (exact for tokens per dollar; for tokens
+    per joule with the step's dynamic energy taken as zero)."""
+
+    name: str
+    weights: np.ndarray
+    value: Callable[[int, Evaluation], float]
+
+
 class Search:
     """Runs the strategies of one context over its candidates, for each HBM size of the axes.
 
@@ -377,6 +389,9 @@ class Search:
     `pool`'s worker processes (each with its own Resources) or Ray actors (`Resources.without_files`:
     the driver stores what they computed), or is computed here without one.
     Candidates whose lower-bound costs are equal share one refined bound.
+    `objective` (default: the throughput), `floor` (a value found in another part of a larger
+    search: candidates that cannot reach it are not looked at) and `optimistic` (the candidates'
+    level-0 bounds, computed already) serve the system space's search.
     """
 
     def __init__(
@@ -385,8 +400,12 @@ class Search:
         pool: WorkerPool | RayPool | None = None,
         on_outcome: Callable[[CandidateOutcome], None] = lambda outcome: None,
         candidates: Sequence[int] | None = None,
+        objective: Objective | None = None,
+        floor: float = 0.0,
+        optimistic: np.ndarray | None = None,
     ) -> None:
         self.resources, self.pool, self.on_outcome = resources, pool, on_outcome
+        self.objective, self.floor = objective, floor
         self.context = resources.context
         self.space = resources.space
         self.candidates = list(range(len(self.space))) if candidates is None else list(candidates)
@@ -396,7 +415,7 @@ class Search:
         self._best: dict[int, float] = {}  # the highest throughput found so far, per HBM size
         self._provisional: dict[tuple[int, int], float] = {}  # the last provisional bound of a candidate
         self._refined_columns: dict[int, tuple[list[np.ndarray], list[float]]] = {}  # per HBM size
-        self._optimistic: np.ndarray | None = None
+        self._optimistic = optimistic  # level-0 bounds of the candidates (in their order), once computed
 
     @property
     def workers(self) -> int:
@@ -424,6 +443,8 @@ class Search:
             for hbm in outcome.evaluations:
                 self._best[hbm] = max(self._best.get(hbm, 0.0), outcome.best(hbm).throughput)
             self.on_outcome(outcome)
+        if self.objective is not None:
+            return [self.objective.value(i, self.outcomes[i].best(hbm_bytes)) for i in indices]
         return [self.outcomes[i].best(hbm_bytes).throughput for i in indices]
 
     def _usable(self, bound: RefinedBound | None, best: float) -> bool:
@@ -444,7 +465,9 @@ class Search:
         """Refined bounds: from memory or the cache when they settle the candidate; else, when a
         refined candidate dominates it with a lower bound than its last, that bound, provisionally;
         else the placement search on its lower-bound costs (once per distinct costs)."""
-        store, best = self.resources.placement_bounds, self._best.get(hbm_bytes, 0.0)
+        store = self.resources.placement_bounds
+        # the cut is in throughput: with another objective every refined bound is exact
+        best = 0.0 if self.objective is not None else max(self._best.get(hbm_bytes, 0.0), self.floor)
         optimistic = self.optimistic()
         provisional: dict[int, strategies.Provisional] = {}
         keys: dict[int, str] = {}
@@ -483,8 +506,9 @@ class Search:
         """Level-0 throughput bounds of the candidates (the same for every HBM size)."""
         if self._optimistic is None:
             res = self.resources
-            self._optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, self.space,
-                                                      res.group_bounds())[self.candidates]
+            every = self.candidates == list(range(len(self.space)))
+            self._optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, self.space, res.group_bounds(),
+                                                      None if every else np.asarray(self.candidates))
         return self._optimistic
 
     def run(self, strategy: str, hbm_bytes: int) -> strategies.SearchResult:
@@ -498,7 +522,16 @@ class Search:
             return strategies.exhaustive(len(self.candidates), evaluate, batch_size, areas)
         if strategy == "phaze":
             return strategies.phaze_sweep(areas, evaluate)
-        return strategies.bounded(self.optimistic(), [partial(self._refine, hbm_bytes)], evaluate, batch_size, areas)
+        optimistic, refine = self.optimistic(), partial(self._refine, hbm_bytes)
+        if self.objective is not None:
+            weights = self.objective.weights[self.candidates]
+            optimistic = optimistic * weights
+
+            def refine(positions: list[int], bare: Callable = refine) -> list:
+                return [strategies.Provisional(value.value * weights[p]) if isinstance(value, strategies.Provisional)
+                        else value * weights[p] for p, value in zip(positions, bare(positions))]
+
+        return strategies.bounded(optimistic, [refine], evaluate, batch_size, areas, self.floor)
 
 
 def chip_costs(question: Question, axes: Axes, graphs_by_width: dict[int, ExtractedModel], chip: KnownChip,

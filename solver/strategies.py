@@ -37,8 +37,9 @@ class SearchResult:
 class _Tracker:
     """Keeps the evaluation order and the best (highest throughput, then smallest area and index)."""
 
-    def __init__(self, areas: Sequence[float] | None) -> None:
+    def __init__(self, areas: Sequence[float] | None, floor: float = 0.0) -> None:
         self.areas = areas
+        self.floor = floor
         self.evaluated: list[int] = []
         self.throughputs: list[float] = []
         self.best: int | None = None
@@ -60,7 +61,7 @@ class _Tracker:
     def can_win(self, index: int, optimistic: float) -> bool:
         """Could a candidate with this optimistic throughput beat or tie-break the best?"""
         if self.best is None:
-            return optimistic > 0
+            return optimistic > 0 and optimistic >= self.floor
         return optimistic > self.best_throughput or (
             optimistic == self.best_throughput and self._before(index, self.best)
         )
@@ -115,6 +116,7 @@ def bounded(
     evaluate: BatchFunction,
     batch_size: int = 1,
     areas: Sequence[float] | None = None,
+    floor: float = 0.0,
 ) -> SearchResult:
     """Best-first search on upper bounds of the throughput, exact when the bounds are valid.
 
@@ -122,9 +124,11 @@ def bounded(
     that is still an upper bound (or a `Provisional` one, strictly lower than the last, which keeps
     the candidate at its level). A candidate is refined level by level, then evaluated, always
     taking the candidate with the highest bound next; the search stops when no remaining bound can
-    beat the best throughput found.
+    beat the best throughput found. `floor`: a value found elsewhere (another part of a larger
+    search); a candidate whose bound is below it is never looked at, so the result is the best of
+    those that can reach it (None when none does).
     """
-    tracker = _Tracker(areas)
+    tracker = _Tracker(areas, floor)
     heap = [(-float(value), index, 0) for index, value in enumerate(optimistic)]
     heapq.heapify(heap)
     stages = [*refinements, evaluate]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 
 from common.progress import Progress
@@ -39,6 +40,7 @@ from solver.layout import Layout
 from solver.question import Axes
 from solver.schedule import plot_gantt
 from solver.strategies import SearchResult
+from solver.system_search import ChipFigures, SystemOption, SystemSearch, tokens_per_joule
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +128,30 @@ class Run:
     per_setting: list[dict] = field(default_factory=list)
     evaluated: set = field(default_factory=set)
     costs: dict = field(default_factory=dict)  # known chips: the layer costs per micro-batch size
+    chips: dict = field(default_factory=dict)  # architecture_space=system: a row per (mbs, memory, links, candidate)
 
     def add(self, outcome: CandidateOutcome, axes: Axes) -> None:
         self.evaluated.add((axes.micro_batch_size, outcome.index))
         for hbm, evaluations in outcome.evaluations.items():
             self.rows.extend(results.evaluation_row(outcome, self.settings.question, axes, hbm, e) for e in evaluations)
+
+    def add_system(self, option: SystemOption, figures: ChipFigures, outcome: CandidateOutcome, axes: Axes,
+                   question) -> None:
+        """A candidate of the system space: its rows (with its memory, links, power and cost) and its
+        point of the Pareto front (its best evaluation)."""
+        hbm = int(option.memory.capacity)
+        key = (axes.micro_batch_size, option.name(), outcome.index)
+        if key in self.chips:
+            return
+        chip = system_chip_record(option, figures, outcome.index)
+        for evaluation in outcome.evaluations[hbm]:
+            self.rows.append({**results.evaluation_row(outcome, question, axes, hbm, evaluation), **chip})
+        best = outcome.best(hbm)
+        self.chips[key] = {"micro_batch_size": axes.micro_batch_size, "candidate_index": outcome.index,
+                           **outcome.accelerator.dimensions(), "area": outcome.accelerator.area, **chip,
+                           "throughput": best.throughput,
+                           "energy_per_token_j": energy_per_token(best, question, chip["idle_power_w"])}
+        self.evaluated.add(key)
 
     def setting(self, search: Search, hbm: int, found: SearchResult | None) -> dict:
         """best.json's record of one (micro-batch, HBM) setting: the search's result, or (`found` None,
@@ -175,6 +196,13 @@ class Run:
             "per_setting": self.per_setting,
         }
         summary["complete"] = complete
+        if self.settings.system_design is not None:
+            front = results.write_pareto(self.directory, list(self.chips.values()))
+            summary["pareto_front"] = len(front)
+            if len(front):
+                plots.plot_pareto(front, self.directory / "pareto.png",
+                                  f"{self.settings.spec.name}: throughput, peak power and cost of the chips evaluated",
+                                  pd.DataFrame(list(self.chips.values())))
         results.write_best(self.directory, summary)
         if len(frame) and "area" in frame:  # a known chip has no area to plot against
             marks = {}
@@ -251,6 +279,74 @@ def search_known(settings: Settings, record: Run) -> None:
                 record.per_setting.append(setting)
 
 
+def system_chip_record(option: SystemOption, figures: ChipFigures, index: int) -> dict:
+    """A candidate's memory, links, die area, peak and idle power and cost in the system space."""
+    return {**option.record(), "die_area": float(figures.die_area[index]), "power_w": float(figures.peak_power[index]),
+            "idle_power_w": float(figures.idle_power[index]), "cost_usd": float(figures.cost[index])}
+
+
+def energy_per_token(evaluation, question, idle_power: float) -> float | None:
+    """J a token: the inverse of `tokens_per_joule` (None when nothing fits)."""
+    value = tokens_per_joule(evaluation, question, idle_power)
+    return 1 / value if value > 0 else None
+
+
+def search_system(settings: Settings, record: Run) -> None:
+    """The system space's search (solver.system_search) of every micro-batch size, into `record`."""
+    design = settings.system_design
+    extract_all(settings)
+    pool = worker_pool(settings.executor, settings.n_jobs, settings.ray_address)
+    options = len(design.options)
+    try:
+        with (Progress(f"system space ({settings.search} search over {options} memories and links)",
+                       len(settings.axes.micro_batch_sizes), "micro-batch sizes", log) as progress,
+              Progress("chips of the system space", None, "architectures", log, step=False) as chips):
+            for micro_batch_size in settings.axes.micro_batch_sizes:
+                context = settings.search_context(micro_batch_size)
+                space = candidate_space(settings.accelerator, design.compute_budget)
+                candidates = sample(len(space), settings.candidate_sample)
+
+                def on_outcome(option: SystemOption, figures: ChipFigures, outcome: CandidateOutcome,
+                               axes: Axes = context.axes) -> None:
+                    question = dataclasses.replace(settings.question, cluster=option.cluster)
+                    record.add_system(option, figures, outcome, axes.at(memory_capacity=int(option.memory.capacity)),
+                                      question)
+                    chips.advance()
+
+                search = SystemSearch(context, design, pool, on_outcome, candidates)
+                found, evaluated = search.run(settings.search)
+                record.per_setting.append(system_setting(settings, context, found, evaluated))
+                progress.advance()
+    finally:
+        if pool is not None:
+            with interrupt.held(raise_after=False):
+                pool.close()
+
+
+def system_setting(settings: Settings, context, found, evaluated: int) -> dict:
+    """best.json's record of one micro-batch size in the system space."""
+    design = settings.system_design
+    base = {"micro_batch_size": context.axes.micro_batch_size, "architectures_evaluated": evaluated, "complete": True,
+            "objective": design.objective}
+    if found is None or found.best is None:
+        return {**base, "hbm_size_gib": 0.0, "feasible": False, "throughput": 0.0,
+                "reason": f"no chip of the system space within the budgets fits {settings.spec.name}"}
+    option, outcome, resources = found.option, found.best, found.resources
+    hbm = int(option.memory.capacity)
+    record = {**results.best_record(outcome, resources.question, resources.axes, hbm), **base,
+              "objective_value": found.value}
+    chip = system_chip_record(option, found.figures, outcome.index)
+    record["accelerator"].update(chip)
+    record.update(power_w=chip["power_w"], cost_usd=chip["cost_usd"],
+                  energy_per_token_j=energy_per_token(outcome.best(hbm), resources.question, chip["idle_power_w"]))
+    own = Resources.build(context)
+    record["baselines"] = {
+        "tpuv4_like": tpuv4_baseline(settings, own, context.axes.memory_capacities[0], record["throughput"]),
+        VALIDATED_BASELINE: validated_baseline(own, record["throughput"]),
+    }
+    return record
+
+
 def search_all(settings: Settings, record: Run) -> None:
     """The co-design search of every (micro-batch, HBM) setting, into `record`."""
     graphs = extract_all(settings)
@@ -297,6 +393,8 @@ def execute(settings: Settings, directory: Path) -> dict:
     try:
         if settings.known_chip is not None:
             search_known(settings, record)
+        elif settings.system_design is not None:
+            search_system(settings, record)
         else:
             search_all(settings, record)
         complete = True
@@ -305,7 +403,7 @@ def execute(settings: Settings, directory: Path) -> dict:
     finally:  # on an error too: what was done is written, incomplete
         with interrupt.held(raise_after=complete):
             summary = record.write(complete)
-    if complete and summary.get("feasible"):
+    if complete and summary.get("feasible") and settings.system_design is None:
         if settings.known_chip is not None:
             plot_stages(settings, summary, record.costs[summary["micro_batch_size"]], directory)
         else:
