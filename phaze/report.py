@@ -12,7 +12,7 @@ listed as failed, with its failure.txt when it wrote one, so a sweep's report na
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -36,6 +36,8 @@ COLUMNS = {
     "system": "system",
     "placement": "p x t x d (v)",
     "recompute": "recompute",
+    "power_w": "peak W",
+    "cost_usd": "chip $",
     "speedup_tpuv4_like": "vs TPUv4-like",
     "speedup_tpuv4": "vs TPU v4",
     "speedup_fixed_megatron": "vs fixed Megatron",
@@ -47,11 +49,16 @@ REASON_WIDTH = 60  # characters of the reason column per line
 
 
 def accelerator_text(accelerator: dict) -> str:
-    """A known chip's name, or a candidate's cores and buffer."""
+    """A known chip's name, or a candidate's cores and buffer (and, in the system space, its HBM
+    stacks and links)."""
     if "name" in accelerator:
         return accelerator["name"]
-    return (f"{accelerator['num_tc']}x{accelerator['tc_width']}x{accelerator['tc_depth']} TC, "
+    text = (f"{accelerator['num_tc']}x{accelerator['tc_width']}x{accelerator['tc_depth']} TC, "
             f"{accelerator['num_vc']} VC, {accelerator['glb_bytes'] // 2**20} MiB")
+    if "hbm_generation" in accelerator:
+        text += (f", {accelerator['hbm_stacks']}x {accelerator['hbm_generation']}, "
+                 f"{accelerator['links']}x {accelerator['link_generation']}")
+    return text
 
 
 def setting_row(run: str, best: dict, setting: dict) -> dict:
@@ -70,6 +77,8 @@ def setting_row(run: str, best: dict, setting: dict) -> dict:
             placement=f"{placement['pipeline_parallel_width']}x{placement['tensor_parallel_width']}x"
             f"{placement['data_parallel_width']} ({placement['virtual_stages']})",
             recompute=placement["recompute"],
+            power_w=setting.get("power_w"),
+            cost_usd=setting.get("cost_usd"),
         )
         for name, baseline in setting.get("baselines", {}).items():
             row[f"speedup_{name}"] = baseline.get("speedup")
@@ -119,6 +128,7 @@ class Collected:
     summary: pd.DataFrame  # one row per setting of every run (COLUMNS), skipped runs included
     evaluations: pd.DataFrame  # every readable results table, with its run and model
     notes: tuple[str, ...]  # runs summarised without their results table, and why
+    fronts: pd.DataFrame = field(default_factory=pd.DataFrame)  # the Pareto fronts of system-space runs (pareto.parquet), with their run
 
     @property
     def skipped(self) -> pd.DataFrame:
@@ -131,7 +141,7 @@ class Collected:
 
 def collect(directory: Path) -> Collected:
     """Every run under `directory`: its rows, its evaluation table, or why it was skipped."""
-    rows, tables, notes = [], [], []
+    rows, tables, notes, fronts = [], [], [], []
     for best_file in sorted(directory.rglob(results.BEST)):
         run = str(best_file.parent.relative_to(directory))
         try:
@@ -147,9 +157,16 @@ def collect(directory: Path) -> Collected:
             continue
         if len(table):
             tables.append(table.assign(run=run, model=best.get("model")))
+        try:
+            front = results.read_pareto(best_file.parent)
+        except results.DamagedRun as damage:
+            notes.append(f"{run}: {damage}: its Pareto front is not shown")
+            continue
+        if len(front):
+            fronts.append(front.assign(run=run))
     rows += [unfinished_row(str(job.relative_to(directory)), job) for job in unfinished_jobs(directory)]
     return Collected(pd.DataFrame(rows, columns=list(COLUMNS)), pd.concat(tables) if tables else pd.DataFrame(),
-                     tuple(notes))
+                     tuple(notes), pd.concat(fronts, ignore_index=True) if fronts else pd.DataFrame())
 
 
 def cell(value) -> Text:
@@ -170,6 +187,15 @@ def print_report(directory: Path, found: Collected) -> None:
             table.add_row(*(cell(value) for value in row.values()))
         console.width = max(console.width, Measurement.get(console, console.options.update_width(10**6), table).maximum)
         console.print(table)
+    if len(found.fronts):
+        front = Table(title="Pareto front of the system space: no chip evaluated is faster, lower in peak power "
+                            "and cheaper at once")
+        for header in ("run", "mbs", "accelerator", "samples/s", "peak W", "chip $"):
+            front.add_column(header, no_wrap=True)
+        for row in found.fronts.to_dict("records"):
+            front.add_row(*(cell(value) for value in (row["run"], row["micro_batch_size"], accelerator_text(row),
+                                                     row["throughput"], row["power_w"], row["cost_usd"])))
+        console.print(front)
     for row in found.skipped.to_dict("records"):
         console.print(f"skipped {row['run']}: {row['reason']}", soft_wrap=True, markup=False)
     for note in found.notes:
@@ -188,6 +214,10 @@ def write(found: Collected, out: Path) -> list[Path]:
             plots.plot_throughput_vs_area(evaluations, {}, out / "report_throughput_vs_area.png",
                                           f"{len(found.shown)} settings")
             written.append(out / "report_throughput_vs_area.png")
+    if len(found.fronts):
+        results.write_frame(out, "report_pareto", found.fronts)
+        plots.plot_pareto(found.fronts, out / "report_pareto.png", f"Pareto fronts of {found.fronts['run'].nunique()} runs")
+        written += [out / "report_pareto.csv", out / "report_pareto.parquet", out / "report_pareto.png"]
     return written
 
 

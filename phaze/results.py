@@ -225,6 +225,21 @@ def read_table(directory: Path) -> pd.DataFrame:
     return table
 
 
+def read_pareto(directory: Path) -> pd.DataFrame:
+    """The Pareto front of a system-space run (empty if it has none); DamagedRun if it cannot be read."""
+    path = directory / f"{PARETO}.parquet"
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        front = pd.read_parquet(path)
+    except (OSError, ValueError) as error:
+        raise DamagedRun(f"{path.name} cannot be read ({str(error).splitlines()[0]})") from error
+    missing = [column for column in PARETO_OBJECTIVES if column not in front]
+    if len(front) and missing:
+        raise DamagedRun(f"{path.name} has no column {missing[0]!r}")
+    return front
+
+
 def read_run(directory: Path) -> tuple[dict, pd.DataFrame]:
     """best.json and the results table of a run directory; DamagedRun if either cannot be used."""
     return read_best(directory), read_table(directory)

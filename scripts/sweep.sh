@@ -22,4 +22,9 @@ else
     echo "$0: error: phaze: not in ${root}/.venv nor on PATH; run \`make install\` in ${root} first" >&2
     exit 2
 fi
-exec "${phaze}" run_solver "model=${model}" "micro_batch_size=${micro_batch_sizes}" "hbm_size=[32,64,80]" "$@"
+# the paper's HBM sizes, unless the system space sets each chip's HBM from its stacks
+hbm_sizes=("hbm_size=[32,64,80]")
+for argument in "$@"; do
+    [[ "${argument}" == "architecture_space=system" ]] && hbm_sizes=()
+done
+exec "${phaze}" run_solver "model=${model}" "micro_batch_size=${micro_batch_sizes}" "${hbm_sizes[@]}" "$@"

@@ -3,6 +3,7 @@ hand, against the chips and systems that exist, and against a published die brea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -125,3 +126,18 @@ def test_the_estimators_energies_at_a_node():
     assert costs.register == chip.energy.register
     with pytest.raises(InputError, match="technology_node: unknown 'n3'; allowed: n7, n5"):
         power_model().node("n3")
+
+
+def test_h100s_power_against_its_700_w():
+    # H100 SXM's parts at 5 nm (TSMC 4N, a 5 nm-class node): 132 SMs of 4 tensor cores, 2,048 dense
+    # bf16 MACs a clock per SM at 1.83 GHz (989 TFLOP/s), 814 mm² of die, 5 HBM3 stacks at 3.35 TB/s,
+    # 18 NVLink4 links. The model's MACs, HBM, links and idle power take 490 W, 70 % of its 700 W
+    # TDP (NVIDIA H100 datasheet), leaving 210 W for its register files, shared memory, L2 and CUDA
+    # cores, which the template's buffers (a systolic array's feed) do not describe.
+    template = dataclasses.replace(KNOWN_CHIPS["tpuv4"].template, clock_hz=1.83e9)
+    model, memory, links = power_model(), Memory.of("hbm3", 5), ScaleUp.of("nvlink4", 18, 8)
+    macs = model.busy_cores(template, "n5", 132 * 4, 16, 32, 0, 0)["tensor_cores"]
+    assert 2 * 132 * 4 * 16 * 32 * 1.83e9 == pytest.approx(989e12, rel=0.001)
+    idle = model.node("n5").idle_per_area * 814e6 + 5 * model.hbm_idle_per_stack
+    parts = idle + macs + memory.energy(memory.bandwidth) + links.energy(links.bandwidth)
+    assert parts == pytest.approx(0.70 * 700, rel=0.05)

@@ -11,7 +11,10 @@ import pandas as pd
 import pytest
 
 from common.checks import InputError
+from hydra import compose, initialize_config_module
+
 from phaze import results
+from phaze.settings import settings_from_config
 from phaze.modes.run_solver import execute
 from solver.codesign import Resources, evaluate_accelerator
 from solver.system_search import SystemSearch, chip_figures
@@ -59,10 +62,22 @@ def test_a_candidates_memory_links_power_and_cost_by_hand(tiny_settings, tmp_pat
     assert figures.cost[index] == pytest.approx(9346 / (dies * good) + 96 * 15.1 + 750, rel=1e-9)
 
 
-def outcome(settings, strategy):
-    search = SystemSearch(settings.search_context(1), settings.system_design, candidates=range(0, 29360, 1223))
+def outcome(settings, strategy, step=1223):
+    search = SystemSearch(settings.search_context(1), settings.system_design, candidates=range(0, 29360, step))
     found, evaluated = search.run(strategy)
     return (found.option, found.best.index, found.value), evaluated
+
+
+@pytest.mark.slow
+def test_bounded_returns_what_exhaustive_returns_on_the_default_model(tmp_path):
+    # bertlarge on 1,024 chips of the TPU v4 pod, every 1,000th compute candidate with 8 memories and links
+    with initialize_config_module("phaze.conf", version_base="1.3"):
+        config = compose("config", overrides=["mode=run_solver", f"cache_dir={tmp_path}", *SMALL])
+    settings = settings_from_config(config)
+    exhaustive, every = outcome(settings, "exhaustive", 1000)
+    bounded, fewer = outcome(settings, "bounded", 1000)
+    assert bounded == exhaustive
+    assert fewer < every
 
 
 @pytest.mark.slow
