@@ -56,16 +56,23 @@ class PowerModel:
 
     def idle_power(self, accelerator: AcceleratorConfig, node: str, memory: Memory, links: ScaleUp) -> float:
         """W drawn with nothing to do."""
-        return (self.node(node).idle_per_area * self.die_area(accelerator, memory, links)
-                + memory.stacks * self.hbm_idle_per_stack)
+        return self.die_idle_power(self.die_area(accelerator, memory, links), node, memory)
+
+    def die_idle_power(self, die_area, node: str, memory: Memory):
+        """W idle of a die of `die_area` µm² (a number, or a numpy array of many) and its HBM stacks."""
+        return self.node(node).idle_per_area * die_area + memory.stacks * self.hbm_idle_per_stack
+
+    @staticmethod
+    def traffic_power(memory: Memory, links: ScaleUp) -> dict[str, float]:
+        """W of the HBM and the links each moving its bandwidth's worth of bits."""
+        return {"hbm": memory.energy(memory.bandwidth), "links": links.energy(links.bandwidth)}
 
     def peak_power(self, accelerator: AcceleratorConfig, node: str, memory: Memory, links: ScaleUp) -> dict[str, float]:
         """W by part with every unit busy (module docstring); "total" their sum."""
         parts = {"idle": self.idle_power(accelerator, node, memory, links),
                  **self.busy_cores(accelerator, node, accelerator.num_tc, accelerator.tc_width, accelerator.tc_depth,
                                    accelerator.num_vc, accelerator.vc_width),
-                 "hbm": memory.energy(memory.bandwidth),
-                 "links": links.energy(links.bandwidth)}
+                 **self.traffic_power(memory, links)}
         return {**parts, "total": sum(parts.values())}
 
     def busy_cores(self, template: AcceleratorConfig, node: str, num_tc, tc_width, tc_depth, num_vc,
@@ -84,8 +91,8 @@ class PowerModel:
     def offchip_power(self, node: str, memory: Memory, links: ScaleUp) -> float:
         """W of the HBM and the links at their peak, their interfaces' idle power included: a chip's
         peak power is this plus its compute part's (`busy_cores` and the idle power of its area)."""
-        return (self.node(node).idle_per_area * (memory.area + links.area) + memory.stacks * self.hbm_idle_per_stack
-                + memory.energy(memory.bandwidth) + links.energy(links.bandwidth))
+        return (self.die_idle_power(memory.area + links.area, node, memory)
+                + sum(self.traffic_power(memory, links).values()))
 
     def energy_costs(self, accelerator: AcceleratorConfig, node: str, memory: Memory) -> EnergyCosts:
         """The estimator's energies at this node and HBM: per MAC, and per word of each buffer level

@@ -69,15 +69,16 @@ def plot_stages(loads: list[float], labels: list[str], path: Path, title: str) -
     return save(figure, path)
 
 
-def plot_pareto(front: pd.DataFrame, path: Path, title: str, chips: pd.DataFrame | None = None) -> Path:
+def plot_pareto(front: pd.DataFrame, path: Path, title: str, chips: pd.DataFrame | None = None,
+                chips_label: str = "evaluated") -> Path:
     """The Pareto front of throughput against peak power and against cost (`results.write_pareto`'s
-    rows), one panel each, over every chip evaluated (`chips`, grey) when given."""
+    rows), one panel each, over other chips (`chips`, grey, named `chips_label`) when given."""
     figure = Figure(figsize=(11, 4.5))
     for position, (column, label) in enumerate((("power_w", "peak power per chip [W]"),
                                                 ("cost_usd", "cost per chip [US$]")), start=1):
         axes = figure.add_subplot(1, 2, position)
         if chips is not None and len(chips):
-            axes.scatter(chips[column], chips["throughput"], s=6, color="0.75", label="evaluated")
+            axes.scatter(chips[column], chips["throughput"], s=6, color="0.6", label=chips_label)
         axes.scatter(front[column], front["throughput"], s=18, color="tab:red", label="Pareto front")
         axes.set_xlabel(label)
         axes.set_ylabel("throughput [samples/s]")

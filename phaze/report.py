@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from phaze import plots, results, rundir, sweep
+from solver import pareto
 
 COLUMNS = {
     "run": "run",
@@ -216,7 +217,11 @@ def write(found: Collected, out: Path) -> list[Path]:
             written.append(out / "report_throughput_vs_area.png")
     if len(found.fronts):
         results.write_frame(out, "report_pareto", found.fronts)
-        plots.plot_pareto(found.fronts, out / "report_pareto.png", f"Pareto fronts of {found.fronts['run'].nunique()} runs")
+        fronts = found.fronts
+        overall = fronts.iloc[pareto.front([fronts[name] for name in results.PARETO_OBJECTIVES],
+                                           list(results.PARETO_OBJECTIVES.values()))]
+        plots.plot_pareto(overall, out / "report_pareto.png",
+                          f"the front over the fronts of {fronts['run'].nunique()} runs", fronts, "the runs' fronts")
         written += [out / "report_pareto.csv", out / "report_pareto.parquet", out / "report_pareto.png"]
     return written
 

@@ -49,7 +49,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from common.checks import InputError, choice, integer, positive_integer, unknown_fields
-from estimator import CandidateSpace, candidate_space
+from estimator import CandidateSpace
 from hardware import AcceleratorConfig, Network
 from hardware.cost import cost_model
 from hardware.offchip import MOST_STACKS, Memory, ScaleUp, hbm_generations, link_generations
@@ -233,11 +233,10 @@ def chip_figures(space: CandidateSpace, design: SystemDesign, option: SystemOpti
     """`ChipFigures` of every candidate of `space` with `option` (hardware.power and hardware.cost,
     vectorised: the compute part's and the option's parts add up)."""
     power, template, node = power_model(), space.template, design.node
-    idle_per_area = power.node(node).idle_per_area
     busy = power.busy_cores(template, node, space.num_tc, space.width, space.depth, space.num_vc, space.width)
     die_area = space.area + option.area
-    peak = idle_per_area * space.area + sum(busy.values()) + power.offchip_power(node, option.memory, option.links)
-    idle = idle_per_area * die_area + option.memory.stacks * power.hbm_idle_per_stack
+    idle = power.die_idle_power(die_area, node, option.memory)
+    peak = idle + sum(busy.values()) + sum(power.traffic_power(option.memory, option.links).values())
     cost = cost_model().chip_cost(die_area, node, option.memory)
     budgets = design.budgets
     admitted = die_area <= budgets.area

@@ -13,7 +13,7 @@ import pytest
 from common.checks import InputError
 from hydra import compose, initialize_config_module
 
-from phaze import results
+from phaze import report, results
 from phaze.settings import settings_from_config
 from phaze.modes.run_solver import execute
 from solver.codesign import Resources, evaluate_accelerator
@@ -119,6 +119,13 @@ def test_the_written_front_is_the_non_dominated_chips_and_best_json_states_the_c
     assert setting["throughput"] == chips["throughput"].max()
     assert setting["power_w"] > 0 and setting["cost_usd"] > 0 and setting["energy_per_token_j"] > 0
     assert setting["hbm_size_gib"] == pytest.approx(accelerator["hbm_capacity"] / 2**30)
+    # phaze report shows the front and draws it with the others'
+    found = report.collect(tmp_path)
+    assert len(found.fronts) == len(front) and set(found.fronts["throughput"]) == set(front["throughput"])
+    out = tmp_path / "report"
+    out.mkdir()
+    assert out / "report_pareto.png" in report.write(found, out)
+    assert "x hbm" in found.shown["accelerator"].iloc[0] and found.shown["power_w"].iloc[0] == setting["power_w"]
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -183,7 +183,8 @@ class Run:
 
     def write(self, complete: bool) -> dict:
         frame = results.write_table(self.directory, [{**row, "run_complete": complete} for row in self.rows])
-        best = max(self.per_setting, key=lambda record: record["throughput"], default={})
+        # the best setting by the objective (the system space's `objective_value`; else the throughput)
+        best = max(self.per_setting, key=lambda record: record.get("objective_value", record["throughput"]), default={})
         summary = {
             "model": self.settings.spec.name,
             "sequence_length": self.settings.question.sequence_length,
