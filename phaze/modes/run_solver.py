@@ -1,7 +1,9 @@
 """`phaze run_solver`: the co-design search per micro-batch size and HBM size, with its baselines.
 
 Writes into the run directory: results.parquet/.csv (one row per evaluated architecture,
-micro-batch size, HBM size and recomputation), best.json, and plots. Ctrl-C stops the search and
+micro-batch size, HBM size and recomputation), best.json, and plots; with
+`architecture_space=system` (solver.system_search) also pareto.parquet/.csv/.png, the chips
+evaluated that no other beats in throughput, peak power and cost. Ctrl-C stops the search and
 still writes what was evaluated (best.json then says "complete": false); the caches make a re-run
 resume where it stopped.
 """
