@@ -155,10 +155,15 @@ def test_bad_system_settings_are_one_line(arguments, message, tiny_settings, tmp
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_a_bad_budget_on_the_command_line_is_one_line_exit_2_and_writes_nothing(tmp_path):
-    result = phaze("run_solver", "architecture_space=system", "power_budget=-5", cwd=tmp_path)
+@pytest.mark.parametrize("argument, message", [
+    ("power_budget=-5", "power_budget: must be a finite positive number of W or null, got -5"),
+    ("system_space.hbm_generations=[hbm4]", "system_space.hbm_generations: unknown 'hbm4'; allowed: hbm2, hbm2e, "
+                                            "hbm3, hbm3e"),
+])
+def test_bad_system_settings_on_the_command_line_are_one_line_exit_2_and_write_nothing(argument, message, tmp_path):
+    result = phaze("run_solver", "architecture_space=system", argument, cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == "phaze: error: power_budget: must be a finite positive number of W or null, got -5"
+    assert result.stderr.strip() == f"phaze: error: {message}"
     assert not any(tmp_path.rglob("best.json"))
 
 
