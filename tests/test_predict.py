@@ -149,6 +149,14 @@ def test_the_published_runs_are_predicted_within_the_bar():
     assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.20
     assert len(predicted) + len(left_out) == len(runs)
     assert all(result.step.feasible for _, result in dense)
+    # MaxText's runs on TPUs, through the template chip: at least 40, each chip within its bar
+    tpus: dict[str, list[float]] = {}
+    for item, result in predicted:
+        if item.chip.startswith("tpu"):
+            tpus.setdefault(item.chip, []).append(abs(result.step.time_per_batch / item.measured - 1))
+    assert sorted(tpus) == ["tpuv4", "tpuv5e", "tpuv5p"] and sum(map(len, tpus.values())) >= 40
+    for chip, errors in tpus.items():
+        assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.25, chip
 
 
 def test_runs_left_out_say_why():

@@ -62,7 +62,7 @@ def test_a_candidates_memory_links_power_and_cost_by_hand(tiny_settings, tmp_pat
     assert figures.cost[index] == pytest.approx(9346 / (dies * good) + 96 * 15.1 + 750, rel=1e-9)
 
 
-def outcome(settings, strategy, step=1223):
+def outcome(settings, strategy, step=2003):
     search = SystemSearch(settings.search_context(1), settings.system_design, candidates=range(0, 29360, step))
     found, evaluated = search.run(strategy)
     return (found.option, found.best.index, found.value), evaluated
