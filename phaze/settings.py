@@ -309,7 +309,8 @@ def _scaled_system(system: Mapping, scale: float) -> dict:
     return {**system, "tiers": tiers}
 
 
-def _system_design(config: Mapping, known: KnownChip | None, accelerator, devices: int) -> SystemDesign | None:
+def _system_design(config: Mapping, known: KnownChip | None, accelerator, area_budget: float | None,
+                   devices: int) -> SystemDesign | None:
     """architecture_space=system's design, checked; None for the original space (whose search has
     no power, cost or objective other than the throughput: those keys are refused there)."""
     space = choice("architecture_space", config["architecture_space"], ARCHITECTURE_SPACES)
@@ -338,8 +339,7 @@ def _system_design(config: Mapping, known: KnownChip | None, accelerator, device
     system = config["system"]
     return system_design(str(system.get("name", "custom")),
                          lambda scale: _system(_scaled_system(system, scale), devices)[0], accelerator, objective,
-                         config["area_budget"] and positive_number("area_budget", config["area_budget"], "µm² or null"),
-                         budgets["power_budget"], budgets["cost_budget"],
+                         area_budget, budgets["power_budget"], budgets["cost_budget"],
                          {name: value for name, value in config["system_space"].items() if value is not None})
 
 
@@ -448,5 +448,6 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         layout=_predicted_layout(config, question, axes, known) if mode == "predict" else None,
         executor=executor,
         ray_address=ray_address,
-        system_design=_system_design(config, known, accelerator, cluster.num_devices) if mode == "run_solver" else None,
+        system_design=(_system_design(config, known, accelerator, area_budget, cluster.num_devices)
+                       if mode == "run_solver" else None),
     )
