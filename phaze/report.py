@@ -151,20 +151,16 @@ def collect(directory: Path) -> Collected:
             rows.append({"run": run, "status": SKIPPED, "feasible": False, "reason": str(damage)})
             continue
         rows.extend(run_rows(run, best))
-        try:
-            table = results.read_table(best_file.parent)
-        except results.DamagedRun as damage:
-            notes.append(f"{run}: {damage}: summarised from {results.BEST} alone")
-            continue
-        if len(table):
-            tables.append(table.assign(run=run, model=best.get("model")))
-        try:
-            front = results.read_pareto(best_file.parent)
-        except results.DamagedRun as damage:
-            notes.append(f"{run}: {damage}: its Pareto front is not shown")
-            continue
-        if len(front):
-            fronts.append(front.assign(run=run))
+        for read, found, extra, without in (
+                (results.read_table, tables, {"model": best.get("model")}, f"summarised from {results.BEST} alone"),
+                (results.read_pareto, fronts, {}, "its Pareto front is not shown")):
+            try:
+                frame = read(best_file.parent)
+            except results.DamagedRun as damage:
+                notes.append(f"{run}: {damage}: {without}")
+                continue
+            if len(frame):
+                found.append(frame.assign(run=run, **extra))
     rows += [unfinished_row(str(job.relative_to(directory)), job) for job in unfinished_jobs(directory)]
     return Collected(pd.DataFrame(rows, columns=list(COLUMNS)), pd.concat(tables) if tables else pd.DataFrame(),
                      tuple(notes), pd.concat(fronts, ignore_index=True) if fronts else pd.DataFrame())

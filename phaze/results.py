@@ -210,34 +210,30 @@ def read_best(directory: Path) -> dict:
     return best
 
 
-def read_table(directory: Path) -> pd.DataFrame:
-    """The results table of a run directory (empty if there is none); DamagedRun if it cannot be read."""
-    path = directory / f"{TABLE}.parquet"
+def _read_frame(directory: Path, name: str, columns) -> pd.DataFrame:
+    """NAME.parquet of a run directory (empty if there is none), with `columns` when not empty;
+    DamagedRun if it cannot be read or lacks one."""
+    path = directory / f"{name}.parquet"
     if not path.exists():
         return pd.DataFrame()
     try:
-        table = pd.read_parquet(path)
+        frame = pd.read_parquet(path)
     except (OSError, ValueError) as error:
         raise DamagedRun(f"{path.name} cannot be read ({str(error).splitlines()[0]})") from error
-    missing = [column for column in TABLE_COLUMNS if column not in table]
-    if len(table) and missing:
+    missing = [column for column in columns if column not in frame]
+    if len(frame) and missing:
         raise DamagedRun(f"{path.name} has no column {missing[0]!r}")
-    return table
+    return frame
+
+
+def read_table(directory: Path) -> pd.DataFrame:
+    """The results table of a run directory (empty if there is none); DamagedRun if it cannot be read."""
+    return _read_frame(directory, TABLE, TABLE_COLUMNS)
 
 
 def read_pareto(directory: Path) -> pd.DataFrame:
     """The Pareto front of a system-space run (empty if it has none); DamagedRun if it cannot be read."""
-    path = directory / f"{PARETO}.parquet"
-    if not path.exists():
-        return pd.DataFrame()
-    try:
-        front = pd.read_parquet(path)
-    except (OSError, ValueError) as error:
-        raise DamagedRun(f"{path.name} cannot be read ({str(error).splitlines()[0]})") from error
-    missing = [column for column in PARETO_OBJECTIVES if column not in front]
-    if len(front) and missing:
-        raise DamagedRun(f"{path.name} has no column {missing[0]!r}")
-    return front
+    return _read_frame(directory, PARETO, PARETO_OBJECTIVES)
 
 
 def read_run(directory: Path) -> tuple[dict, pd.DataFrame]:

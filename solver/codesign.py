@@ -375,7 +375,6 @@ class Objective:
     such that weight × a throughput bound bounds the value (exact for tokens per dollar; for tokens
     per joule with the step's dynamic energy taken as zero)."""
 
-    name: str
     weights: np.ndarray
     value: Callable[[int, Evaluation], float]
 

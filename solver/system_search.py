@@ -254,13 +254,13 @@ def objective_of(design: SystemDesign, figures: ChipFigures, question) -> Object
         return None
     if design.objective == "tokens_per_dollar":
         weights = tokens / (devices * figures.cost)
-        return Objective(design.objective, weights, lambda index, evaluation: evaluation.throughput * weights[index])
+        return Objective(weights, lambda index, evaluation: evaluation.throughput * weights[index])
     weights = tokens / (devices * figures.idle_power)
 
     def per_joule(index: int, evaluation: Evaluation) -> float:
         return tokens_per_joule(evaluation, question, float(figures.idle_power[index]))
 
-    return Objective(design.objective, weights, per_joule)
+    return Objective(weights, per_joule)
 
 
 def tokens_per_joule(evaluation: Evaluation, question, idle_power: float) -> float:

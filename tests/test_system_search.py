@@ -126,6 +126,11 @@ def test_the_written_front_is_the_non_dominated_chips_and_best_json_states_the_c
     out.mkdir()
     assert out / "report_pareto.png" in report.write(found, out)
     assert "x hbm" in found.shown["accelerator"].iloc[0] and found.shown["power_w"].iloc[0] == setting["power_w"]
+    # a damaged results table leaves the run's front shown (its summary from best.json alone)
+    (tmp_path / "results.parquet").write_bytes(b"not parquet")
+    damaged = report.collect(tmp_path)
+    assert len(damaged.fronts) == len(front) and damaged.evaluations.empty
+    assert any("summarised from best.json alone" in note for note in damaged.notes)
 
 
 @pytest.mark.parametrize("arguments, message", [

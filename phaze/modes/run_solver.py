@@ -149,8 +149,8 @@ class Run:
         for evaluation in outcome.evaluations[hbm]:
             self.rows.append({**results.evaluation_row(outcome, question, axes, hbm, evaluation), **chip})
         best = outcome.best(hbm)
-        self.chips[key] = {"micro_batch_size": axes.micro_batch_size, "candidate_index": outcome.index,
-                           **outcome.accelerator.dimensions(), "area": outcome.accelerator.area, **chip,
+        self.chips[key] = {"micro_batch_size": axes.micro_batch_size,
+                           **results.accelerator_record(outcome.accelerator, outcome.index), **chip,
                            "throughput": best.throughput,
                            "energy_per_token_j": energy_per_token(best, question, chip["idle_power_w"])}
         self.evaluated.add(key)
