@@ -6,7 +6,9 @@ elementwise operators), each group one kernel. Forward, a group takes
     max(Σ over its GEMMs of FLOPs / (peak · efficiency · waves),  bytes / (HBM bandwidth · memory_efficiency))
 
 * FLOPs: 2 per multiply-accumulate; `waves` is the wave quantisation of the GEMM's 128 × 128 output
-  tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)). In FP8 training the
+  tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)); a mixture's grouped
+  expert products are one kernel over the experts a device holds, each expert's tiles at its real
+  token count (`expert_shaped`: with expert parallelism, fewer experts of more tokens each). In FP8 training the
   blocks' weight products (`KernelOptions.fp8_operators`) run at the chip's FP8 dense peak times its
   FP8 GEMM efficiency and read their inputs and weights in one byte an element (Transformer Engine
   casts them in the kernels that produce them); every other product runs at the 16-bit rate.
@@ -26,8 +28,9 @@ kernels, a kernel costs nothing to launch, and FP8's scaling factors (amax reduc
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from estimator.fusion import FusedOp, fuse_layers
@@ -35,7 +38,7 @@ from estimator.work import BACKWARD, FORWARD, Gemm, op_work
 from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
-from graph_extract.opgraph import OpGraph
+from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 from graph_extract.regions import block_weight_products
 from hardware import KnownChip
 
@@ -55,6 +58,8 @@ class LayerTimes:
     matrix_backward: float = 0.0
     attention_forward: float = 0.0  # of `forward`, the fused attention kernels
     attention_backward: float = 0.0
+    # (module, forward seconds of the kernels holding its operators) per recompute module of the layer
+    module_forward: tuple[tuple[str, float], ...] = ()
 
 
 def waves(gemm: Gemm, processors: int) -> float:
@@ -105,11 +110,21 @@ def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[floa
     return elements * (node.dtype_bytes + 2) * split[head]
 
 
+def expert_shaped(node: OpNode, expert_width: float) -> OpNode:
+    """A grouped expert product as a device split `expert_width` = s more ways than the graph runs it:
+    E/s experts of s times the tokens each (the same multiply-accumulates; its tiles, and so its
+    waves, are those of the real per-expert token counts); any other operator as it is."""
+    if expert_width == 1 or node.op != "grouped_linear":
+        return node
+    gemm = node.gemm
+    return dataclasses.replace(node, gemm=GemmDims(gemm.batch / expert_width, gemm.m * expert_width, gemm.k, gemm.n))
+
+
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],
                narrow: Sequence[bool] = (), expert_width: float = 1) -> float:
     """The roofline time of one fused group in one direction (module docstring), with the FP8 casts
     of an FP8 product after it, its expert products at expert-parallel width `expert_width`."""
-    gemms = op_work(graph.nodes[op.members[0]], direction).gemms
+    gemms = op_work(expert_shaped(graph.nodes[op.members[0]], expert_width), direction).gemms
     rate = chip.fp8_matrix_flops if narrow and narrow[op.members[0]] else chip.matrix_flops
     compute = sum(2 * gemm.macs / (rate * waves(gemm, chip.streaming_multiprocessors)) for gemm in gemms)
     moved = group_bytes(graph, op, split, narrow, expert_width) * (2 if direction == BACKWARD else 1)
@@ -130,11 +145,20 @@ def attention_seconds(graph: OpGraph, kernel: AttentionKernel, direction: str, c
     return max(flops / (chip.attention_flops * busy), moved / (chip.hbm_bandwidth * chip.memory_efficiency))
 
 
+def module_kernels(ops: Sequence[FusedOp], module: frozenset[int]) -> list[FusedOp]:
+    """The kernels that re-run a recompute module: each fused group's operators in `module`, as a
+    group of their own (a GEMM's fused activation re-runs without the GEMM)."""
+    parts = [tuple(member for member in op.members if member in module) for op in ops]
+    return [FusedOp(members, op.core_type) for op, members in zip(ops, parts) if members]
+
+
 def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOptions,
-                core: frozenset[int] = frozenset(), expert_width: float = 1) -> LayerTimes:
+                core: frozenset[int] = frozenset(), expert_width: float = 1,
+                modules: Mapping[str, frozenset[int]] | None = None) -> LayerTimes:
     """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip` (with a
     fused attention kernel the core is not re-run by selective recomputation: 0), its experts split
-    `expert_width` more ways than the graph's (`group_bytes`)."""
+    `expert_width` more ways than the graph's (`group_bytes`), and the forward seconds of each of
+    `modules` (recompute modules: operator ids) it holds (`module_kernels`)."""
     width = graph.tensor_parallel_width
     divided = kernels.split_operators(graph)
     split = [1.0 / width if divided and divided[node.id] else 1.0 for node in graph.nodes]
@@ -151,7 +175,10 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
     products = block_weight_products(graph)
     matrix = [any(products[member] for member in op.members) for op in ops]
+    module_forward = tuple((name, sum(op_seconds(graph, part, FORWARD, chip, split, narrow, expert_width)
+                                      for part in module_kernels(ops, ids)))
+                           for name, ids in (modules or {}).items() if module_kernels(ops, ids))
     return LayerTimes(sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward), sum(attention),
                       sum(seconds for seconds, is_matrix in zip(forward, matrix) if is_matrix),
                       sum(seconds for seconds, is_matrix in zip(backward, matrix) if is_matrix),
-                      sum(attention_forward), sum(attention_backward))
+                      sum(attention_forward), sum(attention_backward), module_forward)

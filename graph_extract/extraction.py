@@ -17,7 +17,7 @@ from common.log import warn_once
 from graph_extract import factory
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
-from graph_extract.regions import attention_core
+from graph_extract.regions import attention_core, recompute_modules
 from graph_extract.repeats import repeat_groups as find_repeat_groups
 from graph_extract.serialize import (
     FORMAT_VERSION,
@@ -61,6 +61,11 @@ class ExtractedModel:
     def attention_core(self) -> frozenset[int]:
         """Ids of the operators of the attention cores (see `graph_extract.regions`)."""
         return attention_core(self.op_graph)
+
+    @cached_property
+    def recompute_modules(self) -> dict[str, frozenset[int]]:
+        """Ids of the operators of each recompute module but the attention core (`graph_extract.regions`)."""
+        return recompute_modules(self.op_graph)
 
 
 def _kv_heads_allow(spec: ModelSpec, width: int) -> bool:

@@ -10,7 +10,11 @@ ranks (what sequence parallelism splits) and 5·a·s²·b/t belong to the attent
 selective recomputation drops); see `graph_extract.regions`. With a fused attention kernel
 (`graph_extract.attention`) the core keeps only Q, K, V and the softmax statistics: Korthikanti et
 al.'s figure without its 5·a·s²·b/t. In FP8 training (Transformer Engine) the weight products of the blocks keep
-their inputs in FP8: one byte an element instead of two.
+their inputs in FP8: one byte an element instead of two. A block's recompute modules
+(`graph_extract.regions.recompute_modules`) each record what re-running them changes
+(`RecomputedModule`): the saved tensors made inside the module, which recomputing it drops (an
+output-discarding module frees its output, a checkpointed one everything it made; the inputs they
+read from outside are kept either way), and the collectives it runs again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from graph_extract.attention import attention_kernels
 from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
 from graph_extract.parallel import EXPERT_TENSOR
-from graph_extract.regions import attention_core, block_weight_products, replicated_outputs
+from graph_extract.regions import attention_core, block_weight_products, recompute_modules, replicated_outputs
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -32,6 +36,24 @@ _SAVE_ARGUMENT = {"masked_fill": 1, "where": 0, "gather": 1, "embedding": 0, "in
 
 #: Layer kinds: the layer before the first block, a transformer block, the layers after the last.
 LAYER_KINDS = ("embedding", "block", "head")
+
+
+@dataclass(frozen=True)
+class RecomputedModule:
+    """One of Megatron-Core's recompute modules of a block (`name`, `graph_extract.regions`), bytes per
+    micro-batch on one rank of the tensor-parallel group: the saved tensors made inside it, which
+    recomputing it drops (with their replicated part and the part only weight products keep, as
+    `Layer`'s), and its forward collectives, which run again when it is recomputed (tensor-parallel
+    all-reduces, the routed experts' all-reduces, the token all-to-alls)."""
+
+    name: str
+    activation_bytes: int
+    replicated_activation_bytes: int = 0
+    matrix_input_activation_bytes: int = 0
+    replicated_matrix_input_activation_bytes: int = 0
+    forward_collective_bytes: tuple[int, ...] = ()
+    expert_forward_collective_bytes: tuple[int, ...] = ()
+    all_to_all_bytes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,7 +75,8 @@ class Layer:
     `matrix_input_activation_bytes` (and its replicated part) are the saved tensors only a block's
     weight products keep (FP8 keeps them in one byte an element); `matrix_parameter_bytes` are the
     weights those products read (FP8 adds an 8-bit copy of them); `key_value_bytes` are the keys and
-    values its attention cores read (what context parallelism's ring passes on).
+    values its attention cores read (what context parallelism's ring passes on);
+    `recompute_modules` what recomputing each of its recompute modules changes.
     """
 
     id: int
@@ -78,6 +101,7 @@ class Layer:
     key_value_bytes: int = 0
     expert_forward_collective_bytes: tuple[int, ...] = ()
     expert_backward_collective_bytes: tuple[int, ...] = ()
+    recompute_modules: tuple[RecomputedModule, ...] = ()
 
     @property
     def is_block(self) -> bool:
@@ -185,10 +209,39 @@ def _saved(graph: OpGraph, nodes: tuple[OpNode, ...], matrix: tuple[bool, ...], 
     return saved, set(saved) - others
 
 
+def _made_by(graph: OpGraph, node_id: int) -> int:
+    """The operator that made the storage of `node_id`'s output: through the views and layout changes
+    of one input and the tensor-parallel copies (identities forward: backward all-reduces)."""
+    node = graph.nodes[node_id]
+    while (len(node.inputs) == 1 and node.inputs[0] is not None
+           and (node.kind == "shape" or (node.kind == "allreduce" and node.attr("direction") == "backward"))):
+        node = graph.nodes[node.inputs[0]]
+    return node.id
+
+
+def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int], saved: dict, matrix_inputs: set,
+                replicated: tuple[bool, ...], name: str) -> RecomputedModule:
+    """What recomputing the operators `module` of a layer (its `nodes`, its `saved` tensors) changes:
+    the saved tensors whose storage the module made (a view of its input stays its input)."""
+    dropped = [key for key in saved if _made_by(graph, key[1]) in module]
+    inside = tuple(node for node in nodes if node.id in module)
+    return RecomputedModule(
+        name=name,
+        activation_bytes=sum(saved[key] for key in dropped),
+        replicated_activation_bytes=sum(saved[key] for key in dropped if replicated[key[1]]),
+        matrix_input_activation_bytes=sum(saved[key] for key in dropped if key in matrix_inputs),
+        replicated_matrix_input_activation_bytes=sum(saved[key] for key in dropped
+                                                     if key in matrix_inputs and replicated[key[1]]),
+        forward_collective_bytes=_collective_bytes(inside, "forward"),
+        expert_forward_collective_bytes=_collective_bytes(inside, "forward", EXPERT_TENSOR),
+        all_to_all_bytes=tuple(node.output_bytes for node in inside if node.kind == "alltoall"))
+
+
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     """Contract the op graph into layers; parameters are counted once per layer that reads them (a
     weight two layers read is also in `tied`)."""
     replicated, core = replicated_outputs(graph), attention_core(graph)
+    modules = recompute_modules(graph)
     kernels = attention_kernels(graph)
     matrix_products = block_weight_products(graph)
     crossing: dict[tuple[int, int], dict[int, int]] = {}
@@ -239,6 +292,9 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 replicated_matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs if replicated[key[1]]),
                 matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,
                 key_value_bytes=sum(kernel.key_value_bytes for kernel in layer_kernels),
+                recompute_modules=tuple(
+                    _recomputed(graph, nodes, ids, saved, matrix_inputs, replicated, name)
+                    for name, ids in modules.items() if any(node.id in ids for node in nodes)),
             )
         )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())

@@ -10,11 +10,27 @@ products.
   inputs with a rank-dependent constant (the vocabulary offset of an index) counts as replicated.
 * Attention core: two activation products (QKᵀ and ·V) and the operators on the paths between
   them (mask, softmax, dropout); what Megatron's selective recomputation re-runs.
+* Recompute modules: the operators of each block that Megatron-Core's `--recompute-modules`
+  re-runs besides the attention core (`RECOMPUTE_MODULES`; megatron/core/transformer/
+  transformer_config.py, `recompute_modules`), found by the block's child module that issued them
+  (`recompute_modules`): `layernorm` the block's own norms (input_layernorm and pre_mlp_layernorm),
+  `mlp` a dense block's feed-forward network, `moe` a mixture's whole layer (router, dispatch,
+  experts, combine, shared experts), `moe_act` the operators between the experts' up and down
+  products (their activation function), `shared_experts` the shared experts' network.
 """
 
 from __future__ import annotations
 
 from graph_extract.opgraph import OpGraph, OpNode
+
+#: Megatron-Core's recompute modules phaze prices, in its documented order: `core_attn` (the attention
+#: core, `attention_core`) and the modules `recompute_modules` finds.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+#: Those Megatron-Core re-runs with output-discarding checkpointing (their output freed once used and
+#: rebuilt for the backward pass); the others are checkpointed whole (only their inputs kept).
+OUTPUT_DISCARDING = ("layernorm", "moe_act")
+#: Modules that hold others: recomputing the outer re-runs the inner ones.
+NESTED = {"moe": ("moe_act", "shared_experts")}
 
 
 def block_weight_products(graph: OpGraph) -> tuple[bool, ...]:
@@ -75,3 +91,62 @@ def _reach(start: int, step: dict[int, list[int]], graph: OpGraph) -> set[int]:
         if graph.nodes[node].kind not in ("gemm", "bmm"):
             stack.extend(step.get(node, ()))
     return found
+
+
+def _block_paths(graph: OpGraph) -> dict[int, tuple[str, ...]]:
+    """Each layer's module path (as parts): the longest one every operator of the layer lies under
+    (`layers.3` in the zoo, `model.layers.3` in a Hugging Face-style model)."""
+    paths: dict[int, tuple[str, ...]] = {}
+    for node in graph.nodes:
+        parts = tuple(node.module_path.split("."))
+        common = paths.get(node.layer, parts)
+        length = next((i for i, (a, b) in enumerate(zip(common, parts)) if a != b), min(len(common), len(parts)))
+        paths[node.layer] = common[:length]
+    return paths
+
+
+def _child(node: OpNode, blocks: dict[int, tuple[str, ...]]) -> str | None:
+    """The path of the child module of its block that issued `node` (`layers.3.mlp`), or None (the
+    block's own forward)."""
+    block, parts = blocks[node.layer], node.module_path.split(".")
+    return ".".join(parts[:len(block) + 1]) if len(parts) > len(block) else None
+
+
+def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
+    """The operator ids of each recompute module but `core_attn` (module docstring), over every block of
+    `graph`; a module no block has is absent. Found by structure, so a model of the zoo and one a
+    user's factory builds agree: the norms are the norm operators a block's own children issue (not
+    those inside its attention, as Qwen3's QK-norm or a latent's); the feed-forward network is the
+    child holding weight products but no attention core, a mixture's the one holding grouped expert
+    products; shared experts are its sub-module named so (`shared...`)."""
+    blocks, paths = set(graph.layers[1:-1]), _block_paths(graph)
+    core = attention_core(graph)
+    attention = {_child(graph.nodes[node], paths) for node in core}
+    products = {_child(node, paths) for node in graph.nodes if node.kind == "gemm" and node.layer in blocks}
+    feed_forward = products - attention - {None}
+    mixtures = {_child(node, paths) for node in graph.nodes if node.op == "grouped_linear"}
+    successors: dict[int, list[int]] = {}
+    predecessors: dict[int, list[int]] = {}
+    for source, dest in graph.edges:
+        successors.setdefault(source, []).append(dest)
+        predecessors.setdefault(dest, []).append(source)
+    found: dict[str, set[int]] = {}
+    for node in graph.nodes:
+        child = _child(node, paths) if node.layer in blocks else None
+        if child is None:
+            continue
+        if node.kind == "norm" and node.module_path == child:
+            found.setdefault("layernorm", set()).add(node.id)
+        if child not in feed_forward:
+            continue
+        found.setdefault("moe" if child in mixtures else "mlp", set()).add(node.id)
+        inner = node.module_path[len(child) + 1:].split(".")[0]
+        if child in mixtures and inner.startswith("shared"):
+            found.setdefault("shared_experts", set()).add(node.id)
+        if node.op == "grouped_linear":  # the operators between an up product and the down product it feeds
+            for later in _reach(node.id, successors, graph):
+                if graph.nodes[later].op == "grouped_linear":
+                    between = _reach(node.id, successors, graph) & _reach(later, predecessors, graph)
+                    if between:
+                        found.setdefault("moe_act", set()).update(between)
+    return {name: frozenset(ids) for name, ids in found.items()}

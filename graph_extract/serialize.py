@@ -6,11 +6,11 @@ import dataclasses
 import json
 from typing import Any
 
-from graph_extract.layergraph import Layer, LayerEdge, LayerGraph, TiedWeight
+from graph_extract.layergraph import Layer, LayerEdge, LayerGraph, RecomputedModule, TiedWeight
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 
 
 def _shapes(value: list) -> tuple[tuple[int, ...], ...]:
@@ -61,13 +61,20 @@ def layer_graph_to_dict(graph: LayerGraph) -> dict[str, Any]:
     return dataclasses.asdict(graph)
 
 
+#: The fields of a layer (and of a recomputed module) that JSON holds as lists.
+_TUPLES = ("forward_collective_bytes", "backward_collective_bytes", "all_to_all_bytes",
+           "expert_forward_collective_bytes", "expert_backward_collective_bytes")
+
+
+def _tuples(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, **{name: tuple(record[name]) for name in _TUPLES if name in record}}
+
+
 def layer_graph_from_dict(record: dict[str, Any]) -> LayerGraph:
     return LayerGraph(
         layers=tuple(
-            Layer(**{**layer, "forward_collective_bytes": tuple(layer["forward_collective_bytes"]),
-                     "backward_collective_bytes": tuple(layer["backward_collective_bytes"]),
-                     **{name: tuple(layer.get(name, ())) for name in (
-                         "all_to_all_bytes", "expert_forward_collective_bytes", "expert_backward_collective_bytes")}})
+            Layer(**{**_tuples(layer), "recompute_modules": tuple(
+                RecomputedModule(**_tuples(module)) for module in layer.get("recompute_modules", ()))})
             for layer in record["layers"]
         ),
         edges=tuple(LayerEdge(**edge) for edge in record["edges"]),

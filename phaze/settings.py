@@ -54,7 +54,7 @@ from solver.question import Axes, Question, check_context_widths, check_expert_w
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
 from solver.system_search import ARCHITECTURE_SPACES, OBJECTIVES, SYSTEM_STRATEGIES, SystemDesign, system_design
-from solver.training_step import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
+from solver.training_step import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions, recompute_mode
 from solver.training_step.memory import OPTIMIZERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
@@ -254,10 +254,14 @@ def _virtual_stages(config: Mapping, spec: ModelSpec, step_model: str) -> tuple[
 
 
 def _recompute(config: Mapping, step_model: str) -> tuple[str, ...]:
+    """The recomputation modes searched, each by its one name (Megatron-Core's modules joined by '+'
+    where the step model prices them: `solver.training_step.recompute_mode`)."""
     model = STEP_MODELS[step_model]
     name = f"recompute ({model.recompute_note})" if model.recompute_note else "recompute"
-    allowed = model.recompute_modes
-    return tuple(dict.fromkeys(choice(name, mode, allowed) for mode in values("recompute", config["recompute"])))
+    given = values("recompute", config["recompute"])
+    if model.prices_recompute_modules:
+        return tuple(dict.fromkeys(recompute_mode(mode, name) for mode in given))
+    return tuple(dict.fromkeys(choice(name, mode, model.recompute_modes) for mode in given))
 
 
 def _schedule(schedule: Mapping) -> ScheduleSettings:

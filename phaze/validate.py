@@ -48,6 +48,7 @@ from rich.table import Table
 from common.checks import InputError
 from graph_extract import KernelOptions, ModelSpec, extract, get_spec
 from graph_extract.extraction import check_request
+from graph_extract.regions import RECOMPUTE_MODULES
 from graph_extract.zoo import LLAMA_FAMILY
 from hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
 from phaze.environment import user_cache_dir
@@ -56,7 +57,7 @@ from solver.layer_costs import step_graphs
 from solver.layout import Layout
 from solver.predict import Prediction, predict
 from solver.question import Axes, Question
-from solver.training_step import DISPATCH_SMS, RECOMPUTE_MODES, TrainingOptions
+from solver.training_step import DISPATCH_SMS, RECOMPUTE_MODES, TrainingOptions, recompute_mode
 
 #: How published runs name the chips phaze predicts them on (GPUs priced by their roofline, TPUs by the
 #: template's estimator and schedules).
@@ -278,17 +279,24 @@ def is_moe(model: dict) -> bool:
     return bool(model["moe_num_experts"]) or "MoE" in (model["architecture"] or "")
 
 
-#: Megatron-Core's --recompute-modules that re-run a whole MoE or MLP layer (not phaze's recompute modes).
-WHOLE_MODULES = frozenset({"moe", "mlp", "shared_experts", "mla_up_proj"})
+#: How a run may name Megatron-Core's recompute modules: the flag's names, and Megatron-MoE-ModelZoo's
+#: tables' short ones (their "recompute" column: "norm, act" for --recompute-modules layernorm moe_act,
+#: "shared_expert" for shared_experts).
+MODULE_NAMES = {"norm": "layernorm", "act": "moe_act", "shared_expert": "shared_experts"}
 
 
-def recomputed_modules(detail: str) -> frozenset[str]:
-    """The modules a run's `--recompute-modules ...` names (empty when it names none)."""
-    words = detail.split()
-    if "--recompute-modules" not in words:
-        return frozenset()
-    following = words[words.index("--recompute-modules") + 1:]
-    return frozenset(itertools.takewhile(lambda word: not word.startswith("--"), following))
+def stated_modules(detail: str) -> tuple[str, ...]:
+    """The recompute modules a run's `recompute_detail` names: after `--recompute-modules`, or a
+    "recompute modules: a, b" list (empty when it names none), in Megatron-Core's names."""
+    words = detail.replace(",", " ").split()
+    if "--recompute-modules" in words:
+        following = words[words.index("--recompute-modules") + 1:]
+        names = tuple(itertools.takewhile(lambda word: not word.startswith("--"), following))
+    elif detail.startswith("recompute modules:"):
+        names = tuple(detail.split(":", 1)[1].replace(",", " ").split())
+    else:
+        return ()
+    return tuple(MODULE_NAMES.get(name, name) for name in names)
 
 
 def run_recipe(run: dict) -> str | None:
@@ -493,19 +501,21 @@ def case(run: dict) -> Case | str:
                                           if recipe and recipe.model_flops else None)
     if seconds is None:
         return "no time per iteration, tokens/s or model TFLOP/s measured"
-    rerun = recomputed_modules(training.get("recompute_detail") or "") & WHOLE_MODULES
-    if rerun:
-        return (f"recompute modules {', '.join(sorted(rerun))} (whole MoE or MLP layers re-run): not modelled "
-                "(selective re-runs the attention core)")
+    modules = stated_modules(training.get("recompute_detail") or "")
+    if modules and recompute == "selective":  # Megatron-Core's selective granularity, its modules as stated
+        try:
+            recompute = recompute_mode("+".join(modules))
+        except InputError:
+            return f"recompute modules {', '.join(modules)}: not all modelled (allowed: {', '.join(RECOMPUTE_MODULES)})"
     experts, expert_width = 1, None
     if is_moe(model):  # Megatron's EP and ETP are phaze's e and τ (`solver.layout`)
         experts, expert_width = parallel["expert_parallel"], parallel["expert_tensor_parallel"]
         if expert_width is None and recipe is not None and recipe.expert_tensor_parallel is not None:
             expert_width = recipe.expert_tensor_parallel
             assumed.append("expert tensor parallel")
-        if not Layout(t, data_parallel_width=degree, expert_parallel_width=experts,
+        if not Layout(t, data_parallel_width=degree, expert_parallel_width=experts, context_parallel_width=context,
                       expert_tensor_parallel_width=expert_width).experts_fit() or model["moe_num_experts"] % experts:
-            return "expert layout (EP x ETP not dividing t x d, EP the experts, or ETP t) is not modelled"
+            return "expert layout (EP x ETP not dividing t x cp x d, EP the experts, or ETP t) is not modelled"
     return Case(
         run_id=run["run_id"], chip=chip, system=system, spec=spec, precision=precision_name,
         sequence_length=sequence, devices=hardware["num_devices"], width=t, stages=p, degree=degree,

@@ -47,7 +47,7 @@ EXECUTORS = ("local", "ray")
 #: Candidates handed to each worker at a time (amortises the inter-process round trip).
 BATCH_PER_WORKER = 8
 #: Bump when what a cached layer cost means changes.
-COSTS_VERSION = 3
+COSTS_VERSION = 4
 #: Bump when what a cached placement means changes (the training-step model, the placement search,
 #: the fields of an Evaluation).
 PLACEMENT_VERSION = 3
@@ -251,11 +251,14 @@ def _stored_costs(graphs: dict[int, ExtractedModel], stored: Any) -> LayerCosts:
     numbers (ValueError if not, or whatever decoding raises): a bad value is a miss."""
     def cost_of(record: dict) -> LayerCost:
         split = tuple(tuple(entry) for entry in record.get("expert_parallel_times", ()))  # JSON's lists
-        return LayerCost(**{**record, "expert_parallel_times": split})
+        modules = tuple((str(name), seconds) for name, seconds in record.get("module_forward", ()))
+        return LayerCost(**{**record, "expert_parallel_times": split, "module_forward": modules})
 
     def numbers(cost: LayerCost) -> list:
-        return [*(getattr(cost, item.name) for item in dataclasses.fields(cost) if item.name != "expert_parallel_times"),
-                *(x for entry in cost.expert_parallel_times for x in entry)]
+        return [*(getattr(cost, item.name) for item in dataclasses.fields(cost)
+                  if item.name not in ("expert_parallel_times", "module_forward")),
+                *(x for entry in cost.expert_parallel_times for x in entry),
+                *(seconds for _, seconds in cost.module_forward)]
 
     costs = {int(w): {int(layer): cost_of(cost) for layer, cost in layers.items()} for w, layers in stored.items()}
     layers = {width: {layer.id for layer in graph.layer_graph.layers} for width, graph in graphs.items()}

@@ -19,7 +19,7 @@ from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult
-from solver.training_step.model import StepGraph, StepLayer
+from solver.training_step.model import StepGraph, StepLayer, StepModule
 
 DIRECTIONS = ("forward", "backward")
 
@@ -29,7 +29,9 @@ class LayerCost:
     """One layer of one shard on one accelerator, per micro-batch [s, J].
 
     `attention_core_forward` is the forward time of its attention core (0 without one). Busy
-    core-seconds (summed over forward and backward) give the utilisation over many layers.
+    core-seconds (summed over forward and backward) give the utilisation over many layers. On a
+    template chip a recompute module's forward (`module_forward`) is its operators' latencies split
+    over all the cores, as the overlaps' products are (`marked_seconds`), not a schedule of its own.
     """
 
     forward: float
@@ -48,6 +50,9 @@ class LayerCost:
     # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
     # experts (`Layout.expert_split`; a GPU's roofline; empty: the same at every split)
     expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
+    # (module, forward seconds) of each recompute module of the layer but the attention core (what
+    # recomputing it re-runs; `graph_extract.regions.recompute_modules`)
+    module_forward: tuple[tuple[str, float], ...] = ()
 
 
 #: width -> layer id -> cost
@@ -86,17 +91,23 @@ def marked_seconds(fused: FusedLayer, marked: tuple[bool, ...]) -> float:
 
 def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable):
     """(width, group, forward, backward, attention core or None, weight products' forward and
-    backward seconds, attention cores' forward and backward seconds) of every repeat group."""
+    backward seconds, attention cores' forward and backward seconds, recompute modules' forward
+    seconds) of every repeat group."""
     for width, graphs in graphs_by_width.items():
         products = block_weight_products(graphs.op_graph)
         core = tuple(node.id in graphs.attention_core for node in graphs.op_graph.nodes)
+        modules = {name: tuple(node.id in ids for node in graphs.op_graph.nodes)
+                   for name, ids in graphs.recompute_modules.items()}
         for group in graphs.repeat_groups:
             forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
                                  for direction in DIRECTIONS)
+            held = {member for op in forward.ops for member in op.members}
             yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
                    core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator),
                    (marked_seconds(forward, products), marked_seconds(backward, products)),
-                   (marked_seconds(forward, core), marked_seconds(backward, core)))
+                   (marked_seconds(forward, core), marked_seconds(backward, core)),
+                   tuple((name, marked_seconds(forward, marks)) for name, marks in modules.items()
+                         if any(marks[member] for member in held)))
 
 
 def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
@@ -104,8 +115,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
     """Schedule each repeat group's representative on a template chip; its cost is the group's.
     `on_layer` is called after each group (progress)."""
     costs: LayerCosts = {}
-    for width, group, forward, backward, core, matrix, attention in _layer_problems(kernels, graphs_by_width,
-                                                                                    accelerator, table):
+    for width, group, forward, backward, core, matrix, attention, module_forward in _layer_problems(
+            kernels, graphs_by_width, accelerator, table):
         results = [schedule(forward), schedule(backward)]
         core_result = schedule(core) if core is not None else None
         busy = [
@@ -126,6 +137,7 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
             matrix_backward=min(matrix[1], results[1].makespan),
             attention_forward=min(attention[0], results[0].makespan),
             attention_backward=min(attention[1], results[1].makespan),
+            module_forward=tuple((name, min(seconds, results[0].makespan)) for name, seconds in module_forward),
         )
         costs.setdefault(width, {}).update({layer: cost for layer in group})
         on_layer()
@@ -146,7 +158,7 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
         experts = graphs.spec.num_experts or 1
         for group in graphs.repeat_groups:
             core = kernels.recomputed_core(graphs.attention_core)
-            times = layer_times(graphs.op_graph, group[0], chip, kernels, core)
+            times = layer_times(graphs.op_graph, group[0], chip, kernels, core, modules=graphs.recompute_modules)
             split = ()
             if graphs.layer_graph.layer(group[0]).expert_parameter_bytes:
                 split = tuple((s, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
@@ -154,7 +166,7 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
                               for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, s),))
             cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
                              times.matrix_forward, times.matrix_backward, times.attention_forward,
-                             times.attention_backward, split)
+                             times.attention_backward, split, times.module_forward)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 
@@ -196,6 +208,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 expert_parallel_times=cost[layer.id].expert_parallel_times,
                 expert_forward_collective_bytes=layer.expert_forward_collective_bytes,
                 expert_backward_collective_bytes=layer.expert_backward_collective_bytes,
+                recompute_modules=tuple(StepModule.of(module, dict(cost[layer.id].module_forward).get(module.name, 0.0))
+                                        for module in layer.recompute_modules),
             )
             for layer in layer_graph.layers
         )

@@ -23,7 +23,9 @@ Expert tensor parallelism. By default each expert is split over the t ranks like
 (`expert_tensor_parallel_width`; 1 is what Megatron-Core recommends for fine-grained experts) lays
 the experts over the t·c·d ranks of a stage as Megatron-Core's "MoE parallel folding" does (order
 etp-ep-dp over the same ranks): τ consecutive ranks split each expert, e groups τ apart split the
-experts, and the t·c·d/(e·τ) ranks e·τ apart hold the same experts; so e·τ divides t·d. A device
+experts, and the t·c·d/(e·τ) ranks e·τ apart hold the same experts; so e·τ divides t·c·d (the
+context-parallel ranks fold into the experts' data-parallel ones, as Megatron-Core's expert rank
+generator has no context dimension: expert data-parallel width = t·c·d/(e·τ)). A device
 holds 1/(e·τ) of the experts (not 1/(e·t): the memory Megatron's own estimate once under-counted,
 Megatron-LM issue #4050), routes the tokens it holds after sequence parallelism, and the routed
 experts' collectives run over τ ranks.
@@ -80,10 +82,13 @@ class Layout:
         return self.expert_tensor_parallel_width or self.tensor_parallel_width
 
     def experts_fit(self) -> bool:
-        """τ divides t and e·τ divides t·d: the experts' ranks lie within the tensor and data ranks of
-        a stage (with τ = t: e divides d)."""
-        t, tau = self.tensor_parallel_width, self.expert_tensor_width
-        return t % tau == 0 and (t * self.data_parallel_width) % (self.expert_parallel_width * tau) == 0
+        """With τ = t, e divides d (the experts split over data-parallel replicas); with τ given, τ
+        divides t and e·τ divides t·c·d (the experts' ranks lie within the tensor, context and data
+        ranks of a stage: module docstring)."""
+        t, tau, e = self.tensor_parallel_width, self.expert_tensor_width, self.expert_parallel_width
+        if self.expert_tensor_parallel_width is None:
+            return self.data_parallel_width % e == 0
+        return t % tau == 0 and (t * self.context_parallel_width * self.data_parallel_width) % (e * tau) == 0
 
     @property
     def expert_split(self) -> float:
@@ -181,7 +186,7 @@ class FitRules:
 
     def replicas_fit(self, degree: int, shard: Layout) -> bool:
         """d divides the micro-batches per batch, and e divides d (the experts are split over replicas;
-        with an expert tensor-parallel width τ: e·τ divides t·d)."""
+        with an expert tensor-parallel width τ: e·τ divides t·c·d)."""
         return self.micro_batches % degree == 0 and shard.replace(data_parallel_width=degree).experts_fit()
 
     def interleaves(self, stages: int, degree: int) -> bool:
@@ -220,7 +225,8 @@ class FitRules:
                     f"expert_parallel_width: {e} does not divide data_parallel_width={d} (the experts are split "
                     "over data-parallel replicas)" if tau is None else
                     f"expert_parallel_width: {e} x expert_tensor_parallel_width {tau} = {e * tau} does not divide "
-                    f"tensor x data parallel = {t} x {d} (the experts are laid over those ranks)")
+                    + (f"tensor x context x data parallel = {t} x {c} x {d}" if c > 1 else
+                       f"tensor x data parallel = {t} x {d}") + " (the experts are laid over those ranks)")
         if v > 1 and not self.interleaves(p, d):
             return ("virtual_stages: interleaving needs pipeline_parallel_width >= 2" if p < 2 else
                     f"virtual_stages: the interleaved schedule needs the {self.micro_batches // d} micro-batches "

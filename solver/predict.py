@@ -24,7 +24,7 @@ from solver.layout import FitRules, Layout, MegatronSplit
 from solver.placement.layouts import megatron_chunks
 from solver.question import Axes, Question, context_problem
 from solver.step_models import TrainingStepModel
-from solver.training_step import Placement, StepGraph, StepResult, TrainingStep
+from solver.training_step import Placement, StepGraph, StepResult, TrainingStep, recomputed_modules
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,14 @@ def flops_per_micro_batch(graphs: ExtractedModel, recompute: str, kernels: Kerne
     width = graphs.tensor_parallel_width
     layers = graphs.layer_graph.layers
     forward = sum(layer.forward_flops * (width if layer.tensor_parallel else 1) for layer in layers)
+    if recompute == "full":
+        return float(forward), float(sum(layer.forward_flops for layer in layers if layer.is_block) * width)
+    modules = recomputed_modules(recompute)
+    recomputed = (kernels.recomputed_core(graphs.attention_core) if "core_attn" in modules else frozenset()).union(
+        *(ids for name, ids in graphs.recompute_modules.items() if name in modules))
     representative = {member: group[0] for group in graphs.repeat_groups for member in group}
-    recomputed = kernels.recomputed_core(graphs.attention_core)
-    core = {layer.id: sum(node.flops for node in graphs.op_graph.layer_nodes(representative[layer.id])
-                          if node.id in recomputed) for layer in layers}
-    repeated = {"none": 0,
-                "selective": sum(core[layer.id] for layer in layers if layer.is_block),
-                "full": sum(layer.forward_flops for layer in layers if layer.is_block)}[recompute]
+    repeated = sum(node.flops for layer in layers if layer.is_block
+                   for node in graphs.op_graph.layer_nodes(representative[layer.id]) if node.id in recomputed)
     return float(forward), float(repeated * width)
 
 

@@ -18,7 +18,7 @@ from common.checks import InputError, choice
 from graph_extract import KernelOptions, ModelSpec
 from hardware import Network
 from solver.layout import Layout, MegatronSplit
-from solver.training_step.memory import RECOMPUTE_MODES, SHARDINGS
+from solver.training_step.memory import RECOMPUTE_MODES, SHARDINGS, recompute_mode
 from solver.training_step.options import TrainingOptions
 
 
@@ -79,8 +79,8 @@ class Axes:
                       "expert_parallel_widths", "context_parallel_widths"):
             if not getattr(self, field):
                 raise InputError(f"{field}: must hold at least one value")
-        for mode in self.recompute:
-            choice("recompute", mode, RECOMPUTE_MODES)
+        # each mode by its one name (`recompute_mode`: "core_attn" is "selective"), once
+        object.__setattr__(self, "recompute", tuple(dict.fromkeys(recompute_mode(mode) for mode in self.recompute)))
         for mode in self.data_parallel_shardings or ():
             choice("data_parallel_sharding", mode, SHARDINGS)
 

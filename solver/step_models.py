@@ -29,9 +29,11 @@ class StepModel(Protocol):
     size; `graphs` are the layer graphs with their costs, one per tensor-parallel width."""
 
     name: str
-    #: the recomputation modes it prices, and what to say of them beside the field's name ("" nothing)
+    #: the recomputation modes it prices, and what to say of them beside the field's name ("" nothing);
+    #: whether it also prices Megatron-Core's recompute modules (`solver.training_step.recompute_mode`)
     recompute_modes: tuple[str, ...]
     recompute_note: str
+    prices_recompute_modules: bool
     #: whether it prices a given layout (`phaze predict`)
     prices_layouts: bool
 
@@ -66,6 +68,7 @@ class TrainingStepModel:
     name = "training_step"
     recompute_modes = RECOMPUTE_MODES
     recompute_note = ""
+    prices_recompute_modules = True
     prices_layouts = True
 
     def virtual_stages(self, blocks: int) -> tuple[int, ...]:
@@ -129,6 +132,7 @@ class OriginalStepModel:
     name = "original"
     recompute_modes = ("none", "full")
     recompute_note = "system=original: the original's off or on"
+    prices_recompute_modules = False
     prices_layouts = False
 
     def virtual_stages(self, blocks: int) -> tuple[int, ...]:

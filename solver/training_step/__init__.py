@@ -10,12 +10,16 @@ one interface are `solver.step_models`.
 from solver.training_step.memory import (
                                         MEMORY_KINDS,
                                         OPTIMIZERS,
+                                        RECOMPUTE_ALLOWED,
                                         RECOMPUTE_MODES,
                                         ModelState,
                                         held_activations,
                                         in_flight,
+                                        recompute_mode,
+                                        recomputed_modules,
 )
-from solver.training_step.model import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, TrainingStep
+from solver.training_step.model import (BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepModule, StepResult,
+                                        TrainingStep)
 from solver.training_step.options import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "EXPERT_DISPATCHES",
     "MEMORY_KINDS",
     "OPTIMIZERS",
+    "RECOMPUTE_ALLOWED",
     "RECOMPUTE_MODES",
     "SHARDINGS",
     "Device",
@@ -31,9 +36,12 @@ __all__ = [
     "Placement",
     "StepGraph",
     "StepLayer",
+    "StepModule",
     "StepResult",
     "TrainingOptions",
     "TrainingStep",
     "held_activations",
     "in_flight",
+    "recompute_mode",
+    "recomputed_modules",
 ]

@@ -25,6 +25,11 @@ traced graph's split of each layer's saved tensors (`graph_extract.layergraph.La
                 kernel the core keeps no s × s tensor, so selective keeps what none keeps
     full        only the layer's input (÷ t with sequence parallelism); during its backward the
                 layer's full activations are rebuilt: one layer's worth of working memory per stage
+    modules     Megatron-Core's --recompute-granularity selective --recompute-modules, written
+                joined by '+' ("layernorm+moe_act"; `selective` is its default, core_attn): without
+                the saved tensors each recomputed module made (`graph_extract.RecomputedModule`;
+                the inputs it reads from outside are kept), the largest of them rebuilt at a time
+                as working memory
 
 With a fused attention kernel a block keeps Q, K, V and the softmax statistics instead of the
 core's s × s tensors; in FP8 the inputs only weight products keep are kept in one byte an element.
@@ -37,10 +42,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.checks import choice
+from common.checks import InputError, choice
 from graph_extract.kernels import KernelOptions
+from graph_extract.regions import NESTED, RECOMPUTE_MODULES
 
 OPTIMIZERS = ("adam", "sgd")
+#: The recomputation modes with a name of their own; any set of `RECOMPUTE_MODULES` joined by '+' is
+#: one too (`recompute_mode`).
 RECOMPUTE_MODES = ("none", "selective", "full")
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "framework_reserve")
 #: What the data-parallel replicas split among them (ZeRO stages 0-3), and the kinds each splits.
@@ -90,10 +98,40 @@ class ModelState:
         return full if np.isscalar(shard_size) else full * np.ones_like(shard_size, dtype=float)
 
 
+#: How the recomputation modes are written, for messages.
+RECOMPUTE_ALLOWED = (f"{', '.join(RECOMPUTE_MODES)}, or Megatron-Core's recompute modules joined by '+' "
+                     f"({', '.join(RECOMPUTE_MODULES)}; e.g. layernorm+moe_act)")
+
+
+def recompute_mode(value: object, field: str = "recompute") -> str:
+    """The one name of a recomputation mode (module docstring): `none`, `full`, `selective`, or a set
+    of Megatron-Core's recompute modules joined by '+' in `RECOMPUTE_MODULES`' order (`core_attn`
+    alone is `selective`, Megatron-Core's default module); InputError naming `field` otherwise."""
+    if isinstance(value, str) and value in RECOMPUTE_MODES:
+        return value
+    names = value.split("+") if isinstance(value, str) else []
+    if not names or any(name not in RECOMPUTE_MODULES for name in names):
+        raise InputError(f"{field}: unknown {value!r}; allowed: {RECOMPUTE_ALLOWED}")
+    for outer, inner in NESTED.items():
+        held = [name for name in inner if name in names]
+        if outer in names and held:
+            raise InputError(f"{field}: {value!r} recomputes {outer}, which re-runs {' and '.join(held)} already; "
+                             f"allowed: {outer} or {'+'.join(held)}, not both")
+    ordered = [name for name in RECOMPUTE_MODULES if name in names]
+    return "selective" if ordered == ["core_attn"] else "+".join(ordered)
+
+
+def recomputed_modules(mode: str) -> frozenset[str]:
+    """The recompute modules a mode re-runs (`none` and `full`: none; `full` re-runs whole blocks)."""
+    if mode in ("none", "full"):
+        return frozenset()
+    return frozenset({"core_attn"}) if mode == "selective" else frozenset(mode.split("+"))
+
+
 def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed). A layer
     without a fused-attention figure keeps with a fused kernel what it keeps without."""
-    choice("recompute", mode, RECOMPUTE_MODES)
+    mode = recompute_mode(mode)
     share = kernels.replicated_share(width)
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
     saved = np.array([(layer.fused_attention_activation_bytes if here else layer.activation_bytes)
@@ -104,12 +142,21 @@ def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> t
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if mode == "none":
         return saved, np.zeros(len(layers))
-    if mode == "selective":
-        core = np.array([0.0 if here else layer.attention_core_activation_bytes for layer, here in zip(layers, fused)],
-                        float)
-        return np.where(recomputed, saved - core, saved), np.zeros(len(layers))
-    inputs = np.array([layer.input_bytes - share * layer.replicated_input_bytes for layer in layers], float)
-    return np.where(recomputed, inputs, saved), np.where(recomputed, saved, 0.0)
+    if mode == "full":
+        inputs = np.array([layer.input_bytes - share * layer.replicated_input_bytes for layer in layers], float)
+        return np.where(recomputed, inputs, saved), np.where(recomputed, saved, 0.0)
+    modules = recomputed_modules(mode)
+    held = saved
+    if "core_attn" in modules:
+        held = saved - np.array([0.0 if here else layer.attention_core_activation_bytes
+                                 for layer, here in zip(layers, fused)], float)
+    if modules == {"core_attn"}:
+        return np.where(recomputed, held, saved), np.zeros(len(layers))
+    dropped = [[module.dropped_bytes(share, kernels.fp8) for module in layer.recompute_modules
+                if module.name in modules] for layer in layers]
+    held = held - np.array([sum(each) for each in dropped], float)
+    working = np.array([max(each, default=0.0) for each in dropped], float)
+    return np.where(recomputed, held, saved), np.where(recomputed, working, 0.0)
 
 
 def in_flight(stages: int, virtual_stages: int, micro_batches: int) -> np.ndarray:

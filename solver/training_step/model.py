@@ -69,7 +69,8 @@ import numpy as np
 from graph_extract.kernels import KernelOptions
 from hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
-from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES, RECOMPUTE_MODES, held_activations, in_flight
+from solver.training_step.memory import (FP8_WEIGHT_COPY_BYTES, held_activations, in_flight, recompute_mode,
+                                         recomputed_modules)
 from solver.training_step.options import TrainingOptions
 
 #: What keeps a device busy each micro-batch (`TrainingStep.busy`): compute, recomputation and the
@@ -78,6 +79,40 @@ BUSY_TERMS = ("compute", "recompute", "tensor_parallel", "expert_parallel", "con
 #: The terms of `StepResult.breakdown`, in the order they happen.
 BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
                   "sharded_data_parallel", "bubble", "pipeline_transfer", "data_parallel_sync", "optimizer")
+
+
+@dataclass(frozen=True)
+class StepModule:
+    """One recompute module of a layer as one device of a width-t stage runs it, per micro-batch: its
+    forward seconds (at e = 1: a mixture's experts at this shard's split are the layer's own
+    difference) and `graph_extract.RecomputedModule`'s bytes (the saved tensors it made, which
+    recomputing it drops; the collectives it runs again)."""
+
+    name: str
+    forward: float
+    activation_bytes: float
+    replicated_activation_bytes: float = 0.0
+    matrix_input_activation_bytes: float = 0.0
+    replicated_matrix_input_activation_bytes: float = 0.0
+    forward_collective_bytes: tuple[float, ...] = ()
+    expert_forward_collective_bytes: tuple[float, ...] = ()
+    all_to_all_bytes: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, module, forward: float) -> StepModule:
+        """From a layer graph's `RecomputedModule` and the module's forward seconds."""
+        return cls(module.name, forward, module.activation_bytes, module.replicated_activation_bytes,
+                   module.matrix_input_activation_bytes, module.replicated_matrix_input_activation_bytes,
+                   module.forward_collective_bytes, module.expert_forward_collective_bytes, module.all_to_all_bytes)
+
+    def dropped_bytes(self, share: float, fp8: bool) -> float:
+        """What recomputing it frees on one device: its saved tensors, the replicated part `share` less
+        (sequence parallelism), those only weight products keep in one byte an element in FP8 (as
+        `memory.held_activations` counts a layer's)."""
+        dropped = self.activation_bytes - share * self.replicated_activation_bytes
+        if fp8:
+            dropped -= 0.5 * (self.matrix_input_activation_bytes - share * self.replicated_matrix_input_activation_bytes)
+        return dropped
 
 
 @dataclass(frozen=True)
@@ -120,6 +155,7 @@ class StepLayer:
     expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
     expert_forward_collective_bytes: tuple[float, ...] = ()  # the routed experts' own all-reduces (τ ranks)
     expert_backward_collective_bytes: tuple[float, ...] = ()
+    recompute_modules: tuple[StepModule, ...] = ()  # its recompute modules but the attention core
 
 
 @dataclass(frozen=True)
@@ -288,8 +324,9 @@ class TrainingStep:
     _pipeline_tiers: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute: unknown {self.recompute!r}; allowed: {', '.join(RECOMPUTE_MODES)}")
+        if recompute_mode(self.recompute) != self.recompute:
+            raise ValueError(f"recompute: {self.recompute!r} is not a recomputation mode's one name "
+                             f"({recompute_mode(self.recompute)!r})")
         if self.shard != self.shard.shard or self.shard.tensor_parallel_width != self.graph.width:
             raise ValueError(f"shard: {self.shard.text()} is not the shard of a width-{self.graph.width} graph "
                              "(t its width, p = d = v = 1)")
@@ -325,11 +362,22 @@ class TrainingStep:
                                       for b in layer.expert_backward_collective_bytes)
                                 for layer in layers], float)
         forward, backward = each("forward") * tokens, each("backward") * tokens
-        raw_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
+        # what a recompute-modules mode re-runs: each layer's recomputed modules, their forward
+        # collectives again (none for `none`, `selective` and `full`, which re-runs whole blocks)
+        modules = recomputed_modules(self.recompute) - {"core_attn"}
+        chosen = [[module for module in layer.recompute_modules if module.name in modules] for layer in layers]
+        tp_again = np.array([sum(tensor.scalar(b * tokens) for module in found for b in module.forward_collective_bytes)
+                             + sum(experts_tensor.scalar(b * experts_tokens) for module in found
+                                   for b in module.expert_forward_collective_bytes) for found in chosen], float)
+        raw_forward_tp = forward_tp
+        raw_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0) + tp_again
         if self.training.tensor_parallel_overlap:
             forward_tp = np.maximum(forward_tp - each("matrix_forward") * tokens, 0.0)
             backward_tp = np.maximum(backward_tp - each("matrix_backward") * tokens, 0.0)
-        exposed_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0)
+            # the re-run collectives hide as much as the forward's do
+            tp_again = tp_again * np.divide(forward_tp, raw_forward_tp, out=np.ones(len(layers)),
+                                            where=raw_forward_tp > 0)
+        exposed_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0) + tp_again
         ring_forward, ring_backward, sent_forward, sent_backward = self.ring_attention(
             each("key_value_bytes") * tokens, each("attention_forward") * tokens, each("attention_backward") * tokens)
         exposed_ring = ring_forward + ring_backward + np.where(blocks & full, ring_forward, 0.0)
@@ -337,7 +385,9 @@ class TrainingStep:
         experts = self.expert_parallel_collective
         all_to_all = np.array([sum(experts.scalar(b * tokens / width) for b in layer.all_to_all_bytes)
                                for layer in layers], float)
-        raw_experts = 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0)
+        dispatch_again = np.array([sum(experts.scalar(b * tokens / width) for module in found
+                                       for b in module.all_to_all_bytes) for found in chosen], float)
+        raw_experts = 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0) + dispatch_again
         exposed_experts = raw_experts
         if self.training.overlap_expert_dispatch:  # behind another micro-batch's compute of the layer, on
             # the share of the device the dispatch's kernels leave it: compute C and exchanges R take
@@ -347,8 +397,16 @@ class TrainingStep:
         all_to_all = all_to_all * np.divide(exposed_experts, raw_experts, out=np.zeros(len(layers)),
                                             where=raw_experts > 0)  # its backward share, exposed
         expert_parameters = each("expert_parameters") / split
-        rerun = {"none": np.zeros(len(layers)), "full": forward,
-                 "selective": each("attention_core_forward") * tokens}[self.recompute]
+        if self.recompute in ("none", "full", "selective"):
+            rerun = {"none": np.zeros(len(layers)), "full": forward,
+                     "selective": each("attention_core_forward") * tokens}[self.recompute]
+        else:  # the modules' forward; a mixture's experts at this shard's split differ by the layer's own
+            # difference (only the experts' products read what the split changes)
+            at_split = each("forward") - np.array([layer.forward for layer in layers], float)
+            rerun = tokens * np.array([sum(module.forward + (shift if module.name == "moe" else 0.0) for module in found)
+                                       for found, shift in zip(chosen, at_split)], float)
+            if "core_attn" in recomputed_modules(self.recompute):
+                rerun = rerun + each("attention_core_forward") * tokens
         held, working = held_activations(layers, self.recompute, width, self.kernels)
         object.__setattr__(self, "_collectives", {})
         object.__setattr__(self, "_data_groups", {})
