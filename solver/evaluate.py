@@ -58,8 +58,7 @@ def _evaluation(question: Question, axes: Axes, costs: LayerCosts, graphs: dict[
     width_costs = costs[width]
     layers = list(width_costs.values())
     blocks = [width_costs[layer.id] for layer in graphs[width].layers if layer.is_block]
-    rerun = {"none": 0.0, "selective": sum(c.attention_core_forward for c in blocks),
-             "full": sum(c.forward for c in blocks)}[result.recompute]  # the step model re-runs blocks only
+    rerun = sum(c.recomputed(result.recompute) for c in blocks)  # the step model re-runs blocks only
     computing = sum(c.forward + c.backward for c in layers) + rerun
     energy_shard = sum(c.energy for c in layers)  # recomputed forwards add little; not counted
     num_tc, num_vc = _cores(chip) or (0, 0)

@@ -19,6 +19,7 @@ from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult
+from solver.training_step.memory import recomputed_modules
 from solver.training_step.model import StepGraph, StepLayer, StepModule
 
 DIRECTIONS = ("forward", "backward")
@@ -53,6 +54,15 @@ class LayerCost:
     # (module, forward seconds) of each recompute module of the layer but the attention core (what
     # recomputing it re-runs; `graph_extract.regions.recompute_modules`)
     module_forward: tuple[tuple[str, float], ...] = ()
+
+    def recomputed(self, mode: str) -> float:
+        """The forward seconds recomputation mode `mode` re-runs of this layer (if it is a block):
+        `full` all of it, a set of recompute modules each module's (`selective`: the attention core)."""
+        if mode == "full":
+            return self.forward
+        modules = recomputed_modules(mode)
+        return ((self.attention_core_forward if "core_attn" in modules else 0.0)
+                + sum(seconds for name, seconds in self.module_forward if name in modules))
 
 
 #: width -> layer id -> cost

@@ -160,3 +160,12 @@ def test_the_published_runs_state_their_modules():
     assert long_context.recompute == "layernorm+moe"
     # EP 8 x ETP 1 over t 4 x cp 8 x d 1 = 32 ranks: Megatron-Core folds the context ranks into the experts'
     assert (long_context.context_parallel_width, long_context.degree, long_context.expert_parallel_width) == (8, 1, 8)
+
+
+def test_a_layers_recomputed_forward_by_mode():
+    """What each mode re-runs of a layer's costs (the utilisation's busy time counts it)."""
+    from solver.layer_costs import LayerCost
+    cost = LayerCost(2.0, 4.0, 0.25, 0, 0, 0, 0, 0, 0, module_forward=(("layernorm", 0.1), ("moe", 1.5),
+                                                                        ("moe_act", 0.2)))
+    assert [cost.recomputed(mode) for mode in ("none", "selective", "full", "layernorm+moe", "core_attn+moe_act")] == [
+        0.0, 0.25, 2.0, 0.1 + 1.5, 0.25 + 0.2]
