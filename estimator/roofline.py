@@ -8,10 +8,11 @@ elementwise operators), each group one kernel. Forward, a group takes
 * FLOPs: 2 per multiply-accumulate; `waves` is the wave quantisation of the GEMM's 128 × 128 output
   tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)); a mixture's grouped
   expert products are one kernel over the experts a device holds, each expert's tiles at its real
-  token count (`expert_shaped`: with expert parallelism, fewer experts of more tokens each). In FP8 training the
-  blocks' weight products (`KernelOptions.fp8_operators`) run at the chip's FP8 dense peak times its
-  FP8 GEMM efficiency and read their inputs and weights in one byte an element (Transformer Engine
-  casts them in the kernels that produce them); every other product runs at the 16-bit rate.
+  token count (`estimator.work.expert_shaped`: with expert parallelism, fewer experts of more
+  tokens each). In FP8 training the blocks' weight products (`KernelOptions.fp8_operators`) run
+  at the chip's FP8 dense peak times its FP8 GEMM efficiency and read their inputs and weights in
+  one byte an element (Transformer Engine casts them in the kernels that produce them); every
+  other product runs at the 16-bit rate.
 * bytes: what the group reads from HBM (inputs made outside it, weights) and writes (outputs used
   outside it).
 Backward, a GEMM gives its data- and weight-gradient GEMMs (as many FLOPs each as forward) and a
@@ -28,17 +29,16 @@ kernels, a kernel costs nothing to launch, and FP8's scaling factors (amax reduc
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from estimator.fusion import FusedOp, fuse_layers
-from estimator.work import BACKWARD, FORWARD, Gemm, op_work
+from estimator.work import BACKWARD, FORWARD, Gemm, expert_shaped, op_work
 from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
-from graph_extract.opgraph import GemmDims, OpGraph, OpNode
+from graph_extract.opgraph import OpGraph
 from graph_extract.regions import block_weight_products
 from hardware import KnownChip
 
@@ -108,16 +108,6 @@ def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[floa
     else:
         elements = sum(math.prod(shape) for shape in node.input_shapes)
     return elements * (node.dtype_bytes + 2) * split[head]
-
-
-def expert_shaped(node: OpNode, expert_width: float) -> OpNode:
-    """A grouped expert product as a device split `expert_width` = s more ways than the graph runs it:
-    E/s experts of s times the tokens each (the same multiply-accumulates; its tiles, and so its
-    waves, are those of the real per-expert token counts); any other operator as it is."""
-    if expert_width == 1 or node.op != "grouped_linear":
-        return node
-    gemm = node.gemm
-    return dataclasses.replace(node, gemm=GemmDims(gemm.batch / expert_width, gemm.m * expert_width, gemm.k, gemm.n))
 
 
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],

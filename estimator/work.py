@@ -19,10 +19,11 @@ weight-gradient dimensions but returns only the data gradient's:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from graph_extract.opgraph import OpNode
+from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 FORWARD, BACKWARD = "forward", "backward"
 DIRECTIONS = (FORWARD, BACKWARD)
@@ -217,3 +218,22 @@ def op_work(node: OpNode, direction: str) -> Work:
     if node.kind == "index" and node.op not in INDEX_OPS:
         raise _unknown(node, INDEX_OPS)
     return Work()
+
+
+def expert_shaped(node: OpNode, split: float) -> OpNode:
+    """A grouped expert product as a device split `split` = s more ways than the graph runs it
+    (s = e·τ/t: `solver.layout.Layout.expert_split`) runs it: E/s experts of ⌈s·C⌉ token rows each
+    instead of E of C (the same multiply-accumulates up to the rounding to whole rows; fewer weights
+    to read, and the tiles of the real per-expert token counts); any other operator as it is."""
+    if split == 1 or node.op != "grouped_linear":
+        return node
+    gemm = node.gemm
+    return dataclasses.replace(node, gemm=GemmDims(round(gemm.batch / split), math.ceil(gemm.m * split), gemm.k, gemm.n))
+
+
+def expert_split_graph(graph: OpGraph, split: float) -> OpGraph:
+    """`graph` with its grouped expert products as a device split `split` more ways runs them
+    (`expert_shaped`)."""
+    if split == 1:
+        return graph
+    return dataclasses.replace(graph, nodes=tuple(expert_shaped(node, split) for node in graph.nodes))

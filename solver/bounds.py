@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from estimator import CandidateSpace, EstimateTable
+from estimator.work import expert_split_graph
 from estimator.workload import prepare_layer
 from graph_extract import KernelOptions
-from solver.layer_costs import DIRECTIONS, LayerCost, step_graphs
+from solver.layer_costs import DIRECTIONS, LayerCost, expert_groups, step_graphs
 from solver.question import Axes, Question
 from solver.step_models import step_model
 
@@ -91,14 +92,19 @@ def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None
     return lower_bounds(latency, parallel, core_types, edges, space.num_tc.astype(float), space.num_vc.astype(float))
 
 
-def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: KernelOptions) -> GroupBounds:
+def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: KernelOptions,
+                 splits: tuple[float, ...] = ()) -> GroupBounds:
     """The `GroupBounds` of one extracted width: the vectorised `lower_bound` of each schedule problem
-    `solver.layer_costs` builds (the attention core as `core_problem` cuts it)."""
+    `solver.layer_costs` builds (the attention core as `core_problem` cuts it); a group holding
+    experts takes the least over its expert splits `splits` too (`layer_costs`' split schedules), so
+    the bound holds at every expert-parallel width searched."""
     rows = {direction: [] for direction in (*DIRECTIONS, "core")}
+    experts = expert_groups(graphs)
+    shapes = [graphs.op_graph] + [expert_split_graph(graphs.op_graph, split) for split in splits]
     for group in graphs.repeat_groups:
         for direction in DIRECTIONS:
-            prepared = prepare_layer(graphs.op_graph, group[0], direction, table, kernels)
-            rows[direction].append(_layer_bounds(prepared, space))
+            rows[direction].append(np.min([_layer_bounds(prepare_layer(graph, group[0], direction, table, kernels), space)
+                                           for graph in (shapes if group in experts else shapes[:1])], axis=0))
         forward = prepare_layer(graphs.op_graph, group[0], "forward", table, kernels)
         core = kernels.recomputed_core(graphs.attention_core)
         keep = [index for index, op in enumerate(forward.ops) if op.members[0] in core]

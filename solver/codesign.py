@@ -95,6 +95,7 @@ class SearchContext:
             axes.micro_batch_size,
             question.sequence_length,
             axes.tensor_parallel_widths,
+            [axes.expert_splits(width) for width in axes.tensor_parallel_widths],
             question.kernels.record(),
             accelerator.to_dict(),
             dataclasses.asdict(self.schedule),
@@ -173,7 +174,8 @@ class Resources:
     def group_bounds(self) -> dict[int, GroupBounds]:
         """The schedule lower bounds of every width's repeat groups on every candidate (computed once)."""
         if self._bounds is None:
-            self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels)
+            self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
+                                                self.axes.expert_splits(width))
                             for width, graphs in self.graphs.items()}
         return self._bounds
 
@@ -281,7 +283,8 @@ def accelerator_costs(resources: Resources, accelerator: AcceleratorConfig) -> L
     groups = sum(len(graphs.repeat_groups) for graphs in resources.graphs.values())
     with Progress(f"layer schedules of {chip}", groups, "unique layers") as progress:
         costs = layer_costs(resources.question.kernels, resources.graphs, accelerator, resources.table,
-                            context.schedule.scheduler(resources.schedules), progress.advance)
+                            context.schedule.scheduler(resources.schedules), progress.advance,
+                            context.axes.expert_splits)
     resources.costs.put(key, {w: {layer: dataclasses.asdict(c) for layer, c in layers.items()}
                               for w, layers in costs.items()})
     return costs

@@ -9,11 +9,13 @@ the cluster. `step_graphs` joins the costs with the layer graphs' facts for the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from estimator import EstimateTable, FusedLayer, layer_workload
 from estimator.roofline import layer_times
+from estimator.work import expert_split_graph
 from graph_extract import KernelOptions
 from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
@@ -99,58 +101,79 @@ def marked_seconds(fused: FusedLayer, marked: tuple[bool, ...]) -> float:
     return sum(op.parallel_latency for op in fused.ops if any(marked[member] for member in op.members))
 
 
-def _layer_problems(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable):
-    """(width, group, forward, backward, attention core or None, weight products' forward and
-    backward seconds, attention cores' forward and backward seconds, recompute modules' forward
-    seconds) of every repeat group."""
-    for width, graphs in graphs_by_width.items():
-        products = block_weight_products(graphs.op_graph)
-        core = tuple(node.id in graphs.attention_core for node in graphs.op_graph.nodes)
-        modules = {name: tuple(node.id in ids for node in graphs.op_graph.nodes)
-                   for name, ids in graphs.recompute_modules.items()}
-        for group in graphs.repeat_groups:
-            forward, backward = (layer_workload(graphs.op_graph, group[0], direction, accelerator, table, kernels)
-                                 for direction in DIRECTIONS)
-            held = {member for op in forward.ops for member in op.members}
-            yield (width, group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
-                   core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator),
-                   (marked_seconds(forward, products), marked_seconds(backward, products)),
-                   (marked_seconds(forward, core), marked_seconds(backward, core)),
-                   tuple((name, marked_seconds(forward, marks)) for name, marks in modules.items()
-                         if any(marks[member] for member in held)))
+def _layer_problems(kernels: KernelOptions, graphs, op_graph, accelerator: AcceleratorConfig, table: EstimateTable,
+                    groups):
+    """(group, forward, backward, attention core or None, weight products' forward and backward
+    seconds, attention cores' forward and backward seconds, recompute modules' forward seconds) of
+    each of the repeat groups `groups` of one width's `graphs`, on `op_graph` (their own, or it with
+    the experts split: `estimator.work.expert_split_graph`)."""
+    products = block_weight_products(op_graph)
+    core = tuple(node.id in graphs.attention_core for node in op_graph.nodes)
+    modules = {name: tuple(node.id in ids for node in op_graph.nodes) for name, ids in graphs.recompute_modules.items()}
+    for group in groups:
+        forward, backward = (layer_workload(op_graph, group[0], direction, accelerator, table, kernels)
+                             for direction in DIRECTIONS)
+        held = {member for op in forward.ops for member in op.members}
+        yield (group, schedule_problem(forward, accelerator), schedule_problem(backward, accelerator),
+               core_problem(forward, kernels.recomputed_core(graphs.attention_core), accelerator),
+               (marked_seconds(forward, products), marked_seconds(backward, products)),
+               (marked_seconds(forward, core), marked_seconds(backward, core)),
+               tuple((name, marked_seconds(forward, marks)) for name, marks in modules.items()
+                     if any(marks[member] for member in held)))
+
+
+def expert_groups(graphs) -> tuple[tuple[int, ...], ...]:
+    """The repeat groups of one width's graphs whose layers hold experts."""
+    return tuple(group for group in graphs.repeat_groups if graphs.layer_graph.layer(group[0]).expert_parameter_bytes)
 
 
 def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: AcceleratorConfig, table: EstimateTable,
-                schedule: Scheduler, on_layer: Callable[[], None] = lambda: None) -> LayerCosts:
+                schedule: Scheduler, on_layer: Callable[[], None] = lambda: None,
+                splits: Callable[[int], tuple[float, ...]] = lambda width: ()) -> LayerCosts:
     """Schedule each repeat group's representative on a template chip; its cost is the group's.
-    `on_layer` is called after each group (progress)."""
+    A group holding experts is also scheduled at each expert split of `splits(width)` (a device
+    holding 1/s of a width-t rank's experts: E/s experts of s times the tokens,
+    `estimator.work.expert_split_graph`), its `expert_parallel_times`. `on_layer` is called after
+    each group (progress)."""
     costs: LayerCosts = {}
-    for width, group, forward, backward, core, matrix, attention, module_forward in _layer_problems(
-            kernels, graphs_by_width, accelerator, table):
-        results = [schedule(forward), schedule(backward)]
-        core_result = schedule(core) if core is not None else None
-        busy = [
-            sum(getattr(r, f"{kind}_utilisation").mean * r.makespan for r in results) * count
-            for kind, count in (("tc", accelerator.num_tc), ("vc", accelerator.num_vc))
-        ]
-        cost = LayerCost(
-            forward=results[0].makespan,
-            backward=results[1].makespan,
-            attention_core_forward=core_result.makespan if core_result else 0.0,
-            energy=results[0].energy + results[1].energy,
-            tc_busy=busy[0],
-            vc_busy=busy[1],
-            tc_peak=max(r.tc_utilisation.peak for r in results),
-            vc_peak=max(r.vc_utilisation.peak for r in results),
-            gap=max(r.gap for r in results + ([core_result] if core_result else [])),
-            matrix_forward=min(matrix[0], results[0].makespan),
-            matrix_backward=min(matrix[1], results[1].makespan),
-            attention_forward=min(attention[0], results[0].makespan),
-            attention_backward=min(attention[1], results[1].makespan),
-            module_forward=tuple((name, min(seconds, results[0].makespan)) for name, seconds in module_forward),
-        )
-        costs.setdefault(width, {}).update({layer: cost for layer in group})
-        on_layer()
+    for width, graphs in graphs_by_width.items():
+        for group, forward, backward, core, matrix, attention, module_forward in _layer_problems(
+                kernels, graphs, graphs.op_graph, accelerator, table, graphs.repeat_groups):
+            results = [schedule(forward), schedule(backward)]
+            core_result = schedule(core) if core is not None else None
+            busy = [
+                sum(getattr(r, f"{kind}_utilisation").mean * r.makespan for r in results) * count
+                for kind, count in (("tc", accelerator.num_tc), ("vc", accelerator.num_vc))
+            ]
+            cost = LayerCost(
+                forward=results[0].makespan,
+                backward=results[1].makespan,
+                attention_core_forward=core_result.makespan if core_result else 0.0,
+                energy=results[0].energy + results[1].energy,
+                tc_busy=busy[0],
+                vc_busy=busy[1],
+                tc_peak=max(r.tc_utilisation.peak for r in results),
+                vc_peak=max(r.vc_utilisation.peak for r in results),
+                gap=max(r.gap for r in results + ([core_result] if core_result else [])),
+                matrix_forward=min(matrix[0], results[0].makespan),
+                matrix_backward=min(matrix[1], results[1].makespan),
+                attention_forward=min(attention[0], results[0].makespan),
+                attention_backward=min(attention[1], results[1].makespan),
+                module_forward=tuple((name, min(seconds, results[0].makespan)) for name, seconds in module_forward),
+            )
+            costs.setdefault(width, {}).update({layer: cost for layer in group})
+            on_layer()
+        split_times: dict[tuple[int, ...], list] = {}
+        for split in splits(width):
+            for group, forward, backward, _, matrix, _, _ in _layer_problems(
+                    kernels, graphs, expert_split_graph(graphs.op_graph, split), accelerator, table,
+                    expert_groups(graphs)):
+                seconds = [schedule(forward).makespan, schedule(backward).makespan]
+                split_times.setdefault(group, []).append(
+                    (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1])))
+        for group, times in split_times.items():
+            cost = dataclasses.replace(costs[width][group[0]], expert_parallel_times=tuple(times))
+            costs[width].update(dict.fromkeys(group, cost))
     return costs
 
 
@@ -170,7 +193,7 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
             core = kernels.recomputed_core(graphs.attention_core)
             times = layer_times(graphs.op_graph, group[0], chip, kernels, core, modules=graphs.recompute_modules)
             split = ()
-            if graphs.layer_graph.layer(group[0]).expert_parameter_bytes:
+            if group in expert_groups(graphs):
                 split = tuple((s, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
                               for s in expert_splits(experts, width)
                               for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, s),))

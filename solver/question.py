@@ -123,6 +123,12 @@ class Axes:
                   if tau is None or t % tau == 0]
         return list(dict.fromkeys(shards))
 
+    def expert_splits(self, width: int) -> tuple[float, ...]:
+        """The expert splits e·τ/t ≠ 1 of the width-t shards searched (`Layout.expert_split`: how
+        many times fewer experts a device holds than a rank of the width-t graph), in order."""
+        return tuple(sorted({shard.expert_split for shard in self.shards()
+                             if shard.tensor_parallel_width == width} - {1.0}))
+
     def record(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hydra import compose, initialize_config_module
 
 from estimator import layer_workload
 from estimator.workload import prepare_layer
 from solver.bounds import lower_bounds, optimistic_throughputs
-from solver.codesign import Resources, evaluate_candidates, refined_throughputs
+from phaze.settings import settings_from_config
+from solver.codesign import Resources, accelerator_costs, evaluate_candidates, refined_throughputs
 from solver.layer_costs import core_problem, schedule_problem
 from solver.schedule import Op, ScheduleProblem, lower_bound
 
@@ -102,3 +104,43 @@ def test_bounds_never_below_the_exact_throughput(tmp_path, tiny_settings, system
         else:
             assert bound.value < best and level1.value <= best * (1 + 1e-9)
     assert cut[exact.index(best)].exact
+
+
+#: A mixture at toy size on TPU v4's pod: 4 experts of a two-block Mixtral, split over e = 1, 2, 4.
+TINY_MIXTURE = [
+    "model=mixtral-8x7b", "+model.overrides.num_layers=2", "+model.overrides.hidden_size=256",
+    "+model.overrides.num_heads=8", "+model.overrides.num_kv_heads=2", "+model.overrides.ffn_hidden_size=512",
+    "+model.overrides.num_experts=4", "+model.overrides.vocab_size=1000",
+    "+model.overrides.max_position_embeddings=128", "sequence_length=128", "max_tensor_parallel_width=2",
+    "global_batch_size=64", "num_devices=16", "hbm_size=1", "expert_parallel_width=[1,2,4]",
+    "system=tpuv4_pod"]
+
+
+def test_a_mixtures_bounds_hold_at_every_expert_split(tmp_path):
+    """On a template chip each expert split is scheduled apart (E/s experts of s times the tokens:
+    fewer expert weights to read), so a layer can be faster at e > 1 than at e = 1: the group bounds
+    take the least over the splits searched, and stay above every exact throughput."""
+    with initialize_config_module("phaze.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["mode=run_solver", f"cache_dir={tmp_path}", *TINY_MIXTURE])
+    res = Resources.build(settings_from_config(cfg).search_context(1))
+    assert res.axes.expert_splits(2) == (0.5, 2.0, 4.0) and res.axes.expert_splits(1) == (2.0, 4.0)
+    hbm = 2**30
+    optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, res.space, res.group_bounds())
+    indices = np.linspace(0, len(res.space) - 1, 6).round().astype(int).tolist()
+    exact = [outcome.best(hbm).throughput for outcome in evaluate_candidates(res, indices)]
+    assert any(value > 0 for value in exact)
+    refined = refined_throughputs(res, indices, hbm)
+    for level0, level1, truth in zip(optimistic[indices], refined, exact):
+        assert level0 >= level1.value >= truth
+    # the split schedules: fewer expert weights to read; each above its group's bound
+    bounds, faster = res.group_bounds(), 0
+    for index in indices:
+        costs = accelerator_costs(res, res.space[index])
+        for width, splits in ((1, [2.0, 4.0]), (2, [0.5, 2.0, 4.0])):
+            row = next(i for i, group in enumerate(bounds[width].groups) if 1 in group)  # the first block's group
+            layer = costs[width][1]
+            assert [entry[0] for entry in layer.expert_parallel_times] == splits
+            floor = bounds[width].forward[row, index] + bounds[width].backward[row, index]
+            assert all(entry[1] + entry[2] >= floor * (1 - 1e-9) for entry in layer.expert_parallel_times)
+            faster += sum(entry[1] < layer.forward for entry in layer.expert_parallel_times if entry[0] > 1)
+    assert faster >= len(indices)  # on most chips a wider split reads fewer weights and runs faster

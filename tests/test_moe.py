@@ -632,3 +632,26 @@ def test_megatrons_2025_flop_count_gives_the_modelzoo_rows_published_tflops():
     long_context = case(RUNS["moezoo_qwen3_235b_longctx_seq32768_forced_balance"])
     assert (long_context.recompute, long_context.context_parallel_width, long_context.sequence_length) == (
         "layernorm+moe", 2, 32768)
+
+
+def test_a_device_runs_its_experts_at_their_real_token_counts():
+    """Split s = e·τ/t more ways than the width-t graph, a device's grouped expert products are E/s
+    experts of ⌈s·C⌉ token rows (C the graph's capacity): the same multiply-accumulates, fewer
+    weights, the tiles of that shape (on a GPU; on a template chip its own schedule)."""
+    from estimator.roofline import waves
+    from estimator.work import expert_shaped, expert_split_graph, op_work
+    extracted = extract(TOY, 1, 16, 2)  # 4 experts, 2 a token: C = 16 x 2 / 4 = 8 rows each
+    capacity = TOY.expert_capacity(16)
+    (up, *_) = [node for node in extracted.op_graph.nodes if node.op == "grouped_linear"]
+    assert (up.gemm.batch, up.gemm.m, capacity) == (4, 8, 8)
+    for split, (batch, rows) in ((2, (2, 16)), (4, (1, 32)), (0.5, (8, 4))):
+        shaped = expert_shaped(up, split)
+        assert (shaped.gemm.batch, shaped.gemm.m, shaped.gemm.k, shaped.gemm.n) == (batch, rows, up.gemm.k, up.gemm.n)
+        assert shaped.gemm.macs == up.gemm.macs
+    # a forward tile count: 4 x 1 x 1 at s = 1 (8 rows, 48 columns), 1 x 1 x 1 at s = 4 (32 rows)
+    assert waves(op_work(up, "forward").gemms[0], 132) == 4 / 132
+    assert waves(op_work(expert_shaped(up, 4), "forward").gemms[0], 132) == 1 / 132
+    split = expert_split_graph(extracted.op_graph, 4)
+    assert {node.gemm.batch for node in split.nodes if node.op == "grouped_linear"} == {1}  # two traced blocks
+    assert [node for node in split.nodes if node.op != "grouped_linear"] == [
+        node for node in extracted.op_graph.nodes if node.op != "grouped_linear"]
