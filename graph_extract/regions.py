@@ -26,9 +26,6 @@ from graph_extract.opgraph import OpGraph, OpNode
 #: Megatron-Core's recompute modules phaze prices, in its documented order: `core_attn` (the attention
 #: core, `attention_core`) and the modules `recompute_modules` finds.
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
-#: Those Megatron-Core re-runs with output-discarding checkpointing (their output freed once used and
-#: rebuilt for the backward pass); the others are checkpointed whole (only their inputs kept).
-OUTPUT_DISCARDING = ("layernorm", "moe_act")
 #: Modules that hold others: recomputing the outer re-runs the inner ones.
 NESTED = {"moe": ("moe_act", "shared_experts")}
 
@@ -144,9 +141,8 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
         if child in mixtures and inner.startswith("shared"):
             found.setdefault("shared_experts", set()).add(node.id)
         if node.op == "grouped_linear":  # the operators between an up product and the down product it feeds
-            for later in _reach(node.id, successors, graph):
-                if graph.nodes[later].op == "grouped_linear":
-                    between = _reach(node.id, successors, graph) & _reach(later, predecessors, graph)
-                    if between:
-                        found.setdefault("moe_act", set()).update(between)
+            after = _reach(node.id, successors, graph)
+            for later in (later for later in after if graph.nodes[later].op == "grouped_linear"):
+                if between := after & _reach(later, predecessors, graph):
+                    found.setdefault("moe_act", set()).update(between)
     return {name: frozenset(ids) for name, ids in found.items()}

@@ -128,17 +128,25 @@ def recomputed_modules(mode: str) -> frozenset[str]:
     return frozenset({"core_attn"}) if mode == "selective" else frozenset(mode.split("+"))
 
 
+def device_bytes(total: float, saved, share: float, fp8: bool) -> float:
+    """What one device keeps of `total` bytes of saved tensors (a layer's, or a recompute module's:
+    `saved` gives their replicated and matrix-input parts): the replicated part `share` less
+    (sequence parallelism), and in FP8 the inputs only weight products keep in one byte an element
+    instead of two."""
+    kept = total - share * saved.replicated_activation_bytes
+    if fp8:
+        kept -= 0.5 * (saved.matrix_input_activation_bytes - share * saved.replicated_matrix_input_activation_bytes)
+    return kept
+
+
 def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed). A layer
     without a fused-attention figure keeps with a fused kernel what it keeps without."""
     mode = recompute_mode(mode)
     share = kernels.replicated_share(width)
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
-    saved = np.array([(layer.fused_attention_activation_bytes if here else layer.activation_bytes)
-                      - share * layer.replicated_activation_bytes for layer, here in zip(layers, fused)], float)
-    if kernels.fp8:  # the inputs only weight products keep: one byte an element instead of two
-        saved -= 0.5 * np.array([layer.matrix_input_activation_bytes
-                                 - share * layer.replicated_matrix_input_activation_bytes for layer in layers], float)
+    saved = np.array([device_bytes(layer.fused_attention_activation_bytes if here else layer.activation_bytes,
+                                   layer, share, kernels.fp8) for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if mode == "none":
         return saved, np.zeros(len(layers))
@@ -152,7 +160,7 @@ def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> t
                                  for layer, here in zip(layers, fused)], float)
     if modules == {"core_attn"}:
         return np.where(recomputed, held, saved), np.zeros(len(layers))
-    dropped = [[module.dropped_bytes(share, kernels.fp8) for module in layer.recompute_modules
+    dropped = [[device_bytes(module.activation_bytes, module, share, kernels.fp8) for module in layer.recompute_modules
                 if module.name in modules] for layer in layers]
     held = held - np.array([sum(each) for each in dropped], float)
     working = np.array([max(each, default=0.0) for each in dropped], float)

@@ -67,6 +67,7 @@ from functools import cached_property
 import numpy as np
 
 from graph_extract.kernels import KernelOptions
+from graph_extract.layergraph import RecomputedModule
 from hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
 from solver.training_step.memory import (FP8_WEIGHT_COPY_BYTES, held_activations, in_flight, recompute_mode,
@@ -99,20 +100,11 @@ class StepModule:
     all_to_all_bytes: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, module, forward: float) -> StepModule:
+    def of(cls, module: RecomputedModule, forward: float) -> StepModule:
         """From a layer graph's `RecomputedModule` and the module's forward seconds."""
         return cls(module.name, forward, module.activation_bytes, module.replicated_activation_bytes,
                    module.matrix_input_activation_bytes, module.replicated_matrix_input_activation_bytes,
                    module.forward_collective_bytes, module.expert_forward_collective_bytes, module.all_to_all_bytes)
-
-    def dropped_bytes(self, share: float, fp8: bool) -> float:
-        """What recomputing it frees on one device: its saved tensors, the replicated part `share` less
-        (sequence parallelism), those only weight products keep in one byte an element in FP8 (as
-        `memory.held_activations` counts a layer's)."""
-        dropped = self.activation_bytes - share * self.replicated_activation_bytes
-        if fp8:
-            dropped -= 0.5 * (self.matrix_input_activation_bytes - share * self.replicated_matrix_input_activation_bytes)
-        return dropped
 
 
 @dataclass(frozen=True)
