@@ -117,9 +117,9 @@ TINY_MIXTURE = [
 
 
 def test_a_mixtures_bounds_hold_at_every_expert_split(tmp_path):
-    """On a template chip each expert split is scheduled apart (E/s experts of s times the tokens:
-    fewer expert weights to read), so a layer can be faster at e > 1 than at e = 1: the group bounds
-    take the least over the splits searched, and stay above every exact throughput."""
+    """On a template chip each expert split is priced apart (E/s experts of s times the tokens: fewer
+    expert weights to read), so a layer can be faster at e > 1 than at e = 1: the group bounds take
+    the least over the splits searched, and stay above every exact throughput."""
     with initialize_config_module("phaze.conf", version_base="1.3"):
         cfg = compose("config", overrides=["mode=run_solver", f"cache_dir={tmp_path}", *TINY_MIXTURE])
     res = Resources.build(settings_from_config(cfg).search_context(1))
