@@ -54,6 +54,10 @@ class RecomputedModule:
     forward_collective_bytes: tuple[int, ...] = ()
     expert_forward_collective_bytes: tuple[int, ...] = ()
     all_to_all_bytes: tuple[int, ...] = ()
+    # with a fused attention kernel, where they differ (a module making the kernel's Q, K, V:
+    # mla_up_proj): what it drops then, and the replicated part of it (None: as without)
+    fused_attention_activation_bytes: int | None = None
+    fused_replicated_activation_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,21 +224,30 @@ def _made_by(graph: OpGraph, node_id: int) -> int:
 
 
 def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int], saved: dict, matrix_inputs: set,
-                replicated: tuple[bool, ...], name: str) -> RecomputedModule:
-    """What recomputing the operators `module` of a layer (its `nodes`, its `saved` tensors) changes:
-    the saved tensors whose storage the module made (a view of its input stays its input)."""
+                replicated: tuple[bool, ...], name: str, fused: dict, kernels) -> RecomputedModule:
+    """What recomputing the operators `module` of a layer (its `nodes`, its `saved` tensors; with
+    fused attention `kernels`, the `fused` ones and the kernels' inputs) changes: the saved tensors
+    whose storage the module made (a view of its input stays its input)."""
     dropped = [key for key in saved if _made_by(graph, key[1]) in module]
     inside = tuple(node for node in nodes if node.id in module)
+    made = [(size, replicated[key[1]]) for key, size in fused.items() if _made_by(graph, key[1]) in module] + [
+        (size, replicated[source]) for kernel in kernels for source, size in kernel.inputs
+        if _made_by(graph, source) in module]
+    unfused = sum(saved[key] for key in dropped)
+    fused_bytes = sum(size for size, _ in made)
     return RecomputedModule(
         name=name,
-        activation_bytes=sum(saved[key] for key in dropped),
+        activation_bytes=unfused,
         replicated_activation_bytes=sum(saved[key] for key in dropped if replicated[key[1]]),
         matrix_input_activation_bytes=sum(saved[key] for key in dropped if key in matrix_inputs),
         replicated_matrix_input_activation_bytes=sum(saved[key] for key in dropped
                                                      if key in matrix_inputs and replicated[key[1]]),
         forward_collective_bytes=_collective_bytes(inside, "forward"),
         expert_forward_collective_bytes=_collective_bytes(inside, "forward", EXPERT_TENSOR),
-        all_to_all_bytes=tuple(node.output_bytes for node in inside if node.kind == "alltoall"))
+        all_to_all_bytes=tuple(node.output_bytes for node in inside if node.kind == "alltoall"),
+        fused_attention_activation_bytes=None if fused_bytes == unfused else fused_bytes,
+        fused_replicated_activation_bytes=None if fused_bytes == unfused else sum(
+            size for size, copied in made if copied))
 
 
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
@@ -293,7 +306,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,
                 key_value_bytes=sum(kernel.key_value_bytes for kernel in layer_kernels),
                 recompute_modules=tuple(
-                    _recomputed(graph, nodes, ids, saved, matrix_inputs, replicated, name)
+                    _recomputed(graph, nodes, ids, saved, matrix_inputs, replicated, name, fused, layer_kernels)
                     for name, ids in modules.items() if any(node.id in ids for node in nodes)),
             )
         )

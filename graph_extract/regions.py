@@ -16,16 +16,18 @@ products.
   (`recompute_modules`): `layernorm` the block's own norms (input_layernorm and pre_mlp_layernorm),
   `mlp` a dense block's feed-forward network, `moe` a mixture's whole layer (router, dispatch,
   experts, combine, shared experts), `moe_act` the operators between the experts' up and down
-  products (their activation function), `shared_experts` the shared experts' network.
+  products (their activation function), `shared_experts` the shared experts' network,
+  `mla_up_proj` a latent attention's up projections and what runs between the attention's
+  products and its core (the rotary embedding's application, the scaling, the joins).
 """
 
 from __future__ import annotations
 
 from graph_extract.opgraph import OpGraph, OpNode
 
-#: Megatron-Core's recompute modules phaze prices, in its documented order: `core_attn` (the attention
+#: Megatron-Core's recompute modules phaze prices, in alphabetical order: `core_attn` (the attention
 #: core, `attention_core`) and the modules `recompute_modules` finds.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 #: Modules that hold others: recomputing the outer re-runs the inner ones.
 NESTED = {"moe": ("moe_act", "shared_experts")}
 
@@ -115,7 +117,10 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
     user's factory builds agree: the norms are the norm operators a block's own children issue (not
     those inside its attention, as Qwen3's QK-norm or a latent's); the feed-forward network is the
     child holding weight products but no attention core, a mixture's the one holding grouped expert
-    products; shared experts are its sub-module named so (`shared...`)."""
+    products; shared experts are its sub-module named so (`shared...`); a latent attention's up
+    projections are the products of the attention child fed by a norm of that child (the latents'),
+    and `mla_up_proj` holds them with the operators on the paths from its products to its core
+    (Megatron-Core has the module for multi-head latent attention only; other attentions: none)."""
     blocks, paths = set(graph.layers[1:-1]), _block_paths(graph)
     core = attention_core(graph)
     attention = {_child(graph.nodes[node], paths) for node in core}
@@ -128,6 +133,14 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
         successors.setdefault(source, []).append(dest)
         predecessors.setdefault(dest, []).append(source)
     found: dict[str, set[int]] = {}
+    for cores in attention_cores(graph):
+        if up_projections := _up_projections(graph, cores, paths):
+            toward = set().union(*(_reach(node, predecessors, graph) for node in cores if graph.nodes[node].kind == "bmm"))
+            child = _child(graph.nodes[min(cores)], paths)
+            sources = [node.id for node in graph.nodes if node.kind == "gemm" and _child(node, paths) == child
+                       and node.layer == graph.nodes[min(cores)].layer]
+            found.setdefault("mla_up_proj", set()).update(
+                up_projections, *((_reach(source, successors, graph) & toward) - cores for source in sources))
     for node in graph.nodes:
         child = _child(node, paths) if node.layer in blocks else None
         if child is None:
@@ -146,3 +159,25 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
                 if between := after & _reach(later, predecessors, graph):
                     found.setdefault("moe_act", set()).update(between)
     return {name: frozenset(ids) for name, ids in found.items()}
+
+
+def _up_projections(graph: OpGraph, cores: frozenset[int], paths: dict[int, tuple[str, ...]]) -> set[int]:
+    """The up projections of the latent attention holding the core `cores`: its child's weight
+    products whose input a norm of that child makes (through views and copies); none for an
+    attention without latents."""
+    layer = graph.nodes[min(cores)].layer
+    if layer not in graph.layers[1:-1]:
+        return set()
+    child = _child(graph.nodes[min(cores)], paths)
+    found = set()
+    for node in graph.nodes:
+        if node.layer != layer or node.kind != "gemm" or _child(node, paths) != child or not node.inputs:
+            continue
+        source = node.inputs[0]
+        while source is not None and (graph.nodes[source].kind == "shape" or (
+                graph.nodes[source].kind == "allreduce" and graph.nodes[source].attr("direction") == "backward")):
+            source = graph.nodes[source].inputs[0] if graph.nodes[source].inputs else None
+        if source is not None and graph.nodes[source].kind == "norm" and _child(graph.nodes[source], paths) == child \
+                and graph.nodes[source].module_path != child:
+            found.add(node.id)
+    return found

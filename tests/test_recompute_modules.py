@@ -30,7 +30,7 @@ MIXTURE = get_spec("mixtral-8x7b").with_overrides(
 
 def test_each_mode_has_one_name_and_a_bad_one_is_one_line():
     assert recompute_mode("core_attn") == "selective"  # Megatron-Core's default module
-    assert recompute_mode("moe_act+layernorm") == "layernorm+moe_act"  # in Megatron-Core's order
+    assert recompute_mode("moe_act+layernorm") == "layernorm+moe_act"  # in one (alphabetical) order
     assert recompute_mode("layernorm+core_attn") == "core_attn+layernorm"
     assert [recompute_mode(mode) for mode in ("none", "selective", "full")] == ["none", "selective", "full"]
     assert recomputed_modules("selective") == {"core_attn"} and recomputed_modules("full") == set()
@@ -39,7 +39,7 @@ def test_each_mode_has_one_name_and_a_bad_one_is_one_line():
         "selective", "layernorm+moe_act")
     with pytest.raises(InputError, match=r"^recompute: unknown 'attention'; allowed: none, selective, full, or "
                                          r"Megatron-Core's recompute modules joined by '\+' \(core_attn, layernorm, "
-                                         r"mlp, moe, moe_act, shared_experts; e.g. layernorm\+moe_act\)$"):
+                                         r"mla_up_proj, mlp, moe, moe_act, shared_experts; e.g. layernorm\+moe_act\)$"):
         recompute_mode("attention")
     with pytest.raises(InputError, match=r"^recompute: 'moe\+moe_act' recomputes moe, which re-runs moe_act "
                                          r"already; allowed: moe or moe_act, not both$"):
@@ -93,6 +93,30 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
     share = 1 - 1 / t
     assert none - held[0] == pytest.approx(4 * b * s * h * (1 - share) + 8 * b * s * f / t, rel=1e-12)
     assert working[0] == pytest.approx(8 * b * s * f / t, rel=1e-12)  # one FFN rebuilt at a time
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_a_latent_attentions_up_projections_by_hand(t):
+    """mla_up_proj (DeepSeek-V3 §3.2.3, Megatron-Core's module for multi-head latent attention): the
+    query and key/value up projections and what runs after them up to the core (the rotary
+    embedding's application, the joins, the scaling), not the down projections nor the latents'
+    norms; it drops the core's inputs: Q and K, b·(a/t)·s·(d_nope + d_rope) each, and V,
+    b·(a/t)·s·d_v, two bytes an element, with or without a fused kernel (which reads them as made)."""
+    spec = get_spec("deepseek-v3").with_overrides(
+        num_layers=2, hidden_size=256, num_heads=4, ffn_hidden_size=512, vocab_size=1000, num_experts=8,
+        moe_ffn_hidden_size=128, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+        v_head_dim=32, first_dense_layers=1, max_position_embeddings=64)
+    b, s, heads = 2, 64, 4 // t
+    extracted = extract(spec, b, s, t)
+    graph = extracted.op_graph
+    ids = extracted.recompute_modules["mla_up_proj"]
+    paths = {graph.nodes[i].module_path.rsplit(".", 1)[-1] for i in ids if graph.nodes[i].kind == "gemm"}
+    assert paths == {"query_up", "key_value_up"}
+    assert not any(graph.nodes[i].kind == "norm" for i in ids) and not ids & extracted.attention_core
+    (module,) = [m for m in extracted.layer_graph.layers[1].recompute_modules if m.name == "mla_up_proj"]
+    assert module.activation_bytes == 2 * b * heads * s * (2 * (32 + 16) + 32)
+    assert module.fused_attention_activation_bytes is None  # the fused kernel reads the same Q, K and V
+    assert "mla_up_proj" not in extract(MIXTURE, 1, 16, 1).recompute_modules  # no latents, no module
 
 
 def module_graph() -> StepGraph:

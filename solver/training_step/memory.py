@@ -128,15 +128,24 @@ def recomputed_modules(mode: str) -> frozenset[str]:
     return frozenset({"core_attn"}) if mode == "selective" else frozenset(mode.split("+"))
 
 
-def device_bytes(total: float, saved, share: float, fp8: bool) -> float:
-    """What one device keeps of `total` bytes of saved tensors (a layer's, or a recompute module's:
-    `saved` gives their replicated and matrix-input parts): the replicated part `share` less
-    (sequence parallelism), and in FP8 the inputs only weight products keep in one byte an element
-    instead of two."""
-    kept = total - share * saved.replicated_activation_bytes
+def device_bytes(total: float, replicated: float, saved, share: float, fp8: bool) -> float:
+    """What one device keeps of `total` bytes of saved tensors (a layer's, or a recompute module's),
+    `replicated` of them identical over the tensor-parallel group (`saved` gives the part only
+    weight products keep): the replicated part `share` less (sequence parallelism), and in FP8 the
+    inputs only weight products keep in one byte an element instead of two."""
+    kept = total - share * replicated
     if fp8:
         kept -= 0.5 * (saved.matrix_input_activation_bytes - share * saved.replicated_matrix_input_activation_bytes)
     return kept
+
+
+def module_bytes(module, fused: bool, share: float, fp8: bool) -> float:
+    """What recomputing a recompute module frees on one device (`device_bytes` of what it made),
+    with or without a fused attention kernel."""
+    if fused and module.fused_attention_activation_bytes is not None:
+        return device_bytes(module.fused_attention_activation_bytes, module.fused_replicated_activation_bytes, module,
+                            share, fp8)
+    return device_bytes(module.activation_bytes, module.replicated_activation_bytes, module, share, fp8)
 
 
 def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +155,8 @@ def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> t
     share = kernels.replicated_share(width)
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
     saved = np.array([device_bytes(layer.fused_attention_activation_bytes if here else layer.activation_bytes,
-                                   layer, share, kernels.fp8) for layer, here in zip(layers, fused)], float)
+                                   layer.replicated_activation_bytes, layer, share, kernels.fp8)
+                      for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if mode == "none":
         return saved, np.zeros(len(layers))
@@ -160,8 +170,8 @@ def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> t
                                  for layer, here in zip(layers, fused)], float)
     if modules == {"core_attn"}:
         return np.where(recomputed, held, saved), np.zeros(len(layers))
-    dropped = [[device_bytes(module.activation_bytes, module, share, kernels.fp8) for module in layer.recompute_modules
-                if module.name in modules] for layer in layers]
+    dropped = [[module_bytes(module, here, share, kernels.fp8) for module in layer.recompute_modules
+                if module.name in modules] for layer, here in zip(layers, fused)]
     held = held - np.array([sum(each) for each in dropped], float)
     working = np.array([max(each, default=0.0) for each in dropped], float)
     return np.where(recomputed, held, saved), np.where(recomputed, working, 0.0)

@@ -98,13 +98,16 @@ class StepModule:
     forward_collective_bytes: tuple[float, ...] = ()
     expert_forward_collective_bytes: tuple[float, ...] = ()
     all_to_all_bytes: tuple[float, ...] = ()
+    fused_attention_activation_bytes: float | None = None  # with a fused attention kernel (None: the same)
+    fused_replicated_activation_bytes: float | None = None
 
     @classmethod
     def of(cls, module: RecomputedModule, forward: float) -> StepModule:
         """From a layer graph's `RecomputedModule` and the module's forward seconds."""
         return cls(module.name, forward, module.activation_bytes, module.replicated_activation_bytes,
                    module.matrix_input_activation_bytes, module.replicated_matrix_input_activation_bytes,
-                   module.forward_collective_bytes, module.expert_forward_collective_bytes, module.all_to_all_bytes)
+                   module.forward_collective_bytes, module.expert_forward_collective_bytes, module.all_to_all_bytes,
+                   module.fused_attention_activation_bytes, module.fused_replicated_activation_bytes)
 
 
 @dataclass(frozen=True)
