@@ -165,9 +165,9 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
     products = block_weight_products(graph)
     matrix = [any(products[member] for member in op.members) for op in ops]
+    parts = {name: module_kernels(ops, ids) for name, ids in (modules or {}).items()}
     module_forward = tuple((name, sum(op_seconds(graph, part, FORWARD, chip, split, narrow, expert_width)
-                                      for part in module_kernels(ops, ids)))
-                           for name, ids in (modules or {}).items() if module_kernels(ops, ids))
+                                      for part in kernels_of)) for name, kernels_of in parts.items() if kernels_of)
     return LayerTimes(sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward), sum(attention),
                       sum(seconds for seconds, is_matrix in zip(forward, matrix) if is_matrix),
                       sum(seconds for seconds, is_matrix in zip(backward, matrix) if is_matrix),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from graph_extract.attention import attention_kernels
 from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
 from graph_extract.parallel import EXPERT_TENSOR
-from graph_extract.regions import attention_core, block_weight_products, recompute_modules, replicated_outputs
+from graph_extract.regions import attention_core, block_weight_products, made_by, recompute_modules, replicated_outputs
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -213,26 +213,16 @@ def _saved(graph: OpGraph, nodes: tuple[OpNode, ...], matrix: tuple[bool, ...], 
     return saved, set(saved) - others
 
 
-def _made_by(graph: OpGraph, node_id: int) -> int:
-    """The operator that made the storage of `node_id`'s output: through the views and layout changes
-    of one input and the tensor-parallel copies (identities forward: backward all-reduces)."""
-    node = graph.nodes[node_id]
-    while (len(node.inputs) == 1 and node.inputs[0] is not None
-           and (node.kind == "shape" or (node.kind == "allreduce" and node.attr("direction") == "backward"))):
-        node = graph.nodes[node.inputs[0]]
-    return node.id
-
-
 def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int], saved: dict, matrix_inputs: set,
                 replicated: tuple[bool, ...], name: str, fused: dict, kernels) -> RecomputedModule:
     """What recomputing the operators `module` of a layer (its `nodes`, its `saved` tensors; with
     fused attention `kernels`, the `fused` ones and the kernels' inputs) changes: the saved tensors
     whose storage the module made (a view of its input stays its input)."""
-    dropped = [key for key in saved if _made_by(graph, key[1]) in module]
+    dropped = [key for key in saved if made_by(graph, key[1]) in module]
     inside = tuple(node for node in nodes if node.id in module)
-    made = [(size, replicated[key[1]]) for key, size in fused.items() if _made_by(graph, key[1]) in module] + [
+    made = [(size, replicated[key[1]]) for key, size in fused.items() if made_by(graph, key[1]) in module] + [
         (size, replicated[source]) for kernel in kernels for source, size in kernel.inputs
-        if _made_by(graph, source) in module]
+        if made_by(graph, source) in module]
     unfused = sum(saved[key] for key in dropped)
     fused_bytes = sum(size for size, _ in made)
     return RecomputedModule(

@@ -92,6 +92,16 @@ def _reach(start: int, step: dict[int, list[int]], graph: OpGraph) -> set[int]:
     return found
 
 
+def made_by(graph: OpGraph, node_id: int) -> int:
+    """The operator that made the storage of `node_id`'s output: through the views and layout changes
+    of one input and the tensor-parallel copies (identities forward: backward all-reduces)."""
+    node = graph.nodes[node_id]
+    while (len(node.inputs) == 1 and node.inputs[0] is not None
+           and (node.kind == "shape" or (node.kind == "allreduce" and node.attr("direction") == "backward"))):
+        node = graph.nodes[node.inputs[0]]
+    return node.id
+
+
 def _block_paths(graph: OpGraph) -> dict[int, tuple[str, ...]]:
     """Each layer's module path (as parts): the longest one every operator of the layer lies under
     (`layers.3` in the zoo, `model.layers.3` in a Hugging Face-style model)."""
@@ -173,11 +183,7 @@ def _up_projections(graph: OpGraph, cores: frozenset[int], paths: dict[int, tupl
     for node in graph.nodes:
         if node.layer != layer or node.kind != "gemm" or _child(node, paths) != child or not node.inputs:
             continue
-        source = node.inputs[0]
-        while source is not None and (graph.nodes[source].kind == "shape" or (
-                graph.nodes[source].kind == "allreduce" and graph.nodes[source].attr("direction") == "backward")):
-            source = graph.nodes[source].inputs[0] if graph.nodes[source].inputs else None
-        if source is not None and graph.nodes[source].kind == "norm" and _child(graph.nodes[source], paths) == child \
-                and graph.nodes[source].module_path != child:
+        source = None if node.inputs[0] is None else graph.nodes[made_by(graph, node.inputs[0])]
+        if source is not None and source.kind == "norm" and _child(source, paths) == child and source.module_path != child:
             found.add(node.id)
     return found

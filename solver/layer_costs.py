@@ -22,7 +22,7 @@ from graph_extract.trace import TRAINING_DTYPE_BYTES
 from hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
 from solver.training_step.memory import recomputed_modules
-from solver.training_step.model import StepGraph, StepLayer, StepModule
+from solver.training_step.model import StepGraph, StepLayer
 
 DIRECTIONS = ("forward", "backward")
 
@@ -249,8 +249,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 expert_parallel_times=cost[layer.id].expert_parallel_times,
                 expert_forward_collective_bytes=layer.expert_forward_collective_bytes,
                 expert_backward_collective_bytes=layer.expert_backward_collective_bytes,
-                recompute_modules=tuple(StepModule.of(module, dict(cost[layer.id].module_forward).get(module.name, 0.0))
-                                        for module in layer.recompute_modules),
+                recompute_modules=layer.recompute_modules,
+                module_forward=cost[layer.id].module_forward,
             )
             for layer in layer_graph.layers
         )

@@ -12,12 +12,13 @@ import pytest
 
 from common.checks import InputError
 from graph_extract import KernelOptions, extract, get_spec
+from graph_extract.layergraph import RecomputedModule
 from graph_extract.regions import recompute_modules
 from hardware import Cluster
 from phaze.validate import case, stated_modules
 from solver.layout import Layout
 from solver.question import Axes
-from solver.training_step import (Device, Placement, StepGraph, StepLayer, StepModule, TrainingOptions, TrainingStep,
+from solver.training_step import (Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep,
                                   held_activations, recompute_mode, recomputed_modules)
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
@@ -87,7 +88,7 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
     step_layer = StepLayer(1, 0, 0, 0, 0, dense.fused_attention_activation_bytes,
                            dense.replicated_activation_bytes, is_block=True,
                            fused_attention_activation_bytes=dense.fused_attention_activation_bytes,
-                           recompute_modules=tuple(StepModule.of(module, 0.0) for module in dense.recompute_modules))
+                           recompute_modules=dense.recompute_modules)
     none = held_activations([step_layer], "none", t, kernels)[0][0]
     held, working = held_activations([step_layer], "layernorm+mlp", t, kernels)
     share = 1 - 1 / t
@@ -122,15 +123,16 @@ def test_a_latent_attentions_up_projections_by_hand(t):
 def module_graph() -> StepGraph:
     """Embedding, two MoE blocks (forward 1 s, at expert split 2 0.8 s), head; each block's layernorm
     (0.05 s, 2e5 bytes), moe (0.5 s, 6e5 bytes, its two 8 MB all-to-alls) and moe_act (0.1 s, 1e5 bytes)."""
-    modules = (StepModule("layernorm", 0.05, 2e5, 2e5), StepModule("moe", 0.5, 6e5, all_to_all_bytes=(8e6, 8e6)),
-               StepModule("moe_act", 0.1, 1e5))
+    modules = (RecomputedModule("layernorm", 2e5, 2e5), RecomputedModule("moe", 6e5, all_to_all_bytes=(8e6, 8e6)),
+               RecomputedModule("moe_act", 1e5))
 
     def layer(i, block):
         return StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=4e6,
                          activation_bytes=1e6, is_block=block, expert_parameters=2e6 if block else 0.0,
                          all_to_all_bytes=(8e6, 8e6) if block else (),
                          expert_parallel_times=((2.0, 0.8, 1.6, 0.0, 0.0),) if block else (),
-                         recompute_modules=modules if block else ())
+                         recompute_modules=modules if block else (),
+                         module_forward=(("layernorm", 0.05), ("moe", 0.5), ("moe_act", 0.1)) if block else ())
     return StepGraph(1, tuple(layer(i, 0 < i < 3) for i in range(4)), ((0, 1, 1e6), (1, 2, 1e6), (2, 3, 1e6)))
 
 

@@ -18,8 +18,7 @@ from solver.training_step.memory import (
                                         recompute_mode,
                                         recomputed_modules,
 )
-from solver.training_step.model import (BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepModule, StepResult,
-                                        TrainingStep)
+from solver.training_step.model import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, TrainingStep
 from solver.training_step.options import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "Placement",
     "StepGraph",
     "StepLayer",
-    "StepModule",
     "StepResult",
     "TrainingOptions",
     "TrainingStep",

@@ -168,8 +168,6 @@ def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> t
     if "core_attn" in modules:
         held = saved - np.array([0.0 if here else layer.attention_core_activation_bytes
                                  for layer, here in zip(layers, fused)], float)
-    if modules == {"core_attn"}:
-        return np.where(recomputed, held, saved), np.zeros(len(layers))
     dropped = [[module_bytes(module, here, share, kernels.fp8) for module in layer.recompute_modules
                 if module.name in modules] for layer, here in zip(layers, fused)]
     held = held - np.array([sum(each) for each in dropped], float)

@@ -83,34 +83,6 @@ BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "context_parallel",
 
 
 @dataclass(frozen=True)
-class StepModule:
-    """One recompute module of a layer as one device of a width-t stage runs it, per micro-batch: its
-    forward seconds (at e = 1: a mixture's experts at this shard's split are the layer's own
-    difference) and `graph_extract.RecomputedModule`'s bytes (the saved tensors it made, which
-    recomputing it drops; the collectives it runs again)."""
-
-    name: str
-    forward: float
-    activation_bytes: float
-    replicated_activation_bytes: float = 0.0
-    matrix_input_activation_bytes: float = 0.0
-    replicated_matrix_input_activation_bytes: float = 0.0
-    forward_collective_bytes: tuple[float, ...] = ()
-    expert_forward_collective_bytes: tuple[float, ...] = ()
-    all_to_all_bytes: tuple[float, ...] = ()
-    fused_attention_activation_bytes: float | None = None  # with a fused attention kernel (None: the same)
-    fused_replicated_activation_bytes: float | None = None
-
-    @classmethod
-    def of(cls, module: RecomputedModule, forward: float) -> StepModule:
-        """From a layer graph's `RecomputedModule` and the module's forward seconds."""
-        return cls(module.name, forward, module.activation_bytes, module.replicated_activation_bytes,
-                   module.matrix_input_activation_bytes, module.replicated_matrix_input_activation_bytes,
-                   module.forward_collective_bytes, module.expert_forward_collective_bytes, module.all_to_all_bytes,
-                   module.fused_attention_activation_bytes, module.fused_replicated_activation_bytes)
-
-
-@dataclass(frozen=True)
 class StepLayer:
     """One layer as one device of a width-t stage runs it, per micro-batch.
 
@@ -150,7 +122,11 @@ class StepLayer:
     expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
     expert_forward_collective_bytes: tuple[float, ...] = ()  # the routed experts' own all-reduces (τ ranks)
     expert_backward_collective_bytes: tuple[float, ...] = ()
-    recompute_modules: tuple[StepModule, ...] = ()  # its recompute modules but the attention core
+    # its recompute modules but the attention core (what recomputing each drops and re-runs), and
+    # (module, forward seconds) of each at e = 1 (a mixture's experts at this shard's split differ by the
+    # layer's own difference)
+    recompute_modules: tuple[RecomputedModule, ...] = ()
+    module_forward: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,21 +325,23 @@ class TrainingStep:
         # the routed experts' collectives: over the τ ranks splitting each expert, on the tokens of τ/t
         # of a width-t rank (τ = t: the tensor-parallel group's, on the same tokens)
         experts_tensor, experts_tokens = self.expert_tensor_collective, tokens * self.shard.expert_tensor_width / width
-        forward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.forward_collective_bytes)
-                               + sum(experts_tensor.scalar(b * experts_tokens) for b in layer.expert_forward_collective_bytes)
+
+        def collectives(plain, expert) -> float:
+            """Seconds of the tensor-parallel collectives of `plain` bytes and the experts' of `expert`."""
+            return (sum(tensor.scalar(b * tokens) for b in plain)
+                    + sum(experts_tensor.scalar(b * experts_tokens) for b in expert))
+
+        forward_tp = np.array([collectives(layer.forward_collective_bytes, layer.expert_forward_collective_bytes)
                                for layer in layers], float)
-        backward_tp = np.array([sum(tensor.scalar(b * tokens) for b in layer.backward_collective_bytes)
-                                + sum(experts_tensor.scalar(b * experts_tokens)
-                                      for b in layer.expert_backward_collective_bytes)
+        backward_tp = np.array([collectives(layer.backward_collective_bytes, layer.expert_backward_collective_bytes)
                                 for layer in layers], float)
         forward, backward = each("forward") * tokens, each("backward") * tokens
         # what a recompute-modules mode re-runs: each layer's recomputed modules, their forward
         # collectives again (none for `none`, `selective` and `full`, which re-runs whole blocks)
-        modules = recomputed_modules(self.recompute) - {"core_attn"}
-        chosen = [[module for module in layer.recompute_modules if module.name in modules] for layer in layers]
-        tp_again = np.array([sum(tensor.scalar(b * tokens) for module in found for b in module.forward_collective_bytes)
-                             + sum(experts_tensor.scalar(b * experts_tokens) for module in found
-                                   for b in module.expert_forward_collective_bytes) for found in chosen], float)
+        recomputed = recomputed_modules(self.recompute)
+        chosen = [[module for module in layer.recompute_modules if module.name in recomputed] for layer in layers]
+        tp_again = np.array([sum(collectives(module.forward_collective_bytes, module.expert_forward_collective_bytes)
+                                 for module in found) for found in chosen], float)
         raw_forward_tp = forward_tp
         raw_tp = forward_tp + backward_tp + np.where(blocks & full, forward_tp, 0.0) + tp_again
         if self.training.tensor_parallel_overlap:
@@ -378,10 +356,14 @@ class TrainingStep:
         exposed_ring = ring_forward + ring_backward + np.where(blocks & full, ring_forward, 0.0)
         raw_ring = sent_forward + sent_backward + np.where(blocks & full, sent_forward, 0.0)
         experts = self.expert_parallel_collective
-        all_to_all = np.array([sum(experts.scalar(b * tokens / width) for b in layer.all_to_all_bytes)
-                               for layer in layers], float)
-        dispatch_again = np.array([sum(experts.scalar(b * tokens / width) for module in found
-                                       for b in module.all_to_all_bytes) for found in chosen], float)
+
+        def exchanges(sizes) -> float:
+            """Seconds of token all-to-alls of `sizes` bytes (a width-t rank's: 1/t of them each device's)."""
+            return sum(experts.scalar(b * tokens / width) for b in sizes)
+
+        all_to_all = np.array([exchanges(layer.all_to_all_bytes) for layer in layers], float)
+        dispatch_again = np.array([sum(exchanges(module.all_to_all_bytes) for module in found) for found in chosen],
+                                  float)
         raw_experts = 2 * all_to_all + np.where(blocks & full, all_to_all, 0.0) + dispatch_again
         exposed_experts = raw_experts
         if self.training.overlap_expert_dispatch:  # behind another micro-batch's compute of the layer, on
@@ -392,15 +374,15 @@ class TrainingStep:
         all_to_all = all_to_all * np.divide(exposed_experts, raw_experts, out=np.zeros(len(layers)),
                                             where=raw_experts > 0)  # its backward share, exposed
         expert_parameters = each("expert_parameters") / split
-        if self.recompute in ("none", "full", "selective"):
-            rerun = {"none": np.zeros(len(layers)), "full": forward,
-                     "selective": each("attention_core_forward") * tokens}[self.recompute]
-        else:  # the modules' forward; a mixture's experts at this shard's split differ by the layer's own
-            # difference (only the experts' products read what the split changes)
+        if full:
+            rerun = forward
+        else:  # the modules' forward (a mixture's experts at this shard's split differ by the layer's own
+            # difference: only the experts' products read what the split changes), the attention core's
             at_split = each("forward") - np.array([layer.forward for layer in layers], float)
-            rerun = tokens * np.array([sum(module.forward + (shift if module.name == "moe" else 0.0) for module in found)
-                                       for found, shift in zip(chosen, at_split)], float)
-            if "core_attn" in recomputed_modules(self.recompute):
+            rerun = tokens * np.array([sum(dict(layer.module_forward).get(module.name, 0.0)
+                                           + (shift if module.name == "moe" else 0.0) for module in found)
+                                       for layer, found, shift in zip(layers, chosen, at_split)], float)
+            if "core_attn" in recomputed:
                 rerun = rerun + each("attention_core_forward") * tokens
         held, working = held_activations(layers, self.recompute, width, self.kernels)
         object.__setattr__(self, "_collectives", {})
