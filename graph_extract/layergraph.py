@@ -80,7 +80,9 @@ class Layer:
     weight products keep (FP8 keeps them in one byte an element); `matrix_parameter_bytes` are the
     weights those products read (FP8 adds an 8-bit copy of them); `key_value_bytes` are the keys and
     values its attention cores read (what context parallelism's ring passes on);
-    `recompute_modules` what recomputing each of its recompute modules changes.
+    `recompute_modules` what recomputing each of its recompute modules changes;
+    `parameter_tensors` the elements of each weight tensor it reads (per rank: what a framework
+    gathering each tensor apart issues one collective for).
     """
 
     id: int
@@ -106,6 +108,7 @@ class Layer:
     expert_forward_collective_bytes: tuple[int, ...] = ()
     expert_backward_collective_bytes: tuple[int, ...] = ()
     recompute_modules: tuple[RecomputedModule, ...] = ()
+    parameter_tensors: tuple[int, ...] = ()
 
     @property
     def is_block(self) -> bool:
@@ -275,6 +278,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 name=name,
                 kind=_layer_kind(name),
                 parameter_bytes=sum(weights.values()) * dtype_bytes,
+                parameter_tensors=tuple(weights.values()),
                 activation_bytes=sum(saved.values()),
                 replicated_activation_bytes=sum(size for (_, node), size in saved.items() if replicated[node]),
                 attention_core_activation_bytes=sum(size for (_, node), size in saved.items() if node in core),

@@ -10,7 +10,7 @@ from graph_extract.layergraph import Layer, LayerEdge, LayerGraph, RecomputedMod
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 
 def _shapes(value: list) -> tuple[tuple[int, ...], ...]:
@@ -63,7 +63,7 @@ def layer_graph_to_dict(graph: LayerGraph) -> dict[str, Any]:
 
 #: The fields of a layer (and of a recomputed module) that JSON holds as lists.
 _TUPLES = ("forward_collective_bytes", "backward_collective_bytes", "all_to_all_bytes",
-           "expert_forward_collective_bytes", "expert_backward_collective_bytes")
+           "expert_forward_collective_bytes", "expert_backward_collective_bytes", "parameter_tensors")
 
 
 def _tuples(record: dict[str, Any]) -> dict[str, Any]:

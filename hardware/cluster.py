@@ -5,14 +5,20 @@ transfers of a group of its devices.
 A group is `size` devices `stride` ranks apart (`Group`; which ranks form the groups of a parallel
 layout is the layout's business: `solver.layout`). A group of n devices at stride σ puts
 g_k = min(n, max(1, N_k // σ)) members in each block of tier k (N_k devices per block: a node, the
-whole cluster). Collectives are hierarchical (NCCL's tree of rings): level k is a ring of
-f_k = g_k / g_{k-1} blocks of tier k-1 carrying 1/g_{k-1} of the data, so for two tiers
+whole cluster). A collective's bytes are priced as a hierarchy of rings: level k is a ring of
+f_k = g_k / g_{k-1} blocks of tier k-1 carrying 1/g_{k-1} of the data. Its latency is NCCL's ring
+of all n members, node after node (NCCL's rings are flat: one ring through every rank): a step per
+member, n/g_{k-1} − n/g_k of them across tier k (NCCL's tuning model, (nsteps − nInterSteps) ·
+intraLat + nInterSteps · interLat, NVIDIA/nccl src/graph/tuning.cc). For two tiers (k = n/g nodes)
 
-    all_reduce(S) = 2(g−1)/g · S / B_intra + 2(k−1)/k · (S/g) / B_inter + 2(g−1)·λ_intra + 2(k−1)·λ_inter
+    all_reduce(S) = 2(g−1)/g · S / B_intra + 2(k−1)/k · (S/g) / B_inter + 2(n−k)·λ_intra + 2(k−1)·λ_inter
 
-with B = bandwidth × efficiency per device per direction and λ the latency per ring step;
-reduce-scatter and all-gather are half of it. Simplification: a group is assumed to spread evenly
-over the blocks of each tier (exact when sizes and strides are powers of two).
+with B = bandwidth × efficiency per device per direction and λ the latency per ring step, at
+least the `step_overhead` of the outermost tier the ring crosses (NCCL's model: a ring leaving the
+node posts every step to the network, so each step takes at least that proxy's overhead);
+reduce-scatter and all-gather are half of it. Simplifications: a group is assumed to spread evenly
+over the blocks of each tier (exact when sizes and strides are powers of two); NCCL's tree
+algorithm (logarithmic latency, all-reduce only) is not priced.
 
 `Network` is what the training-step model asks of a cluster; `Cluster` is its hierarchical-tier
 shape. Another shape (a torus) is another class with the same methods, named by a system's
@@ -30,7 +36,7 @@ import numpy as np
 from common.checks import InputError, fraction, non_negative_number, positive_integer, positive_number, unknown_fields
 
 #: The fields of a tier in a system's data.
-TIER_FIELDS = ("name", "devices", "bandwidth", "latency", "efficiency")
+TIER_FIELDS = ("name", "devices", "bandwidth", "latency", "efficiency", "step_overhead")
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Tier:
     bandwidth: float  # bytes/s per device per direction
     latency: float  # s per message (one ring step)
     efficiency: float  # achievable fraction of the bandwidth
+    step_overhead: float = 0.0  # s: the least every step of a ring crossing this tier takes, on any link
 
     @property
     def effective_bandwidth(self) -> float:
@@ -58,7 +65,7 @@ class Tier:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "devices": self.devices, "bandwidth": self.bandwidth, "latency": self.latency,
-                "efficiency": self.efficiency}
+                "efficiency": self.efficiency, "step_overhead": self.step_overhead}
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,12 @@ class Collective:
 
     def time(self, num_bytes):
         """Seconds for `num_bytes` (a number or an array)."""
-        return np.where(np.asarray(num_bytes) > 0, self.per_byte * num_bytes + self.fixed, 0.0)
+        return self.repeated(num_bytes, 1)
+
+    def repeated(self, num_bytes, count):
+        """Seconds for `num_bytes` sent as `count` collectives of the group (numbers or arrays): the
+        bytes at the per-byte time, the fixed time once per collective (at least one); 0 for no bytes."""
+        return np.where(np.asarray(num_bytes) > 0, self.per_byte * num_bytes + self.fixed * np.maximum(count, 1), 0.0)
 
     def scalar(self, num_bytes: float) -> float:
         """Seconds for one number of bytes (the same arithmetic as `time`, without numpy)."""
@@ -131,6 +143,7 @@ class Cluster:
             where = f"system.tiers[{index}]"
             positive_number(f"{where}.bandwidth", tier.bandwidth)
             non_negative_number(f"{where}.latency", tier.latency)
+            non_negative_number(f"{where}.step_overhead", tier.step_overhead)
             fraction(f"{where}.efficiency", tier.efficiency)
             if isinstance(tier.devices, bool) or not isinstance(tier.devices, int) or tier.devices % previous:
                 raise InputError(f"{where}.devices: must be a multiple of the previous tier's {previous}, "
@@ -145,7 +158,7 @@ class Cluster:
         """From a system's data: tiers without `devices` join a node (all but the last) or the cluster
         (the last), a tier of `devices: slice` one of the `slices` equal slices of the cluster (a TPU
         slice's ICI; the slices joined by the data-centre network, as MaxText's multislice runs);
-        latency defaults to 0, efficiency to 1."""
+        latency and step_overhead default to 0, efficiency to 1."""
         positive_integer("system.slices", slices)
         if slices > 1 and (num_devices % slices or (num_devices // slices) % node_size):
             raise InputError(f"system.slices: {slices} must split num_devices={num_devices} into slices of whole "
@@ -159,12 +172,13 @@ class Cluster:
             elif fields["devices"] == "slice":
                 fields["devices"] = num_devices // slices
             fields.setdefault("latency", 0.0)
+            fields.setdefault("step_overhead", 0.0)
             fields.setdefault("efficiency", 1.0)
             if "bandwidth" not in fields:
                 raise InputError(f"system.tiers[{index}].bandwidth: missing (bytes/s per device per direction)")
             built.append(Tier(name=str(fields.get("name", f"tier{index}")), devices=fields["devices"],
                               bandwidth=fields["bandwidth"], latency=fields["latency"],
-                              efficiency=fields["efficiency"]))
+                              efficiency=fields["efficiency"], step_overhead=fields["step_overhead"]))
         return cls(name=name, num_devices=num_devices, node_size=node_size, tiers=tuple(built))
 
     def to_dict(self) -> dict:
@@ -182,17 +196,18 @@ class Cluster:
         return next((k for k, held in enumerate(members) if held >= group.size), len(self.tiers) - 1)
 
     def all_reduce(self, group: Group) -> Collective:
-        """Hierarchical ring all-reduce of the group (module docstring)."""
+        """Ring all-reduce of the group: bytes by the hierarchy of rings, latency by the flat ring
+        (module docstring)."""
         if group.size <= 1:
             return NO_COMMUNICATION
+        held = self.members_per_block(group)
+        crossed = [(tier, members, below) for tier, members, below in zip(self.tiers, held, (1, *held)) if members > below]
+        floor = max((tier.step_overhead for tier, _, _ in crossed), default=0.0)
         per_byte = fixed = 0.0
-        below = 1
-        for tier, members in zip(self.tiers, self.members_per_block(group)):
+        for tier, members, below in crossed:
             ring = members / below
-            if ring > 1:
-                per_byte += 2 * (ring - 1) / ring / below / tier.effective_bandwidth
-                fixed += 2 * (ring - 1) * tier.latency
-            below = members
+            per_byte += 2 * (ring - 1) / ring / below / tier.effective_bandwidth
+            fixed += 2 * (group.size / below - group.size / members) * max(tier.latency, floor)
         return Collective(per_byte, fixed)
 
     def reduce_scatter(self, group: Group) -> Collective:

@@ -54,7 +54,8 @@ from solver.question import Axes, Question, check_context_widths, check_expert_w
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
 from solver.system_search import ARCHITECTURE_SPACES, OBJECTIVES, SYSTEM_STRATEGIES, SystemDesign, system_design
-from solver.training_step import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions, recompute_mode
+from solver.training_step import (DISPATCH_SMS, EXPERT_DISPATCHES, SHARDED_COLLECTIVES, SHARDINGS, TrainingOptions,
+                                  recompute_mode)
 from solver.training_step.memory import OPTIMIZERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
@@ -395,7 +396,8 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  boolean("reshard_after_forward", config["reshard_after_forward"]),
                                  choice("expert_dispatch", config["expert_dispatch"], EXPERT_DISPATCHES),
                                  boolean("overlap_expert_dispatch", config["overlap_expert_dispatch"]),
-                                 _dispatch_share(config, known)),
+                                 _dispatch_share(config, known),
+                                 choice("sharded_collectives", config["sharded_collectives"], SHARDED_COLLECTIVES)),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS)),

@@ -206,12 +206,18 @@ RECIPES = {
         "as of 2025 (causal attention counted half: the rows stating both agree within 0.5 %)",
         micro_batch_size=1, model_flops=True, flops_attention=0.5, expert_tensor_parallel=1),
     "Megatron-LM + DeepSpeed ZeRO-3": Recipe(
-        "full", False, TrainingOptions("adam", "full", grad_reduce_in_bf16=True),
+        "full", False, TrainingOptions("adam", "full", grad_reduce_in_bf16=True,
+                                       sharded_collectives="blocking_tensors"),
         "Narayanan et al. SC'21 Sec. 5.2 and Table 2 (the ZeRO-3 rows: DeepSpeed's ZeRO-3 on Megatron's "
         "GPT-3 175B and 530B without model parallelism): every layer's activations recomputed, as the "
         "paper's FLOP count (Eq. 3, four passes) assumes for these rows too; fp16 gradients reduced in "
-        "16 bits (DeepSpeed's ZeRO), weights gathered before each layer's forward and backward and "
-        "prefetched (ZeRO-3's parameter prefetch)", precision="fp16"),
+        "16 bits (DeepSpeed's ZeRO); DeepSpeed's ZeRO-3 as of the paper (spring 2021, before release "
+        "0.5): each weight tensor of 10^5 elements or more gathered by a collective of its own before "
+        "the forward, the recomputed forward and (when freed since, by its reuse distance) the backward, "
+        "and each gradient reduce-scattered alone "
+        "(deepspeed/runtime/zero/partition_parameters.py and stage3.py at adac058ac, April 2021), "
+        "none of them overlapping the compute: every gather synchronised the device (DeepSpeed PR "
+        "#1188, June 2021, 'the async version is not async at all')", precision="fp16"),
     "MaxText TPU v5p": _maxtext("of that commit (half the s x s attention)", 0.5),
     "MaxText TPU v5e": _maxtext("as of its table's first publication, 2023-11-08 (the whole s x s attention, "
                                 "before 4e41a72d1 halved it)", 1.0),
@@ -402,7 +408,8 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
                             ("overlap_param_gather", "weight-gather overlap"),
                             ("tensor_parallel_overlap", "tensor-parallel overlap"),
                             ("grad_reduce_in_bf16", "gradients in 16-bit"),
-                            ("master_weight_remainders", "master-weight remainders")):
+                            ("master_weight_remainders", "master-weight remainders"),
+                            ("sharded_collectives", "a collective per weight tensor, blocking")):
             said = options.get(name) is True or options.get(name) in ("optimizer", "full")  # what a run turns on
             if not said and wanted[name] != options.get(name, getattr(TrainingOptions(), name)) and (
                     name != "overlap_grad_reduce" or "grad" not in other):

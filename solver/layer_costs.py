@@ -251,6 +251,7 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 expert_backward_collective_bytes=layer.expert_backward_collective_bytes,
                 recompute_modules=layer.recompute_modules,
                 module_forward=cost[layer.id].module_forward,
+                parameter_tensors=layer.parameter_tensors,
             )
             for layer in layer_graph.layers
         )

@@ -9,10 +9,11 @@ GIB = 2**30
 
 
 def two_tiers(devices=32, node=8, intra=300e9, inter=25e9, intra_latency=3e-6, inter_latency=6e-6,
-              intra_efficiency=1.0, inter_efficiency=1.0) -> Cluster:
+              intra_efficiency=1.0, inter_efficiency=1.0, step_overhead=0.0) -> Cluster:
     return Cluster.build("test", devices, node, [
         dict(name="nvlink", bandwidth=intra, latency=intra_latency, efficiency=intra_efficiency),
-        dict(name="ib", bandwidth=inter, latency=inter_latency, efficiency=inter_efficiency),
+        dict(name="ib", bandwidth=inter, latency=inter_latency, efficiency=inter_efficiency,
+             step_overhead=step_overhead),
     ])
 
 
@@ -32,12 +33,26 @@ def test_group_inside_a_node_uses_only_the_inner_tier():
     assert cluster.all_reduce(Layout(8).groups()["tensor"]).scalar(size) == pytest.approx(expected, rel=1e-12)
 
 
-def test_hierarchical_all_reduce_over_two_nodes():
-    # 16 consecutive devices: g = 8 per node, k = 2 nodes (the hierarchical ring of the module docstring)
+def test_all_reduce_over_two_nodes_bytes_by_the_hierarchy_latency_by_the_flat_ring():
+    # 16 consecutive devices: g = 8 per node, k = 2 nodes. Bytes: the hierarchy of rings of the module
+    # docstring; latency: NCCL's one ring through all 16, 2 x 15 steps of which 2 x 1 cross the nodes
+    # (the ring enters the second node once and comes back once: k − 1 = 1 step each way round)
     cluster = two_tiers()
     size = 1e8
-    expected = (2 * 7 / 8 * size / 300e9 + 2 * 1 / 2 * (size / 8) / 25e9) + (2 * 7 * 3e-6 + 2 * 1 * 6e-6)
+    expected = (2 * 7 / 8 * size / 300e9 + 2 * 1 / 2 * (size / 8) / 25e9) + (2 * 14 * 3e-6 + 2 * 1 * 6e-6)
     assert cluster.all_reduce(Group(16, 1)).scalar(size) == pytest.approx(expected, rel=1e-12)
+    # 32 devices over 4 nodes: 32 − 4 = 28 steps on NVLink, 4 − 1 = 3 across, each way
+    assert cluster.all_reduce(Group(32, 1)).fixed == pytest.approx(2 * 28 * 3e-6 + 2 * 3 * 6e-6, rel=1e-12)
+
+
+def test_a_ring_leaving_the_node_takes_at_least_the_networks_step_overhead_on_every_step():
+    # NCCL's model: every step of a ring that crosses the network costs at least the proxy's overhead
+    cluster = two_tiers(step_overhead=5e-6)
+    assert cluster.all_reduce(Group(16, 1)).fixed == pytest.approx(2 * 14 * 5e-6 + 2 * 1 * 6e-6, rel=1e-12)
+    assert two_tiers(step_overhead=9e-6).all_reduce(Group(16, 1)).fixed == pytest.approx(2 * 15 * 9e-6, rel=1e-12)
+    # a ring inside a node never touches the network: its own latency only
+    assert cluster.all_reduce(Group(8, 1)).fixed == pytest.approx(2 * 7 * 3e-6, rel=1e-12)
+    assert cluster.all_gather(Group(16, 1)).fixed == pytest.approx(14 * 5e-6 + 6e-6, rel=1e-12)
 
 
 def test_strided_data_parallel_groups():
@@ -46,8 +61,8 @@ def test_strided_data_parallel_groups():
     # t = 8: a data-parallel group of 4 has one member per node; every byte crosses InfiniBand
     data = Layout(8, data_parallel_width=4).groups()["data"]
     assert cluster.all_reduce(data).scalar(size) == pytest.approx(2 * 3 / 4 * size / 25e9 + 2 * 3 * 6e-6, rel=1e-12)
-    # t = 4: two members per node, two nodes
-    expected = 2 * 1 / 2 * size / 300e9 + 2 * 1 / 2 * (size / 2) / 25e9 + 2 * 3e-6 + 2 * 6e-6
+    # t = 4: two members per node, two nodes (the ring's 3 steps: 2 inside the nodes, 1 across)
+    expected = 2 * 1 / 2 * size / 300e9 + 2 * 1 / 2 * (size / 2) / 25e9 + 2 * 2 * 3e-6 + 2 * 6e-6
     assert cluster.all_reduce(Group(4, 4)).scalar(size) == pytest.approx(expected, rel=1e-12)
     assert cluster.tier_joining(Layout(2, data_parallel_width=4).groups()["data"]) == 0
     assert cluster.tier_joining(Layout(4, data_parallel_width=4).groups()["data"]) == 1
@@ -78,6 +93,7 @@ def test_pipeline_links():
     (dict(intra=0.0), r"system.tiers\[0\].bandwidth: must be a finite number > 0"),
     (dict(inter_efficiency=1.5), r"system.tiers\[1\].efficiency: must be in \(0, 1\]"),
     (dict(intra_latency=-1.0), r"system.tiers\[0\].latency: must be a finite number >= 0"),
+    (dict(step_overhead=-1.0), r"system.tiers\[1\].step_overhead: must be a finite number >= 0"),
 ])
 def test_bad_clusters_name_the_field(change, message):
     with pytest.raises(ValueError, match=message):

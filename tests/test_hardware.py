@@ -42,7 +42,7 @@ def test_a_new_system_is_a_data_file(tmp_path):
     assert isinstance(built, Cluster) and [tier.devices for tier in built.tiers] == [8, 32]
     # 16 consecutive GPUs: 8 per node on NVLink, the 2 nodes on 25 GB/s x 0.85
     size = 1e9
-    expected = 2 * 7 / 8 * size / (450e9 * 0.8) + 2 * 1 / 2 * (size / 8) / (25e9 * 0.85) + 2 * 7 * 3e-6 + 2 * 6e-6
+    expected = 2 * 7 / 8 * size / (450e9 * 0.8) + 2 * 1 / 2 * (size / 8) / (25e9 * 0.85) + 2 * 14 * 3e-6 + 2 * 6e-6
     assert built.all_reduce(Group(16, 1)).scalar(size) == pytest.approx(expected, rel=1e-12)
 
 

@@ -160,11 +160,22 @@ def test_the_published_runs_are_predicted_within_the_bar():
     # the mixtures (Qwen3-235B, 4K and long context, their recompute modules as stated): issue 24's bar
     mixtures = [abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted if item.moe]
     assert len(mixtures) >= 13 and sum(mixtures) / len(mixtures) <= 0.15 and max(mixtures) <= 0.30
+    # the runs with sharded weights or context parallelism (issue 23): the GPU runs but SC'21's DeepSpeed
+    # ZeRO-3 rows within 10 % on average, those six (priced as DeepSpeed's blocking per-tensor
+    # collectives of 2021) within 30 %, and with the MaxText runs (every one FSDP) within 10 %
+    sharded = {item.run_id: abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted
+               if item.training.data_parallel_sharding == "full" or item.context_parallel_width > 1}
+    zero3 = [error for run_id, error in sharded.items() if "ZeRO-3" in run_id]
+    gpus = [error for run_id, error in sharded.items() if "ZeRO-3" not in run_id and not run_id.startswith("maxtext")]
+    assert len(zero3) == 6 and sum(zero3) / 6 <= 0.30
+    assert len(gpus) == 11 and sum(gpus) / 11 <= 0.10
+    assert len(sharded) == 63 and sum(sharded.values()) / 63 <= 0.10
 
 
 def test_runs_left_out_say_why():
     runs = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
-    assert case(runs["sc21_t2_ZeRO-3_174.6B_384gpu"]).training.data_parallel_sharding == "full"  # predicted now
+    zero3 = case(runs["sc21_t2_ZeRO-3_174.6B_384gpu"]).training  # predicted now, as DeepSpeed's ZeRO-3 of 2021
+    assert (zero3.data_parallel_sharding, zero3.sharded_collectives) == ("full", "blocking_tensors")
     assert case(runs["megatron2020_mp_1B_DGX-A100"]) == (
         "not stated: batch.micro_batch_size_seqs, training.activation_recompute")
     assert case(runs["sc21_t1_145.6B"]).training.overlap_grad_reduce is False

@@ -12,13 +12,14 @@ import random
 import numpy as np
 import pytest
 
-from graph_extract import KernelOptions
+from graph_extract import KernelOptions, extract, get_spec
 from hardware import SYSTEMS, Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.best import best_placement, step_floor
 from solver.placement.layouts import megatron_chunks
 from solver.training_step import SHARDINGS, Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
 from solver.training_step.memory import in_flight
+from solver.training_step.model import blocking_gathers
 from tests.test_placement_training import brute_force, partitions, random_steps
 
 INTRA, INTER = 100e9, 10e9  # bytes/s per device per direction, no latency
@@ -40,7 +41,7 @@ def fsdp_step(**options) -> TrainingStep:
 
 
 def price(step: TrainingStep):
-    return step.price(Placement(Layout(1, 1, 4), ((0, 1),)))
+    return step.price(Placement(Layout(1, 1, 4), ((0, 1),), step.recompute))
 
 
 def test_all_gather_per_byte_of_the_toy():
@@ -199,3 +200,100 @@ def test_the_search_floors_never_exceed_a_placement(seed):
                 fewest = step.micro_batches // max(options)
                 memory = step.memory_floor(step.device_terms(chunk_terms, stages), in_flight(stages, v, fewest))
                 assert (memory <= scored["memory"]).all(), (mode, step.training.data_parallel_sharding)
+
+
+# DeepSpeed's early ZeRO-3 (`sharded_collectives="blocking_tensors"`) and NCCL's ring latency.
+
+def test_a_layers_weight_tensors_are_traced_in_the_order_its_forward_reads_them():
+    """A GPT block of width h = 64, FFN f = 256: its norms' weights and biases, QKV (3h·h/t, 3h/t), the
+    projection (h·h/t, h), FC1 (f·h/t, f/t), FC2 (h·f/t, h): what DeepSpeed gathers one by one."""
+    spec = get_spec("gpt2").with_overrides(num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256,
+                                           vocab_size=512)
+    h, f = 64, 256
+    for t in (1, 2):
+        block = extract(spec, 2, 16, t).layer_graph.layers[1]
+        assert block.parameter_tensors == (h, h, 3 * h * h // t, 3 * h // t, h * h // t, h, h, h, f * h // t, f // t,
+                                           h * f // t, h)
+        assert sum(block.parameter_tensors) * 2 == block.parameter_bytes
+
+
+def gpt_block(h: int) -> StepLayer:
+    tensors = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h)
+    return StepLayer(0, 1.0, 2.0, 0.0, parameters=float(sum(tensors)), activation_bytes=0.0, is_block=True,
+                     parameter_tensors=tensors)
+
+
+def test_deepspeeds_gathers_and_regathers_by_hand():
+    """GPT-3's block (h = 12,288): four tensors of 10^5 elements or more (QKV, projection, FC1, FC2;
+    the norms and biases, at most 4h = 49,152, stay whole). After the recomputed forward a tensor is
+    kept for its backward only if the later tensors, read forward and then backward, hold fewer than
+    10^9 elements: FC2 (nothing after it) is kept; FC1 has 2·(4h² + 5h) ≈ 1.2e9 after it, the
+    projection 2·8h², QKV 2·9h²: gathered again, 8h² elements. At h = 4,096 every distance is below
+    10^9 (QKV's 2·(9h² + 10h) ≈ 3.0e8): nothing is gathered again."""
+    h = 12288
+    counts, regathered = blocking_gathers([gpt_block(h), gpt_block(4096)])
+    assert counts.tolist() == [[4, 4], [3, 0]]
+    assert regathered.tolist() == [8 * h * h, 0]
+
+
+def blocking_step(sharding: str, recompute: str) -> TrainingStep:
+    """`fsdp_step`'s two blocks, each of two gathered tensors (5e8 and 4.9995e8 elements) and a kept
+    one (5e4), on the toy with latencies: NVLink 1e-5 s a step, InfiniBand 1e-4."""
+    layers = tuple(StepLayer(i, forward=0.05, backward=0.1, attention_core_forward=0.0, parameters=1e9,
+                             activation_bytes=1e6, is_block=True, parameter_tensors=(5e8, 4.9995e8, 5e4))
+                   for i in range(2))
+    cluster = Cluster.build("toy", 4, 2, [dict(name="nvlink", bandwidth=INTRA, latency=1e-5),
+                                          dict(name="ib", bandwidth=INTER, latency=1e-4)])
+    return TrainingStep(StepGraph(1, layers, ((0, 1, 1e6),)), cluster,
+                        TrainingOptions(data_parallel_sharding="full", sharded_collectives=sharding),
+                        KernelOptions(), Device(1e12, 1e12), 8, recompute, Layout(1))
+
+
+def test_blocking_tensors_by_hand():
+    """The ring of 4 over 2 nodes: 2 steps on NVLink and 1 across, 1.2e-4 s a collective besides its
+    bytes (3e-11 s a byte: 0.12 s for the stage's 4e9 bytes of weights, 0.24 s for its 8e9 of fp32
+    gradients). Per micro-batch, none overlapping the compute: the forward gathers the 4 tensors, the
+    recomputed forward gathers them again, the backward gathers the first tensor of each block again
+    (2·(4.9995e8 + 5e4) = 1e9 elements after it; the second's 1e5 is kept): 0.06 s of bytes and 2
+    latencies, and reduce-scatters the 4 tensors' gradients. FSDP (`prefetched_layers`) prices one
+    collective a pass behind the compute: 0.02012 s of the forward's and 0.06024 of the backward's
+    exposed."""
+    latency = 2 * 1e-5 + 1e-4
+    forward = 0.12 + 4 * latency
+    backward = 0.24 + 4 * latency + forward + 0.06 + 2 * latency
+    result = price(blocking_step("blocking_tensors", "full"))
+    assert result.breakdown["sharded_data_parallel"] == pytest.approx(2 * (forward + backward), rel=1e-12)
+    assert result.hidden["sharded_data_parallel"] == 0.0
+    assert result.breakdown["recompute"] == pytest.approx(2 * 0.1, rel=1e-12)
+    # without recomputation: a gather before each pass, nothing a third time
+    plain = price(blocking_step("blocking_tensors", "none"))
+    assert plain.breakdown["sharded_data_parallel"] == pytest.approx(2 * (2 * forward + 0.24 + 4 * latency),
+                                                                     rel=1e-12)
+    fsdp = price(blocking_step("prefetched_layers", "full"))
+    assert fsdp.breakdown["sharded_data_parallel"] == pytest.approx(
+        2 * ((0.12 + latency - 0.1) + (0.36 + 2 * latency - 0.3)), rel=1e-12)
+
+
+def test_dgx_a100_rings_by_nccls_model():
+    """GPT-3's ZeRO-3 rows on 1,536 A100: a ring of all of them crosses 192 nodes, 1,344 steps inside
+    a node at the InfiniBand proxy's 6 µs (more than NVLink's 3.4) and 191 at the network's 14 µs."""
+    ring = SYSTEMS["dgx_a100"].cluster(1536).all_gather(Layout(1, 1, 1536).groups()["data"])
+    assert ring.fixed == pytest.approx(1344 * 6e-6 + 191 * 14e-6, rel=1e-12)
+    inside = SYSTEMS["dgx_a100"].cluster(1536).all_gather(Layout(8).groups()["tensor"])
+    assert inside.fixed == pytest.approx(7 * 3.4e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_with_blocking_tensors_equals_brute_force(seed):
+    rng = random.Random(900 + seed)
+    for mode, steps in random_steps(900 + seed, rng.randint(3, 6)).items():
+        candidates = []
+        for step in steps.values():
+            layers = tuple(dataclasses.replace(layer, parameter_tensors=(layer.parameters * 0.6, layer.parameters * 0.4))
+                           for layer in step.graph.layers)
+            candidates.append(dataclasses.replace(
+                step, graph=dataclasses.replace(step.graph, layers=layers),
+                training=dataclasses.replace(step.training.with_sharding("full"), sharded_collectives="blocking_tensors")))
+        result = best_placement(candidates)
+        assert result.time_per_batch == pytest.approx(min(brute_force(step, interleaving=True) for step in candidates),
+                                                      rel=1e-12), mode

@@ -131,7 +131,7 @@ def test_a_pipeline_transfer_takes_one_link_and_slices_their_network():
     ({"wraparound": 0}, "system.tiers[0].wraparound: must be a positive integer, got 0"),
     ({"devices": 8}, "system.tiers[0].devices: a torus joins a slice; allowed: slice (or leave it out), got 8"),
     ({"links": 6}, "system.tiers[0]: unknown field 'links'; allowed: name, devices, bandwidth, latency, efficiency, "
-                   "dimensions, wraparound"),
+                   "step_overhead, dimensions, wraparound"),
 ])
 def test_a_bad_torus_is_one_line(change, message):
     tiers = [{"name": "ici", "bandwidth": 45e9, **change}]

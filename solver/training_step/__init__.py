@@ -19,7 +19,8 @@ from solver.training_step.memory import (
                                         recomputed_modules,
 )
 from solver.training_step.model import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, TrainingStep
-from solver.training_step.options import DISPATCH_SMS, EXPERT_DISPATCHES, SHARDINGS, TrainingOptions
+from solver.training_step.options import (DISPATCH_SMS, EXPERT_DISPATCHES, SHARDED_COLLECTIVES, SHARDINGS,
+                                          TrainingOptions)
 
 __all__ = [
     "BREAKDOWN_KEYS",
@@ -29,6 +30,7 @@ __all__ = [
     "OPTIMIZERS",
     "RECOMPUTE_ALLOWED",
     "RECOMPUTE_MODES",
+    "SHARDED_COLLECTIVES",
     "SHARDINGS",
     "Device",
     "ModelState",

@@ -47,7 +47,8 @@ group's collectives on the tiers it spans.
   the ranks holding the same weights (c·d with context parallelism, or groups of
   `data_parallel_shard_width` of them) split the optimizer state, the gradients and the weights;
   `sync_times` (once a step) and `sharded_traffic` (every micro-batch, exposed beyond the compute it
-  is prefetched behind) price their collectives.
+  is prefetched behind, or all of it as DeepSpeed's early ZeRO-3 ran them: `sharded_collectives`)
+  price their collectives.
 * Context parallelism (width c): 1/c of every per-token cost (`token_share`), plus ring attention's
   K, V transfers on the context group's tier, exposed beyond the attention step they overlap
   (`ring_attention`).
@@ -72,7 +73,7 @@ from hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
 from solver.training_step.memory import (FP8_WEIGHT_COPY_BYTES, held_activations, in_flight, recompute_mode,
                                          recomputed_modules)
-from solver.training_step.options import TrainingOptions
+from solver.training_step.options import PERSISTENCE_THRESHOLD, REUSE_DISTANCE, TrainingOptions
 
 #: What keeps a device busy each micro-batch (`TrainingStep.busy`): compute, recomputation and the
 #: blocking collectives, summed in this order.
@@ -127,6 +128,7 @@ class StepLayer:
     # layer's own difference)
     recompute_modules: tuple[RecomputedModule, ...] = ()
     module_forward: tuple[tuple[str, float], ...] = ()
+    parameter_tensors: tuple[int, ...] = ()  # elements of each weight tensor it reads (`graph_extract.Layer`)
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,9 @@ class StageTerms:
     held_activations: np.ndarray  # bytes per micro-batch in flight
     working_activations: np.ndarray  # bytes while a layer is recomputed
     largest_parameters: np.ndarray  # the parameters of the stage's largest layer (what `full` sharding gathers at once)
+    gathers: np.ndarray  # the gathers `blocking_tensors` sharding issues a pass (`TrainingOptions.sharded_collectives`)
+    regathers: np.ndarray  # of them, those a backward after a recomputed forward issues again
+    regathered: np.ndarray  # and their parameters
 
 
 @dataclass(frozen=True)
@@ -243,6 +248,26 @@ class StepResult:
     @property
     def feasible(self) -> bool:
         return self.infeasible_reason is None
+
+
+def blocking_gathers(layers) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSpeed's early ZeRO-3 (`TrainingOptions.sharded_collectives` = `blocking_tensors`): per layer,
+    ([the weight tensors it gathers a pass, those a backward after a recomputed forward gathers again],
+    their parameters). A tensor of at least `PERSISTENCE_THRESHOLD` elements is gathered; after the
+    recomputed forward it is freed and gathered again unless the tensors used before its backward — the
+    layer's later tensors, in the forward and again in the backward — hold fewer than `REUSE_DISTANCE`
+    elements (a layer's tensors in the order its forward reads them)."""
+    counts, regathered = np.zeros((2, len(layers))), np.zeros(len(layers))
+    for index, layer in enumerate(layers):
+        sizes = layer.parameter_tensors
+        for position, size in enumerate(sizes):
+            if size < PERSISTENCE_THRESHOLD:
+                continue
+            counts[0, index] += 1
+            if 2 * sum(sizes[position + 1:]) >= REUSE_DISTANCE:
+                counts[1, index] += 1
+                regathered[index] += size
+    return counts, regathered
 
 
 def stage_sum(members: np.ndarray, values) -> np.ndarray:
@@ -385,6 +410,8 @@ class TrainingStep:
             if "core_attn" in recomputed:
                 rerun = rerun + each("attention_core_forward") * tokens
         held, working = held_activations(layers, self.recompute, width, self.kernels)
+        gathers, regathered = blocking_gathers(layers) if self.training.sharded_collectives == "blocking_tensors" \
+            else (np.zeros((2, len(layers))), np.zeros(len(layers)))
         object.__setattr__(self, "_collectives", {})
         object.__setattr__(self, "_data_groups", {})
         object.__setattr__(self, "_tail_floors", {})
@@ -406,6 +433,9 @@ class TrainingStep:
             "matrix_parameters": each("matrix_parameters") - each("expert_parameters") + expert_parameters,
             "held": held * tokens,
             "working": working * tokens,
+            "gathers": gathers[0],
+            "regathers": gathers[1],
+            "regathered": regathered,
         })
 
     @property
@@ -548,6 +578,9 @@ class TrainingStep:
             held_activations=summed("held"),
             working_activations=working,
             largest_parameters=largest,
+            gathers=summed("gathers"),
+            regathers=summed("regathers"),
+            regathered=summed("regathered"),
         )
 
     @cached_property
@@ -587,6 +620,9 @@ class TrainingStep:
             held_activations=stage_sum(members, values["held"]),
             working_activations=stage_max(members, values["working"]),
             largest_parameters=stage_max(members, values["parameters"]),
+            gathers=stage_sum(members, values["gathers"]),
+            regathers=stage_sum(members, values["regathers"]),
+            regathered=stage_sum(members, values["regathered"]),
         )
 
     def pipeline_tier(self, stages: int, degree: int) -> int:
@@ -756,25 +792,39 @@ class TrainingStep:
         state runs every micro-batch. `gradients` and `full` reduce-scatter each micro-batch's
         gradients within the shard group (into the device's gradient shard); `full` with
         `reshard_after_forward` also all-gathers the weights before the forward and again before the
-        backward. `full` prefetches them behind the compute as FSDP does: the forward's gathers hide
-        behind the forward compute, the backward's gathers and reduce-scatters behind the backward
-        and recomputation, exposed = the excess (the first layer's gather, which nothing precedes, is
-        not charged apart: a simplification); `gradients` hides its reduce-scatters behind the
-        backward with `overlap_grad_reduce` (DeepSpeed's overlap_comm), else they are exposed."""
+        backward, each pass's as one collective of a class's weights (`prefetched_layers`: a
+        simplification, FSDP issues one a layer, each paying the group's latency) or one a weight
+        tensor (`blocking_tensors`, `blocking_gathers`). With `prefetched_layers`, `full` prefetches
+        them behind the compute as FSDP does: the forward's gathers hide behind the forward compute,
+        the backward's gathers and reduce-scatters behind the backward and recomputation, exposed =
+        the excess (the first layer's gather, which nothing precedes, is not charged apart: a
+        simplification); with `blocking_tensors` every one is exposed, and a full recomputation
+        gathers the stage's weights once more (its embedding too: a simplification) and their freed
+        share a third time. `gradients` hides its reduce-scatters behind the backward with
+        `overlap_grad_reduce` (DeepSpeed's overlap_comm), else they are exposed."""
         zero = np.zeros_like(terms.parameters)
         sharding = self.training.data_parallel_sharding
         if sharding not in ("gradients", "full"):
             return zero, zero
         state, forward, backward = self.training.model_state, 0.0, 0.0
         regather = sharding == "full" and self.training.reshard_after_forward
+        blocking = sharding == "full" and self.training.sharded_collectives == "blocking_tensors"
+        collectives = terms.gathers if blocking else 1
+        # with `blocking_tensors` and full recomputation the backward's gathers are the recomputed
+        # forward's and, for the share of the weights freed before their backward, its own
+        regathered = np.divide(terms.regathered, terms.parameters, out=np.zeros_like(terms.parameters),
+                               where=terms.parameters > 0) if blocking and self.recompute == "full" else zero
         for shard, replicas, count in self.parameter_classes(terms.parameters, degree, terms.expert_parameters):
             collective = self.collectives(shard, replicas)
-            backward = backward + collective["reduce_scatter"].time(count * state.gradients)
+            backward = backward + collective["reduce_scatter"].repeated(count * state.gradients, collectives)
             if regather:
-                gathered = collective["all_gather"].time(count * state.weights)
-                forward, backward = forward + gathered, backward + gathered
+                gathered = collective["all_gather"].repeated(count * state.weights, collectives)
+                again = collective["all_gather"].repeated(count * state.weights * regathered, terms.regathers)
+                forward, backward = forward + gathered, backward + gathered + again
         forward, backward = forward + zero, backward + zero
-        if sharding == "full":
+        if blocking:
+            exposed = forward + backward
+        elif sharding == "full":
             exposed = (np.maximum(forward - terms.forward, 0.0)
                        + np.maximum(backward - (terms.backward + terms.recompute), 0.0))
         elif self.training.overlap_grad_reduce:

@@ -13,6 +13,14 @@ search and every cache key read.
   with context parallelism); smaller, the model state is sharded within groups of that many and
   replicated across them, the gradients all-reduced across the groups once a step (hybrid sharding:
   FSDP's HYBRID_SHARD / HSDP, Megatron's --num-distributed-optimizer-instances = c·d / width);
+* `sharded_collectives`: how `full` sharding issues its gathers and reduce-scatters:
+  `prefetched_layers` (one collective a layer holding weights and a pass, prefetched behind the
+  compute: PyTorch FSDP wrapping each transformer block, MaxText's scan over layers) or
+  `blocking_tensors` (DeepSpeed's ZeRO-3 before release 0.5, 2021: one collective a weight tensor
+  of at least `PERSISTENCE_THRESHOLD` elements, smaller ones kept whole; each on the compute's
+  critical path, as every gather synchronised the device, DeepSpeed PR #1188; a recomputed forward
+  pass gathers the weights again, and its backward keeps only the tensors used again within
+  `REUSE_DISTANCE` elements, gathering the others a third time);
 * `reshard_after_forward`: with `full`, the gathered weights are freed after each forward and
   gathered again for the backward pass (FSDP's default); false, they are kept from the first
   forward of the step to its end: one gather a step instead of two a micro-batch, the stage's
@@ -64,6 +72,14 @@ from solver.training_step.memory import OPTIMIZERS, SHARDINGS, ModelState
 #: Streaming multiprocessors an overlapped expert dispatch holds unless told (Megatron's
 #: --moe-deepep-num-sms default; what DeepSeek-V3 gives its dispatch, DeepSeek-AI 2024 §3.2.2).
 DISPATCH_SMS = 20
+#: How `full` sharding issues its collectives (`TrainingOptions.sharded_collectives`).
+SHARDED_COLLECTIVES = ("prefetched_layers", "blocking_tensors")
+#: Weight tensors smaller than this many elements DeepSpeed's ZeRO-3 keeps whole on every device
+#: (stage3_param_persistence_threshold's default, deepspeed/runtime/zero/constants.py, 2021).
+PERSISTENCE_THRESHOLD = 100_000
+#: DeepSpeed's ZeRO-3 frees a gathered tensor unless the elements of the tensors used before its next
+#: use are fewer than this (stage3_max_reuse_distance's default, deepspeed/runtime/zero/constants.py, 2021).
+REUSE_DISTANCE = 1_000_000_000
 #: How a mixture's tokens reach their experts (`TrainingOptions.expert_dispatch`).
 EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
 
@@ -86,6 +102,7 @@ class TrainingOptions:
     expert_dispatch: str = "all_to_all"
     overlap_expert_dispatch: bool = False
     expert_dispatch_compute_share: float = 0.0
+    sharded_collectives: str = "prefetched_layers"
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -100,6 +117,7 @@ class TrainingOptions:
         if self.data_parallel_shard_width is not None:
             positive_integer("data_parallel_shard_width", self.data_parallel_shard_width)
         boolean("reshard_after_forward", self.reshard_after_forward)
+        choice("sharded_collectives", self.sharded_collectives, SHARDED_COLLECTIVES)
         choice("expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
         boolean("overlap_expert_dispatch", self.overlap_expert_dispatch)
         share = self.expert_dispatch_compute_share
