@@ -36,7 +36,7 @@ def test_group_inside_a_node_uses_only_the_inner_tier():
 def test_all_reduce_over_two_nodes_bytes_by_the_hierarchy_latency_by_the_flat_ring():
     # 16 consecutive devices: g = 8 per node, k = 2 nodes. Bytes: the hierarchy of rings of the module
     # docstring; latency: NCCL's one ring through all 16, 2 x 15 steps of which 2 x 1 cross the nodes
-    # (the ring enters the second node once and comes back once: k − 1 = 1 step each way round)
+    # (k − 1 = 1 inter-node step in the reduce-scatter half, 1 in the all-gather half)
     cluster = two_tiers()
     size = 1e8
     expected = (2 * 7 / 8 * size / 300e9 + 2 * 1 / 2 * (size / 8) / 25e9) + (2 * 14 * 3e-6 + 2 * 1 * 6e-6)

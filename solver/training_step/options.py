@@ -14,8 +14,9 @@ search and every cache key read.
   replicated across them, the gradients all-reduced across the groups once a step (hybrid sharding:
   FSDP's HYBRID_SHARD / HSDP, Megatron's --num-distributed-optimizer-instances = c·d / width);
 * `sharded_collectives`: how `full` sharding issues its gathers and reduce-scatters:
-  `prefetched_layers` (one collective a layer holding weights and a pass, prefetched behind the
-  compute: PyTorch FSDP wrapping each transformer block, MaxText's scan over layers) or
+  `prefetched_layers` (a layer's at a time, prefetched behind the compute: PyTorch FSDP wrapping
+  each transformer block, MaxText's scan over layers; priced as one collective a pass, its latency
+  once: a simplification) or
   `blocking_tensors` (DeepSpeed's ZeRO-3 before release 0.5, 2021: one collective a weight tensor
   of at least `PERSISTENCE_THRESHOLD` elements, smaller ones kept whole; each on the compute's
   critical path, as every gather synchronised the device, DeepSpeed PR #1188; a recomputed forward
