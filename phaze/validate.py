@@ -217,7 +217,9 @@ RECIPES = {
         "and each gradient reduce-scattered alone "
         "(deepspeed/runtime/zero/partition_parameters.py and stage3.py at adac058ac, April 2021), "
         "none of them overlapping the compute: every gather synchronised the device (DeepSpeed PR "
-        "#1188, June 2021, 'the async version is not async at all')", precision="fp16"),
+        "#1188, June 2021, 'the async version is not async at all'); each with that release's host "
+        "work (a fetch a tensor, a Python view and a PyTorch 1.8 copy a member of the group) and "
+        "copies in HBM", precision="fp16"),
     "MaxText TPU v5p": _maxtext("of that commit (half the s x s attention)", 0.5),
     "MaxText TPU v5e": _maxtext("as of its table's first publication, 2023-11-08 (the whole s x s attention, "
                                 "before 4e41a72d1 halved it)", 1.0),

@@ -15,11 +15,13 @@ from estimator.roofline import layer_times, op_seconds, waves
 from estimator.work import Gemm
 from graph_extract import KernelOptions, extract, get_spec
 from hardware import KNOWN_CHIPS, cluster, known_chip
-from phaze.validate import case, validate
+from phaze.validate import case, prediction, validate
 from solver.layer_costs import roofline_costs, step_graphs
 from solver.layout import Layout
 from solver.predict import Prediction, predict
 from solver.question import Axes, Question
+from solver.training_step import model as step_model
+from solver.training_step.options import LIST_MEMBER_HOST_TIME
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
@@ -162,14 +164,40 @@ def test_the_published_runs_are_predicted_within_the_bar():
     assert len(mixtures) >= 13 and sum(mixtures) / len(mixtures) <= 0.15 and max(mixtures) <= 0.30
     # the runs with sharded weights or context parallelism (issue 23): the GPU runs but SC'21's DeepSpeed
     # ZeRO-3 rows within 10 % on average, those six (priced as DeepSpeed's blocking per-tensor
-    # collectives of 2021) within 30 %, and with the MaxText runs (every one FSDP) within 10 %
+    # collectives of 2021, with that release's host work and copies) within 15 %, the 17 GPU runs
+    # within 12 %, and with the MaxText runs (every one FSDP) within 9 %
     sharded = {item.run_id: abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted
                if item.training.data_parallel_sharding == "full" or item.context_parallel_width > 1}
     zero3 = [error for run_id, error in sharded.items() if "ZeRO-3" in run_id]
     gpus = [error for run_id, error in sharded.items() if "ZeRO-3" not in run_id and not run_id.startswith("maxtext")]
-    assert len(zero3) == 6 and sum(zero3) / 6 <= 0.30
+    assert len(zero3) == 6 and sum(zero3) / 6 <= 0.15
     assert len(gpus) == 11 and sum(gpus) / 11 <= 0.10
-    assert len(sharded) == 63 and sum(sharded.values()) / 63 <= 0.10
+    assert (sum(zero3) + sum(gpus)) / 17 <= 0.12
+    assert len(sharded) == 63 and sum(sharded.values()) / 63 <= 0.09
+
+
+def test_deepspeeds_host_time_per_member_is_the_slope_of_the_175b_rows(monkeypatch):
+    """The one fitted number of `blocking_tensors`: what SC'21's three GPT-3 175B ZeRO-3 rows measure
+    beyond the step priced without it, against each row's collectives x members (the time it adds
+    per second of it), has a least-squares slope of 7.8 µs; the three 530B rows, not fitted, 11 µs."""
+    runs = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
+
+    def slope(model: str, devices: tuple[int, ...]) -> float:
+        gaps, weights = [], []
+        for count in devices:
+            item = case(runs[f"sc21_t2_ZeRO-3_{model}_{count}gpu"])
+            times = []
+            for host_time in (0.0, 1e-5):
+                monkeypatch.setattr(step_model, "LIST_MEMBER_HOST_TIME", host_time)
+                times.append(prediction(item, REPOSITORY / "outputs" / "cache").step.time_per_batch)
+            gaps.append(item.measured - times[0])
+            weights.append((times[1] - times[0]) / 1e-5)
+        x_mean, y_mean = sum(weights) / len(weights), sum(gaps) / len(gaps)
+        return (sum((x - x_mean) * (y - y_mean) for x, y in zip(weights, gaps))
+                / sum((x - x_mean) ** 2 for x in weights))
+
+    assert slope("174.6B", (384, 768, 1536)) == pytest.approx(LIST_MEMBER_HOST_TIME, rel=0.01)
+    assert slope("529.6B", (640, 1120, 2240)) == pytest.approx(11e-6, rel=0.05)
 
 
 def test_runs_left_out_say_why():

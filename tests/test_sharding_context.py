@@ -19,7 +19,8 @@ from solver.placement.best import best_placement, step_floor
 from solver.placement.layouts import megatron_chunks
 from solver.training_step import SHARDINGS, Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
 from solver.training_step.memory import in_flight
-from solver.training_step.model import blocking_gathers
+from solver.training_step.model import blocking_gathers, gather_overhead
+from solver.training_step.options import GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME
 from tests.test_placement_training import brute_force, partitions, random_steps
 
 INTRA, INTER = 100e9, 10e9  # bytes/s per device per direction, no latency
@@ -255,23 +256,40 @@ def test_blocking_tensors_by_hand():
     gradients). Per micro-batch, none overlapping the compute: the forward gathers the 4 tensors, the
     recomputed forward gathers them again, the backward gathers the first tensor of each block again
     (2·(4.9995e8 + 5e4) = 1e9 elements after it; the second's 1e5 is kept): 0.06 s of bytes and 2
-    latencies, and reduce-scatters the 4 tensors' gradients. FSDP (`prefetched_layers`) prices one
+    latencies, and reduce-scatters the 4 tensors' gradients. Besides, DeepSpeed's host work: each
+    gather's fetch and each collective's list of 4 members; and its copies at the device's 1e12 B/s:
+    3 passes over each gathered byte, 4 over each reduced one. FSDP (`prefetched_layers`) prices one
     collective a pass behind the compute: 0.02012 s of the forward's and 0.06024 of the backward's
     exposed."""
     latency = 2 * 1e-5 + 1e-4
-    forward = 0.12 + 4 * latency
-    backward = 0.24 + 4 * latency + forward + 0.06 + 2 * latency
+    gather_host, list_host = GATHER_HOST_TIME + 4 * LIST_MEMBER_HOST_TIME, 4 * LIST_MEMBER_HOST_TIME
+    forward = 0.12 + 4 * latency + 4 * gather_host + 3 * 4e9 / 1e12
+    reduce_scatters = 0.24 + 4 * latency + 4 * list_host + 4 * 8e9 / 1e12
+    backward = reduce_scatters + forward + 0.06 + 2 * latency + 2 * gather_host + 3 * 2e9 / 1e12
     result = price(blocking_step("blocking_tensors", "full"))
     assert result.breakdown["sharded_data_parallel"] == pytest.approx(2 * (forward + backward), rel=1e-12)
     assert result.hidden["sharded_data_parallel"] == 0.0
     assert result.breakdown["recompute"] == pytest.approx(2 * 0.1, rel=1e-12)
     # without recomputation: a gather before each pass, nothing a third time
     plain = price(blocking_step("blocking_tensors", "none"))
-    assert plain.breakdown["sharded_data_parallel"] == pytest.approx(2 * (2 * forward + 0.24 + 4 * latency),
-                                                                     rel=1e-12)
+    assert plain.breakdown["sharded_data_parallel"] == pytest.approx(2 * (2 * forward + reduce_scatters), rel=1e-12)
     fsdp = price(blocking_step("prefetched_layers", "full"))
     assert fsdp.breakdown["sharded_data_parallel"] == pytest.approx(
         2 * ((0.12 + latency - 0.1) + (0.36 + 2 * latency - 0.3)), rel=1e-12)
+
+
+def test_deepspeeds_fetch_time_reproduces_its_measurement():
+    """deepspeedai/DeepSpeed #1174: DeepSpeed 0.3.16's ZeRO-3 forward of a 5.1B BERT (PR #1188's: 64
+    layers of h = 2,560 with a 4h FFN, vocabulary 32,003, 512 positions) on 8 A100 of 40 GB (1.555 TB/s
+    of HBM) took 480 ms, ZeRO-2's 60 ms. Its 388 gathers (6 weights a layer, the word and position
+    embeddings, the pooler's and the head's h x h; the biases and norms stay whole), each priced as
+    the ring's transfer of 2 bytes an element plus `gather_overhead`, make the 420 ms between them."""
+    h = 2560
+    tensors = [h * h] * 4 * 64 + [4 * h * h] * 2 * 64 + [32003 * h, 512 * h, h * h, h * h]
+    ring = SYSTEMS["dgx_a100"].cluster(8).all_gather(Layout(1, 1, 8).groups()["data"])
+    forward = sum(ring.scalar(2 * size) + gather_overhead(8, 1, 2 * size, 1.555e12) for size in tensors)
+    assert len(tensors) == 388
+    assert forward == pytest.approx(0.480 - 0.060, rel=0.01)
 
 
 def test_dgx_a100_rings_by_nccls_model():

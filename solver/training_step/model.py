@@ -73,7 +73,9 @@ from hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
 from solver.training_step.memory import (FP8_WEIGHT_COPY_BYTES, held_activations, in_flight, recompute_mode,
                                          recomputed_modules)
-from solver.training_step.options import PERSISTENCE_THRESHOLD, REUSE_DISTANCE, TrainingOptions
+from solver.training_step.options import (GATHER_COPY_PASSES, GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME,
+                                          PERSISTENCE_THRESHOLD, REDUCE_COPY_PASSES, REUSE_DISTANCE,
+                                          TrainingOptions)
 
 #: What keeps a device busy each micro-batch (`TrainingStep.busy`): compute, recomputation and the
 #: blocking collectives, summed in this order.
@@ -268,6 +270,29 @@ def blocking_gathers(layers) -> tuple[np.ndarray, np.ndarray]:
                 counts[1, index] += 1
                 regathered[index] += size
     return counts, regathered
+
+
+def gather_overhead(members: int, gathers, gathered, hbm_bandwidth: float):
+    """Seconds DeepSpeed's ZeRO-3 of 2021 (`blocking_tensors`) spends on `gathers` all-gathers of
+    `gathered` bytes of weights over a group of `members`, besides their transfer: its fetch of a
+    tensor on the host (`GATHER_HOST_TIME`), its list of one view per member (`reduce_overhead`), and
+    `GATHER_COPY_PASSES` passes over the tensor at HBM bandwidth; 0 for no bytes."""
+    return np.where(np.asarray(gathered) > 0,
+                    (GATHER_HOST_TIME + LIST_MEMBER_HOST_TIME * members) * gathers
+                    + GATHER_COPY_PASSES * gathered / hbm_bandwidth, 0.0)
+
+
+def reduce_overhead(members: int, reductions, reduced, hbm_bandwidth: float):
+    """Seconds DeepSpeed's ZeRO-3 of 2021 (`blocking_tensors`) spends on `reductions` reduce-scatters of
+    `reduced` bytes of gradients over a group of `members`, besides their transfer. Each was a list
+    collective: DeepSpeed built one view per member in a Python loop, and PyTorch 1.8's ProcessGroupNCCL
+    copied each list entry into (reduce-scatter) or out of (all-gather) its flat buffer, one copy each,
+    on the host's critical path as every gather synchronised the device: `LIST_MEMBER_HOST_TIME` per
+    member and collective; and the device makes `REDUCE_COPY_PASSES` passes over the gradient at HBM
+    bandwidth; 0 for no bytes."""
+    return np.where(np.asarray(reduced) > 0,
+                    LIST_MEMBER_HOST_TIME * members * reductions + REDUCE_COPY_PASSES * reduced / hbm_bandwidth,
+                    0.0)
 
 
 def stage_sum(members: np.ndarray, values) -> np.ndarray:
@@ -798,10 +823,11 @@ class TrainingStep:
         them behind the compute as FSDP does: the forward's gathers hide behind the forward compute,
         the backward's gathers and reduce-scatters behind the backward and recomputation, exposed =
         the excess (the first layer's gather, which nothing precedes, is not charged apart: a
-        simplification); with `blocking_tensors` every one is exposed, and a full recomputation
+        simplification); with `blocking_tensors` every one is exposed, a full recomputation
         gathers the stage's weights once more (its embedding too: a simplification) and their freed
-        share a third time. `gradients` hides its reduce-scatters behind the backward with
-        `overlap_grad_reduce` (DeepSpeed's overlap_comm), else they are exposed."""
+        share a third time, and each collective also costs what DeepSpeed's of 2021 did besides the
+        transfer (`gather_overhead`, `reduce_overhead`). `gradients` hides its reduce-scatters behind
+        the backward with `overlap_grad_reduce` (DeepSpeed's overlap_comm), else they are exposed."""
         zero = np.zeros_like(terms.parameters)
         sharding = self.training.data_parallel_sharding
         if sharding not in ("gradients", "full"):
@@ -812,14 +838,23 @@ class TrainingStep:
         collectives = terms.gathers if blocking else 1
         # with `blocking_tensors` and full recomputation the backward's gathers are the recomputed
         # forward's and, for the share of the weights freed before their backward, its own
+        third = blocking and self.recompute == "full"
         regathered = np.divide(terms.regathered, terms.parameters, out=np.zeros_like(terms.parameters),
-                               where=terms.parameters > 0) if blocking and self.recompute == "full" else zero
+                               where=terms.parameters > 0) if third else zero
+        regathers = terms.regathers if third else zero
         for shard, replicas, count in self.parameter_classes(terms.parameters, degree, terms.expert_parameters):
             collective = self.collectives(shard, replicas)
-            backward = backward + collective["reduce_scatter"].repeated(count * state.gradients, collectives)
+            reduced, weights = count * state.gradients, count * state.weights
+            backward = backward + collective["reduce_scatter"].repeated(reduced, collectives)
+            if blocking:
+                backward = backward + reduce_overhead(shard.size, collectives, reduced, self.device.hbm_bandwidth)
             if regather:
-                gathered = collective["all_gather"].repeated(count * state.weights, collectives)
-                again = collective["all_gather"].repeated(count * state.weights * regathered, terms.regathers)
+                gathered = collective["all_gather"].repeated(weights, collectives)
+                again = collective["all_gather"].repeated(weights * regathered, regathers)
+                if blocking:
+                    gathered = gathered + gather_overhead(shard.size, collectives, weights, self.device.hbm_bandwidth)
+                    again = again + gather_overhead(shard.size, regathers, weights * regathered,
+                                                    self.device.hbm_bandwidth)
                 forward, backward = forward + gathered, backward + gathered + again
         forward, backward = forward + zero, backward + zero
         if blocking:

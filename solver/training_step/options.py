@@ -21,7 +21,9 @@ search and every cache key read.
   of at least `PERSISTENCE_THRESHOLD` elements, smaller ones kept whole; each on the compute's
   critical path, as every gather synchronised the device, DeepSpeed PR #1188; a recomputed forward
   pass gathers the weights again, and its backward keeps only the tensors used again within
-  `REUSE_DISTANCE` elements, gathering the others a third time);
+  `REUSE_DISTANCE` elements, gathering the others a third time; each collective also pays that
+  release's host work and copies: `GATHER_HOST_TIME`, `LIST_MEMBER_HOST_TIME`, `GATHER_COPY_PASSES`,
+  `REDUCE_COPY_PASSES`);
 * `reshard_after_forward`: with `full`, the gathered weights are freed after each forward and
   gathered again for the backward pass (FSDP's default); false, they are kept from the first
   forward of the step to its end: one gather a step instead of two a micro-batch, the stage's
@@ -81,6 +83,29 @@ PERSISTENCE_THRESHOLD = 100_000
 #: DeepSpeed's ZeRO-3 frees a gathered tensor unless the elements of the tensors used before its next
 #: use are fewer than this (stage3_max_reuse_distance's default, deepspeed/runtime/zero/constants.py, 2021).
 REUSE_DISTANCE = 1_000_000_000
+#: Host seconds DeepSpeed's ZeRO-3 of 2021 spent per member of the group in each of its list
+#: collectives: a Python view per member, a copy per member in PyTorch 1.8 (`model.reduce_overhead`).
+#: Fitted, the one number here that is: the least-squares slope, over collectives x members, of
+#: what SC'21 Table 2's three GPT-3 175B ZeRO-3 rows (384, 768, 1,536 GPUs, one micro-batch each)
+#: measure beyond the rest of the step as priced: 7.8 us. The three 530B rows, left out of the fit,
+#: give 11 us. An eager view op issued from Python takes 3.3 us in PyTorch's own operator benchmark
+#: (`split` on CUDA, pytorch/pytorch #32194); the copy's launch comes on top.
+LIST_MEMBER_HOST_TIME = 7.8e-6
+#: Host seconds DeepSpeed's ZeRO-3 of 2021 spent fetching each tensor it gathered (hooks, the trace
+#: of modules, allocating and zeroing the output, the device synchronise), from a measurement of
+#: DeepSpeed 0.3.16 with PyTorch 1.8 on 8 A100 (deepspeedai/DeepSpeed #1174, the model in PR
+#: #1188): a 5.1B BERT's forward took 480 ms with ZeRO-3 and 60 ms with ZeRO-2; the 420 ms less the
+#: 388 gathers' transfer, list and copies as priced here (0.10 s) leaves 0.84 ms a gather.
+GATHER_HOST_TIME = 0.84e-3
+#: HBM passes over a tensor DeepSpeed's ZeRO-3 of 2021 gathered, besides the transfer: zeroing the
+#: output (`torch.zeros` in `_allgather_param`), then PyTorch 1.8 reading and writing it once more to
+#: copy each rank's piece out of the flat buffer NCCL gathered into (ProcessGroupNCCL::allgather; the
+#: copy `_all_gather_base` removed later, pytorch/pytorch #56315).
+GATHER_COPY_PASSES = 3
+#: HBM passes over a gradient it reduce-scattered: dividing it by the group's size in place
+#: (`average_tensor`), and PyTorch 1.8 copying each rank's piece into a flat buffer for NCCL
+#: (ProcessGroupNCCL::reduce_scatter).
+REDUCE_COPY_PASSES = 4
 #: How a mixture's tokens reach their experts (`TrainingOptions.expert_dispatch`).
 EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
 
