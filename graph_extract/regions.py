@@ -132,7 +132,8 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
     and `mla_up_proj` holds them with the operators on the paths from its products to its core
     (Megatron-Core has the module for multi-head latent attention only; other attentions: none)."""
     blocks, paths = set(graph.layers[1:-1]), _block_paths(graph)
-    core = attention_core(graph)
+    each_core = attention_cores(graph)
+    core = frozenset().union(*each_core)
     attention = {_child(graph.nodes[node], paths) for node in core}
     products = {_child(node, paths) for node in graph.nodes if node.kind == "gemm" and node.layer in blocks}
     feed_forward = products - attention - {None}
@@ -143,12 +144,10 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
         successors.setdefault(source, []).append(dest)
         predecessors.setdefault(dest, []).append(source)
     found: dict[str, set[int]] = {}
-    for cores in attention_cores(graph):
-        if up_projections := _up_projections(graph, cores, paths):
+    for cores in each_core:
+        sources = _attention_products(graph, cores, paths)
+        if up_projections := _up_projections(graph, sources, paths):
             toward = set().union(*(_reach(node, predecessors, graph) for node in cores if graph.nodes[node].kind == "bmm"))
-            child = _child(graph.nodes[min(cores)], paths)
-            sources = [node.id for node in graph.nodes if node.kind == "gemm" and _child(node, paths) == child
-                       and node.layer == graph.nodes[min(cores)].layer]
             found.setdefault("mla_up_proj", set()).update(
                 up_projections, *((_reach(source, successors, graph) & toward) - cores for source in sources))
     for node in graph.nodes:
@@ -171,19 +170,26 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
     return {name: frozenset(ids) for name, ids in found.items()}
 
 
-def _up_projections(graph: OpGraph, cores: frozenset[int], paths: dict[int, tuple[str, ...]]) -> set[int]:
-    """The up projections of the latent attention holding the core `cores`: its child's weight
-    products whose input a norm of that child makes (through views and copies); none for an
-    attention without latents."""
-    layer = graph.nodes[min(cores)].layer
-    if layer not in graph.layers[1:-1]:
-        return set()
-    child = _child(graph.nodes[min(cores)], paths)
+def _attention_products(graph: OpGraph, cores: frozenset[int], paths: dict[int, tuple[str, ...]]) -> list[int]:
+    """The weight products of the attention child of a block holding the core `cores` (none outside
+    the blocks)."""
+    first = graph.nodes[min(cores)]
+    if first.layer not in graph.layers[1:-1]:
+        return []
+    child = _child(first, paths)
+    return [node.id for node in graph.nodes
+            if node.layer == first.layer and node.kind == "gemm" and _child(node, paths) == child]
+
+
+def _up_projections(graph: OpGraph, products: list[int], paths: dict[int, tuple[str, ...]]) -> set[int]:
+    """Of an attention's weight `products`, its up projections: those whose input a norm of the same
+    child makes (through views and copies: a latent's norm); none for an attention without latents."""
     found = set()
-    for node in graph.nodes:
-        if node.layer != layer or node.kind != "gemm" or _child(node, paths) != child or not node.inputs:
+    for product in products:
+        node = graph.nodes[product]
+        if not node.inputs or node.inputs[0] is None:
             continue
-        source = None if node.inputs[0] is None else graph.nodes[made_by(graph, node.inputs[0])]
-        if source is not None and source.kind == "norm" and _child(source, paths) == child and source.module_path != child:
-            found.add(node.id)
+        source, child = graph.nodes[made_by(graph, node.inputs[0])], _child(node, paths)
+        if source.kind == "norm" and _child(source, paths) == child and source.module_path != child:
+            found.add(product)
     return found

@@ -19,8 +19,8 @@ from solver.placement.best import best_placement, step_floor
 from solver.placement.layouts import megatron_chunks
 from solver.training_step import SHARDINGS, Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
 from solver.training_step.memory import in_flight
-from solver.training_step.model import blocking_gathers, gather_overhead
-from solver.training_step.options import GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME
+from solver.training_step.model import blocking_gathers, list_collective_overhead
+from solver.training_step.options import GATHER_COPY_PASSES, GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME
 from tests.test_placement_training import brute_force, partitions, random_steps
 
 INTRA, INTER = 100e9, 10e9  # bytes/s per device per direction, no latency
@@ -283,11 +283,12 @@ def test_deepspeeds_fetch_time_reproduces_its_measurement():
     layers of h = 2,560 with a 4h FFN, vocabulary 32,003, 512 positions) on 8 A100 of 40 GB (1.555 TB/s
     of HBM) took 480 ms, ZeRO-2's 60 ms. Its 388 gathers (6 weights a layer, the word and position
     embeddings, the pooler's and the head's h x h; the biases and norms stay whole), each priced as
-    the ring's transfer of 2 bytes an element plus `gather_overhead`, make the 420 ms between them."""
+    the ring's transfer of 2 bytes an element plus `list_collective_overhead`, make the 420 ms between them."""
     h = 2560
     tensors = [h * h] * 4 * 64 + [4 * h * h] * 2 * 64 + [32003 * h, 512 * h, h * h, h * h]
     ring = SYSTEMS["dgx_a100"].cluster(8).all_gather(Layout(1, 1, 8).groups()["data"])
-    forward = sum(ring.scalar(2 * size) + gather_overhead(8, 1, 2 * size, 1.555e12) for size in tensors)
+    forward = sum(ring.scalar(2 * size) + list_collective_overhead(8, 1, 2 * size, GATHER_COPY_PASSES, 1.555e12,
+                                                                   GATHER_HOST_TIME) for size in tensors)
     assert len(tensors) == 388
     assert forward == pytest.approx(0.480 - 0.060, rel=0.01)
 

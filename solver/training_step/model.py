@@ -272,26 +272,18 @@ def blocking_gathers(layers) -> tuple[np.ndarray, np.ndarray]:
     return counts, regathered
 
 
-def gather_overhead(members: int, gathers, gathered, hbm_bandwidth: float):
-    """Seconds DeepSpeed's ZeRO-3 of 2021 (`blocking_tensors`) spends on `gathers` all-gathers of
-    `gathered` bytes of weights over a group of `members`, besides their transfer: its fetch of a
-    tensor on the host (`GATHER_HOST_TIME`), its list of one view per member (`reduce_overhead`), and
-    `GATHER_COPY_PASSES` passes over the tensor at HBM bandwidth; 0 for no bytes."""
-    return np.where(np.asarray(gathered) > 0,
-                    (GATHER_HOST_TIME + LIST_MEMBER_HOST_TIME * members) * gathers
-                    + GATHER_COPY_PASSES * gathered / hbm_bandwidth, 0.0)
-
-
-def reduce_overhead(members: int, reductions, reduced, hbm_bandwidth: float):
-    """Seconds DeepSpeed's ZeRO-3 of 2021 (`blocking_tensors`) spends on `reductions` reduce-scatters of
-    `reduced` bytes of gradients over a group of `members`, besides their transfer. Each was a list
-    collective: DeepSpeed built one view per member in a Python loop, and PyTorch 1.8's ProcessGroupNCCL
-    copied each list entry into (reduce-scatter) or out of (all-gather) its flat buffer, one copy each,
-    on the host's critical path as every gather synchronised the device: `LIST_MEMBER_HOST_TIME` per
-    member and collective; and the device makes `REDUCE_COPY_PASSES` passes over the gradient at HBM
-    bandwidth; 0 for no bytes."""
-    return np.where(np.asarray(reduced) > 0,
-                    LIST_MEMBER_HOST_TIME * members * reductions + REDUCE_COPY_PASSES * reduced / hbm_bandwidth,
+def list_collective_overhead(members: int, collectives, size, copy_passes: int, hbm_bandwidth: float,
+                             fetch: float = 0.0):
+    """Seconds DeepSpeed's ZeRO-3 of 2021 (`blocking_tensors`) spends on `collectives` collectives of
+    `size` bytes over a group of `members`, besides their transfer; 0 for no bytes. Each was a list
+    collective: DeepSpeed built one view per member in a Python loop, and PyTorch 1.8's
+    ProcessGroupNCCL copied each list entry out of (all-gather) or into (reduce-scatter) its flat
+    buffer, one copy each, on the host's critical path as every gather synchronised the device:
+    `LIST_MEMBER_HOST_TIME` per member and collective, and `fetch` more per collective (a gather's:
+    `GATHER_HOST_TIME`); the device meanwhile makes `copy_passes` passes over the bytes at HBM
+    bandwidth (`GATHER_COPY_PASSES`, `REDUCE_COPY_PASSES`)."""
+    return np.where(np.asarray(size) > 0,
+                    (fetch + LIST_MEMBER_HOST_TIME * members) * collectives + copy_passes * size / hbm_bandwidth,
                     0.0)
 
 
@@ -826,7 +818,7 @@ class TrainingStep:
         simplification); with `blocking_tensors` every one is exposed, a full recomputation
         gathers the stage's weights once more (its embedding too: a simplification) and their freed
         share a third time, and each collective also costs what DeepSpeed's of 2021 did besides the
-        transfer (`gather_overhead`, `reduce_overhead`). `gradients` hides its reduce-scatters behind
+        transfer (`list_collective_overhead`). `gradients` hides its reduce-scatters behind
         the backward with `overlap_grad_reduce` (DeepSpeed's overlap_comm), else they are exposed."""
         zero = np.zeros_like(terms.parameters)
         sharding = self.training.data_parallel_sharding
@@ -842,19 +834,22 @@ class TrainingStep:
         regathered = np.divide(terms.regathered, terms.parameters, out=np.zeros_like(terms.parameters),
                                where=terms.parameters > 0) if third else zero
         regathers = terms.regathers if third else zero
+        hbm = self.device.hbm_bandwidth
         for shard, replicas, count in self.parameter_classes(terms.parameters, degree, terms.expert_parameters):
             collective = self.collectives(shard, replicas)
             reduced, weights = count * state.gradients, count * state.weights
             backward = backward + collective["reduce_scatter"].repeated(reduced, collectives)
             if blocking:
-                backward = backward + reduce_overhead(shard.size, collectives, reduced, self.device.hbm_bandwidth)
+                backward = backward + list_collective_overhead(shard.size, collectives, reduced, REDUCE_COPY_PASSES,
+                                                               hbm)
             if regather:
                 gathered = collective["all_gather"].repeated(weights, collectives)
                 again = collective["all_gather"].repeated(weights * regathered, regathers)
                 if blocking:
-                    gathered = gathered + gather_overhead(shard.size, collectives, weights, self.device.hbm_bandwidth)
-                    again = again + gather_overhead(shard.size, regathers, weights * regathered,
-                                                    self.device.hbm_bandwidth)
+                    gathered = gathered + list_collective_overhead(shard.size, collectives, weights,
+                                                                   GATHER_COPY_PASSES, hbm, GATHER_HOST_TIME)
+                    again = again + list_collective_overhead(shard.size, regathers, weights * regathered,
+                                                             GATHER_COPY_PASSES, hbm, GATHER_HOST_TIME)
                 forward, backward = forward + gathered, backward + gathered + again
         forward, backward = forward + zero, backward + zero
         if blocking:

@@ -84,7 +84,7 @@ PERSISTENCE_THRESHOLD = 100_000
 #: use are fewer than this (stage3_max_reuse_distance's default, deepspeed/runtime/zero/constants.py, 2021).
 REUSE_DISTANCE = 1_000_000_000
 #: Host seconds DeepSpeed's ZeRO-3 of 2021 spent per member of the group in each of its list
-#: collectives: a Python view per member, a copy per member in PyTorch 1.8 (`model.reduce_overhead`).
+#: collectives: a Python view per member, a copy per member in PyTorch 1.8 (`model.list_collective_overhead`).
 #: Fitted, the one number here that is: the least-squares slope, over collectives x members, of
 #: what SC'21 Table 2's three GPT-3 175B ZeRO-3 rows (384, 768, 1,536 GPUs, one micro-batch each)
 #: measure beyond the rest of the step as priced: 7.8 us. The three 530B rows, left out of the fit,
