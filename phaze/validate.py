@@ -165,11 +165,13 @@ RECIPES = {
         "NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/{gpt3,nemotron,llama}/*.yaml and "
         "examples/training/*/h100/*_fp8.sh: activations_checkpoint_granularity null (Nemotron-340B: selective), "
         "sequence_parallel true at t > 1, optim distributed_fused_adam with overlap_grad_sync and "
-        "overlap_param_sync, grad_sync_dtype bf16 (NeMo's MegatronDistributedFusedAdam keeping bf16 weights with 16-bit remainders as master weights), ub_tp_comm_overlap true for GPT3-20B, Nemotron-8B/22B and "
-        "Llama2-70B; model shapes of the yamls (GPT-3: GPT-2 BPE vocabulary 50,257; Nemotron: 256,000)",
+        "overlap_param_sync, grad_sync_dtype bf16 (NeMo's MegatronDistributedFusedAdam keeping bf16 weights with 16-bit remainders as master weights), ub_tp_comm_overlap true for GPT3-20B, Nemotron-8B/22B, "
+        "Llama2-70B and Llama3-70B; model shapes of the yamls (GPT-3: GPT-2 BPE vocabulary 50,257; Nemotron: 256,000)",
         models={
             "LLAMA2-7B": _llama2(32, 4096, 32, 32, 11008), "LLAMA2-13B": _llama2(40, 5120, 40, 40, 13824),
             "LLAMA2-70B": _llama2(80, 8192, 64, 8, 28672, overlap=True),
+            # Llama 3's shape comes with its runs (Llama 3 paper, Table 3); its 70B yaml adds the overlap
+            "LLAMA3-70B": ModelRecipe({}, {}, tensor_parallel_overlap=True),
             "GPT3-5B": ModelRecipe(_shape(24, 4096, 32, 50257), GPT_FAMILY),
             "GPT3-20B": ModelRecipe(_shape(44, 6144, 48, 50257), GPT_FAMILY, tensor_parallel_overlap=True),
             "GPT3-175B": ModelRecipe(_shape(96, 12288, 96, 50257), GPT_FAMILY),
@@ -811,6 +813,12 @@ def usable_cache_dir(path: Path) -> Path:
     return path
 
 
+def sharded_or_context_parallel(item: Case) -> bool:
+    """Whether a run shards its weights or gradients over data parallelism (ZeRO-2/3, FSDP) or splits
+    its sequences over context parallelism: the runs `validate` reports together beside the chips'."""
+    return item.training.data_parallel_sharding in ("gradients", "full") or item.context_parallel_width > 1
+
+
 def main(arguments: list[str]) -> int:
     if not arguments:
         print(USAGE, file=sys.stderr)
@@ -832,9 +840,14 @@ def main(arguments: list[str]) -> int:
         table.add_column(header, justify="left" if header in ("run", "chip", "precision", "recompute") else "right",
                          no_wrap=header == "run")
     errors: dict[str, list[float]] = {}
+    split: dict[str, list[float]] = {}  # the runs that shard their weights or split their sequences
     for item, result in predicted:
         error = result.step.time_per_batch / item.measured - 1
         errors.setdefault(f"{item.chip} {item.precision}{' MoE' if item.moe else ''}", []).append(abs(error))
+        if sharded_or_context_parallel(item):
+            split.setdefault("sharded or context-parallel", []).append(abs(error))
+            if not item.chip.startswith("tpu"):
+                split.setdefault("sharded or context-parallel, GPUs", []).append(abs(error))
         table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
                       str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
                       + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else "")
@@ -855,7 +868,7 @@ def main(arguments: list[str]) -> int:
     for name in sorted({item.recipe for item, _ in predicted if item.assumed and item.recipe}):
         console.print(f"{FROM_RECIPE} {name}: {RECIPES[name].source}")
     every = [error for group in errors.values() for error in group]
-    for name, group in [("all", every)] + (list(errors.items()) if len(errors) > 1 else []):
+    for name, group in [("all", every)] + (list(errors.items()) if len(errors) > 1 else []) + list(split.items()):
         if group:
             console.print(f"{name}: {len(group)} runs, mean absolute error {sum(group) / len(group):.1%}, "
                           f"max {max(group):.1%}")

@@ -15,7 +15,7 @@ from estimator.roofline import layer_times, op_seconds, waves
 from estimator.work import Gemm
 from graph_extract import KernelOptions, extract, get_spec
 from hardware import KNOWN_CHIPS, cluster, known_chip
-from phaze.validate import case, prediction, validate
+from phaze.validate import case, prediction, sharded_or_context_parallel, validate
 from solver.layer_costs import roofline_costs, step_graphs
 from solver.layout import Layout
 from solver.predict import Prediction, predict
@@ -162,42 +162,42 @@ def test_the_published_runs_are_predicted_within_the_bar():
     # the mixtures (Qwen3-235B, 4K and long context, their recompute modules as stated): issue 24's bar
     mixtures = [abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted if item.moe]
     assert len(mixtures) >= 13 and sum(mixtures) / len(mixtures) <= 0.15 and max(mixtures) <= 0.30
-    # the runs with sharded weights or context parallelism (issue 23): the GPU runs but SC'21's DeepSpeed
-    # ZeRO-3 rows within 10 % on average, those six (priced as DeepSpeed's blocking per-tensor
-    # collectives of 2021, with that release's host work and copies) within 15 %, the 17 GPU runs
-    # within 12 %, and with the MaxText runs (every one FSDP) within 9 %
+    # the runs with sharded weights or context parallelism (issue 23's bar, 10 %): the 17 GPU runs, and
+    # with the MaxText runs (every one FSDP) the 63; SC'21's DeepSpeed ZeRO-3 rows among them (priced
+    # as DeepSpeed's blocking per-tensor collectives of 2021, with that release's host work and
+    # copies) within 11 % on average, the others within 10 %
     sharded = {item.run_id: abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted
-               if item.training.data_parallel_sharding == "full" or item.context_parallel_width > 1}
+               if sharded_or_context_parallel(item)}
     zero3 = [error for run_id, error in sharded.items() if "ZeRO-3" in run_id]
     gpus = [error for run_id, error in sharded.items() if "ZeRO-3" not in run_id and not run_id.startswith("maxtext")]
-    assert len(zero3) == 6 and sum(zero3) / 6 <= 0.15
+    assert len(zero3) == 6 and sum(zero3) / 6 <= 0.11
     assert len(gpus) == 11 and sum(gpus) / 11 <= 0.10
-    assert (sum(zero3) + sum(gpus)) / 17 <= 0.12
+    assert (sum(zero3) + sum(gpus)) / 17 <= 0.10
     assert len(sharded) == 63 and sum(sharded.values()) / 63 <= 0.09
 
 
-def test_deepspeeds_host_time_per_member_is_the_slope_of_the_175b_rows(monkeypatch):
+def test_deepspeeds_host_time_per_member_is_fitted_to_the_175b_rows(monkeypatch):
     """The one fitted number of `blocking_tensors`: what SC'21's three GPT-3 175B ZeRO-3 rows measure
     beyond the step priced without it, against each row's collectives x members (the time it adds
-    per second of it), has a least-squares slope of 7.8 µs; the three 530B rows, not fitted, 11 µs."""
+    per second of it), fitted by least squares through the origin (the cost has no constant part):
+    10.8 µs. With it the three 530B rows, not fitted, read 14-19 % fast."""
     runs = {run["run_id"]: run for run in json.loads(CALIBRATION.read_text())}
-
-    def slope(model: str, devices: tuple[int, ...]) -> float:
-        gaps, weights = [], []
+    rows = {}
+    for model, devices in (("174.6B", (384, 768, 1536)), ("529.6B", (640, 1120, 2240))):
         for count in devices:
             item = case(runs[f"sc21_t2_ZeRO-3_{model}_{count}gpu"])
             times = []
             for host_time in (0.0, 1e-5):
                 monkeypatch.setattr(step_model, "LIST_MEMBER_HOST_TIME", host_time)
                 times.append(prediction(item, REPOSITORY / "outputs" / "cache").step.time_per_batch)
-            gaps.append(item.measured - times[0])
-            weights.append((times[1] - times[0]) / 1e-5)
-        x_mean, y_mean = sum(weights) / len(weights), sum(gaps) / len(gaps)
-        return (sum((x - x_mean) * (y - y_mean) for x, y in zip(weights, gaps))
-                / sum((x - x_mean) ** 2 for x in weights))
-
-    assert slope("174.6B", (384, 768, 1536)) == pytest.approx(LIST_MEMBER_HOST_TIME, rel=0.01)
-    assert slope("529.6B", (640, 1120, 2240)) == pytest.approx(11e-6, rel=0.05)
+            rows[model, count] = (item.measured, times[0], (times[1] - times[0]) / 1e-5)
+    fitted = [rows[key] for key in rows if key[0] == "174.6B"]
+    host_time = (sum(weight * (measured - rest) for measured, rest, weight in fitted)
+                 / sum(weight ** 2 for _, _, weight in fitted))
+    assert host_time == pytest.approx(LIST_MEMBER_HOST_TIME, rel=0.01)
+    held_out = [(rest + LIST_MEMBER_HOST_TIME * weight) / measured - 1
+                for (model, _), (measured, rest, weight) in rows.items() if model == "529.6B"]
+    assert all(-0.20 < error < -0.13 for error in held_out)
 
 
 def test_runs_left_out_say_why():

@@ -17,7 +17,7 @@ from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.attention import attention_kernels, causal_fraction
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
 from hardware import known_chip
-from phaze.validate import case, validate
+from phaze.validate import case, sharded_or_context_parallel, validate
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
@@ -108,16 +108,29 @@ def test_a_megatron_core_weak_scaling_run_times_its_model_tflops_by_megatrons_fo
     assert item.assumed == ("recompute", "precision", "micro-batch")
 
 
-@pytest.mark.parametrize("run_id, context, sharding", [
-    ("nemo2407_LLAMA3-8B_8gpu", 2, "optimizer"),  # the recipe's distributed Adam
-    ("nemo2407_LLAMA3-70B_64gpu", 2, "optimizer"),
-    ("mbridge2511_LLAMA3.1_405B_h100_1024gpu", 2, "optimizer"),  # "DDP (FSDP=0)": the recipe's distributed optimizer
-    ("mbridge2511_LLAMA3_8B_h100_8gpu", 1, "full"),  # Megatron-FSDP
+@pytest.mark.parametrize("run_id, context, sharding, overlap", [
+    ("nemo2407_LLAMA3-8B_8gpu", 2, "optimizer", False),  # the recipe's distributed Adam; t = 1
+    # NeMo 24.07's llama3_70b.yaml: ub_tp_comm_overlap true (its FP8 example picks the FP8 userbuffers)
+    ("nemo2407_LLAMA3-70B_64gpu", 2, "optimizer", True),
+    ("mbridge2511_LLAMA3.1_405B_h100_1024gpu", 2, "optimizer", True),  # "DDP (FSDP=0)": distributed optimizer
+    ("mbridge2511_LLAMA3_8B_h100_8gpu", 1, "full", False),  # Megatron-FSDP
 ])
-def test_context_parallel_and_fully_sharded_llama_runs_are_predicted(run_id, context, sharding):
+def test_context_parallel_and_fully_sharded_llama_runs_are_predicted(run_id, context, sharding, overlap):
     item = case(RUNS[run_id])
     assert (item.context_parallel_width, item.training.data_parallel_sharding) == (context, sharding)
+    assert item.training.tensor_parallel_overlap is overlap
     assert item.devices == item.width * item.stages * item.degree * context
+
+
+@pytest.mark.parametrize("run_id, reported", [
+    ("sc21_t2_ZeRO-3_174.6B_384gpu", True),  # DeepSpeed's ZeRO-3
+    ("maxtext_v5p_32B_1x128", True),  # MaxText's fsdp axis
+    ("nemo2407_LLAMA3-8B_8gpu", True),  # c = 2, the optimizer state sharded only
+    ("mbridge2511_LLAMA3_70B_h100_64gpu", False),  # the distributed optimizer, c = 1
+    ("sc21_t1_1.7B", False),
+])
+def test_validate_reports_the_sharded_and_context_parallel_runs_together(run_id, reported):
+    assert sharded_or_context_parallel(case(RUNS[run_id])) is reported
 
 
 def test_fp8_on_a_chip_without_fp8_is_left_out():

@@ -85,18 +85,19 @@ PERSISTENCE_THRESHOLD = 100_000
 REUSE_DISTANCE = 1_000_000_000
 #: Host seconds DeepSpeed's ZeRO-3 of 2021 spent per member of the group in each of its list
 #: collectives: a Python view per member, a copy per member in PyTorch 1.8 (`model.list_collective_overhead`).
-#: Fitted, the one number here that is: the least-squares slope, over collectives x members, of
-#: what SC'21 Table 2's three GPT-3 175B ZeRO-3 rows (384, 768, 1,536 GPUs, one micro-batch each)
-#: measure beyond the rest of the step as priced: 7.8 us. The three 530B rows, left out of the fit,
-#: give 11 us. An eager view op issued from Python takes 3.3 us in PyTorch's own operator benchmark
-#: (`split` on CUDA, pytorch/pytorch #32194); the copy's launch comes on top.
-LIST_MEMBER_HOST_TIME = 7.8e-6
+#: Fitted, the one number here that is: the least-squares fit, over collectives x members, of what
+#: SC'21 Table 2's three GPT-3 175B ZeRO-3 rows (384, 768, 1,536 GPUs, one micro-batch each)
+#: measure beyond the rest of the step as priced, through the origin as the cost has no constant
+#: part: 10.8 us. The three 530B rows, left out of the fit, read 14-19 % fast with it. An eager view
+#: op issued from Python takes 3.3 us in PyTorch's own operator benchmark (`split` on CUDA,
+#: pytorch/pytorch #32194); the copy's launch comes on top.
+LIST_MEMBER_HOST_TIME = 10.8e-6
 #: Host seconds DeepSpeed's ZeRO-3 of 2021 spent fetching each tensor it gathered (hooks, the trace
 #: of modules, allocating and zeroing the output, the device synchronise), from a measurement of
 #: DeepSpeed 0.3.16 with PyTorch 1.8 on 8 A100 (deepspeedai/DeepSpeed #1174, the model in PR
 #: #1188): a 5.1B BERT's forward took 480 ms with ZeRO-3 and 60 ms with ZeRO-2; the 420 ms less the
-#: 388 gathers' transfer, list and copies as priced here (0.10 s) leaves 0.84 ms a gather.
-GATHER_HOST_TIME = 0.84e-3
+#: 388 gathers' transfer, list and copies as priced here (0.11 s) leaves 0.81 ms a gather.
+GATHER_HOST_TIME = 0.81e-3
 #: HBM passes over a tensor DeepSpeed's ZeRO-3 of 2021 gathered, besides the transfer: zeroing the
 #: output (`torch.zeros` in `_allgather_param`), then PyTorch 1.8 reading and writing it once more to
 #: copy each rank's piece out of the flat buffer NCCL gathered into (ProcessGroupNCCL::allgather; the
