@@ -837,19 +837,22 @@ class TrainingStep:
         hbm = self.device.hbm_bandwidth
         for shard, replicas, count in self.parameter_classes(terms.parameters, degree, terms.expert_parameters):
             collective = self.collectives(shard, replicas)
+
+            def priced(kind: str, size, number):
+                """`number` collectives of `kind` moving `size` bytes, with DeepSpeed's own costs
+                when `blocking`."""
+                time = collective[kind].repeated(size, number)
+                if not blocking:
+                    return time
+                passes, fetch = ((GATHER_COPY_PASSES, GATHER_HOST_TIME) if kind == "all_gather"
+                                 else (REDUCE_COPY_PASSES, 0.0))
+                return time + list_collective_overhead(shard.size, number, size, passes, hbm, fetch)
+
             reduced, weights = count * state.gradients, count * state.weights
-            backward = backward + collective["reduce_scatter"].repeated(reduced, collectives)
-            if blocking:
-                backward = backward + list_collective_overhead(shard.size, collectives, reduced, REDUCE_COPY_PASSES,
-                                                               hbm)
+            backward = backward + priced("reduce_scatter", reduced, collectives)
             if regather:
-                gathered = collective["all_gather"].repeated(weights, collectives)
-                again = collective["all_gather"].repeated(weights * regathered, regathers)
-                if blocking:
-                    gathered = gathered + list_collective_overhead(shard.size, collectives, weights,
-                                                                   GATHER_COPY_PASSES, hbm, GATHER_HOST_TIME)
-                    again = again + list_collective_overhead(shard.size, regathers, weights * regathered,
-                                                             GATHER_COPY_PASSES, hbm, GATHER_HOST_TIME)
+                gathered = priced("all_gather", weights, collectives)
+                again = priced("all_gather", weights * regathered, regathers)
                 forward, backward = forward + gathered, backward + gathered + again
         forward, backward = forward + zero, backward + zero
         if blocking:
