@@ -21,7 +21,7 @@ import statistics
 import time
 
 from graph_extract import KernelOptions
-from hardware import Cluster, Group, cluster
+from phaze_hardware import Cluster, Group, cluster
 from solver.layout import Layout
 from solver.placement.best import best_placement
 from solver.placement.jsonio import solve_document

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import phaze
 from graph_extract import extract, get_spec, valid_tensor_parallel_widths
-from hardware import cluster, known_chip
+from phaze_hardware import cluster, known_chip
 from solver.evaluate import evaluate_placements
 from solver.layer_costs import roofline_costs
 from solver.question import Axes, Question

@@ -1,4 +1,4 @@
-"""Stage 2 of phaze: the candidate space of the template chip (hardware.AcceleratorConfig), operator
+"""Stage 2 of phaze: the candidate space of the template chip (phaze_hardware.AcceleratorConfig), operator
 classification and fusion, vectorised latency/energy estimates with a persistent cache, and the
 roofline of a known chip."""
 

@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from common.files import read_cache_file, temporary_file
-from common.log import warn_once
+from phaze_common.files import read_cache_file, temporary_file
+from phaze_common.log import warn_once
 from estimator.tc_model import GemmCost, MemorySystem
-from hardware import CoreConfig
+from phaze_hardware import CoreConfig
 
 #: Bump when the tensor-core model changes: old cache files then stop matching.
 TC_MODEL_VERSION = 3

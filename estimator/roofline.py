@@ -40,7 +40,7 @@ from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
 from graph_extract.regions import block_weight_products
-from hardware import KnownChip
+from phaze_hardware import KnownChip
 
 #: Output tile of a GEMM kernel (rows x columns), for the wave quantisation.
 TILE = 128

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from common.checks import InputError
-from hardware import DEFAULT_BUDGET, MIB, AcceleratorConfig, CoreConfig, area_um2, named_accelerator
+from phaze_common.checks import InputError
+from phaze_hardware import DEFAULT_BUDGET, MIB, AcceleratorConfig, CoreConfig, area_um2, named_accelerator
+from phaze_hardware.data import arch_config
 
 #: The candidate space's dimensions and the budget's rules (data).
-CANDIDATE_SPACE = Path(__file__).resolve().parent.parent / "arch_configs" / "candidate_space.yaml"
+CANDIDATE_SPACE = arch_config("candidate_space.yaml")
 
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from common.progress import Progress
+from phaze_common.progress import Progress
 from estimator.cache import GemmCache, cache_key
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost
 from estimator.work import Gemm, VectorTerm
-from hardware import POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, EnergyCosts
+from phaze_hardware import POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, EnergyCosts
 
 Shape = tuple[int, int, int]
 

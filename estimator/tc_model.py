@@ -42,7 +42,7 @@ from functools import cached_property
 
 import numpy as np
 
-from hardware import DEFAULT_BUDGET, AcceleratorConfig, named_accelerator
+from phaze_hardware import DEFAULT_BUDGET, AcceleratorConfig, named_accelerator
 
 REGISTER_WORDS = 32
 

@@ -22,7 +22,7 @@ from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
-from hardware import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
+from phaze_hardware import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
 
 #: The kernels of the estimator's own API (`estimate`, `layer_workload` without options): the
 #: original's — no sequence parallelism (every operator on all its tokens), attention unfused, 16-bit.
@@ -277,7 +277,7 @@ def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = N
     `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
     budget accelerator and technology (default TPUv4-like); `area_budget` [µm²]: default the
     template's area; `cache_dir`: where estimates persist (default `default_cache_dir()`); what is
-    cached is loaded, the rest computed (`progress`: with `common.progress`).
+    cached is loaded, the rest computed (`progress`: with `phaze_common.progress`).
     """
     template = template or named_accelerator(DEFAULT_BUDGET)
     table = EstimateTable(template, candidate_space(template, area_budget).tc_cores,

@@ -1,26 +1,40 @@
-"""Stage 1 of phaze: the model zoo, meta-device tracing, op graphs, layer graphs and repeats."""
+"""Stage 1 of phaze: the model zoo, meta-device tracing, op graphs, layer graphs and repeats.
 
-from graph_extract.extraction import ExtractedModel, extract, valid_tensor_parallel_widths
-from graph_extract.kernels import KernelOptions
-from graph_extract.layergraph import Layer, LayerEdge, LayerGraph
-from graph_extract.opgraph import GemmDims, OpGraph, OpNode
-from graph_extract.verify import VerificationResult, verify_tensor_parallel
-from graph_extract.zoo import MODELS, ModelSpec, get_spec
+The names below load their module on first use: the graphs and their passes (opgraph, layergraph,
+kernels, regions, zoo) import no torch, so code that only reads graphs (the placement DP's command)
+starts without it; tracing (extraction, verify) imports torch when first asked for.
+"""
 
-__all__ = [
-    "MODELS",
-    "ExtractedModel",
-    "GemmDims",
-    "KernelOptions",
-    "Layer",
-    "LayerEdge",
-    "LayerGraph",
-    "ModelSpec",
-    "OpGraph",
-    "OpNode",
-    "VerificationResult",
-    "extract",
-    "get_spec",
-    "valid_tensor_parallel_widths",
-    "verify_tensor_parallel",
-]
+from importlib import import_module
+
+_MODULES = {
+    "ExtractedModel": "extraction",
+    "extract": "extraction",
+    "valid_tensor_parallel_widths": "extraction",
+    "KernelOptions": "kernels",
+    "Layer": "layergraph",
+    "LayerEdge": "layergraph",
+    "LayerGraph": "layergraph",
+    "GemmDims": "opgraph",
+    "OpGraph": "opgraph",
+    "OpNode": "opgraph",
+    "VerificationResult": "verify",
+    "verify_tensor_parallel": "verify",
+    "MODELS": "zoo",
+    "ModelSpec": "zoo",
+    "get_spec": "zoo",
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'graph_extract' has no attribute {name!r}")
+    value = getattr(import_module(f"graph_extract.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

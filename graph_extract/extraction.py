@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from common.checks import InputError
-from common.files import atomic_write, read_cache_file
-from common.log import warn_once
+from phaze_common.checks import InputError
+from phaze_common.files import atomic_write, read_cache_file
+from phaze_common.log import warn_once
 from graph_extract import factory
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from common.checks import boolean, choice
+from phaze_common.checks import boolean, choice
 from graph_extract.opgraph import OpGraph
 from graph_extract.regions import block_weight_products, replicated_outputs
 

@@ -23,8 +23,7 @@ import math
 from dataclasses import dataclass
 
 from graph_extract.attention import attention_kernels
-from graph_extract.opgraph import OpGraph, OpNode, weight_sizes
-from graph_extract.parallel import EXPERT_TENSOR
+from graph_extract.opgraph import EXPERT_TENSOR, OpGraph, OpNode, weight_sizes
 from graph_extract.regions import attention_core, block_weight_products, made_by, recompute_modules, replicated_outputs
 
 #: Elementwise operators whose backward needs their output, and those that need their input.

@@ -52,6 +52,12 @@ class GemmDims:
         return self.batch * self.m * self.k * self.n
 
 
+#: The group of the routed experts' tensor-parallel collectives (a collective's ("group", ...) attribute):
+#: traced at the block's width t, priced at the expert tensor-parallel width (Megatron's
+#: --expert-tensor-parallel-size; `solver.layout`).
+EXPERT_TENSOR = "expert_tensor"
+
+
 @dataclass(frozen=True)
 class OpNode:
     """One forward operator of a shard.

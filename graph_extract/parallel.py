@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graph_extract.opgraph import EXPERT_TENSOR
+
 
 def all_reduce(x: torch.Tensor, group_size: int, reduce_op: str = "sum", group: str = "tensor") -> torch.Tensor:
     """All-reduce across the tensor-parallel group in the forward pass (identity in backward);
@@ -28,11 +30,6 @@ def all_reduce(x: torch.Tensor, group_size: int, reduce_op: str = "sum", group: 
 def copy_to_tensor_parallel_region(x: torch.Tensor, group_size: int, group: str = "tensor") -> torch.Tensor:
     """Identity in the forward pass; all-reduce of the gradient in the backward pass (over `group`)."""
     return x
-
-
-#: The group of the routed experts' tensor-parallel collectives: traced at the block's width t, priced
-#: at the expert tensor-parallel width (Megatron's --expert-tensor-parallel-size; `solver.layout`).
-EXPERT_TENSOR = "expert_tensor"
 
 
 def all_to_all(x: torch.Tensor, group: str = "expert") -> torch.Tensor:

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from common.checks import InputError, boolean, choice, is_integer, is_number, positive_integer, text
+from phaze_common.checks import InputError, boolean, choice, is_integer, is_number, positive_integer, text
 
 #: The values a ModelSpec text field takes.
 CHOICES = {

@@ -8,7 +8,7 @@
 
 `model` is a zoo model's name, a path or `module:function` of a custom model (`model.config`), or a
 `graph_extract.ModelSpec`; `chip` is `chip`; a nested key is a mapping (`schedule={"backend": "milp"}`)
-or a dotted string (`**{"schedule.backend": "milp"}`). Bad input raises `common.checks.InputError`
+or a dotted string (`**{"schedule.backend": "milp"}`). Bad input raises `phaze_common.checks.InputError`
 with the command line's one line. The caches are in the per-user cache folder
 ($XDG_CACHE_HOME/phaze, else ~/.cache/phaze) unless `cache_dir=` says otherwise: nothing is written
 in the working directory.
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.checks import InputError
-from common.progress import Progress
+from phaze_common.checks import InputError
+from phaze_common.progress import Progress
 from graph_extract import ExtractedModel, ModelSpec, extract
 from phaze.config_keys import CUSTOM_MODEL, config_key_error, config_schema, model_name_error, system_name_error
 from phaze.environment import user_cache_dir
@@ -252,7 +252,7 @@ def search(model: str | ModelSpec = "bertlarge", directory: str | Path | None = 
     """What `phaze run_solver` does with these keys: the best chip and placement (or, on a chip that
     exists, the best placement). Its files (best.json, results, plots) go to `directory`, or to a
     temporary folder removed after reading them back."""
-    from phaze.modes.run_solver import execute
+    from phaze.search_run import execute
     from phaze.results import read_table
 
     checked = settings("run_solver", model, **keys)

@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from phaze import interrupt, rundir, sweep
 from phaze.config_keys import config_key_error, config_schema, model_name_error, override_key_error, system_name_error
 from phaze.settings import MODES, settings_from_config

@@ -9,9 +9,9 @@ import difflib
 from collections.abc import Iterable
 from pathlib import Path
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import MODELS, ModelSpec
-from hardware import SYSTEMS
+from phaze_hardware import SYSTEMS
 
 #: The model group option of a user's model file (`model=custom model.config=PATH`).
 CUSTOM_MODEL = "custom"

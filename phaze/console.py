@@ -1,6 +1,6 @@
 """What a run shows on the console: its summary lines (stdout, kept in phaze.log), and the logging
 handlers of hydra's job logging (conf/hydra/job_logging/phaze.yaml) that send progress lines and
-warnings to stderr and phaze.log. The progress of long work itself is `common.progress`."""
+warnings to stderr and phaze.log. The progress of long work itself is `phaze_common.progress`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from common.progress import progress_interval
+from phaze_common.progress import progress_interval
 
 #: The lines a run prints to stdout (its summary): kept in phaze.log, not repeated on stderr.
 SUMMARY = logging.getLogger("phaze.summary")

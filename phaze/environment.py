@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 
 #: Seconds to wait for a Ray cluster's GCS port to take a connection.
 RAY_CONNECT_TIMEOUT_S = 5.0

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from common.checks import InputError, positive_integer
+from phaze_common.checks import InputError, positive_integer
 from graph_extract import ModelSpec, get_spec
 from graph_extract.factory import is_factory_reference
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error

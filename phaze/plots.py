@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from common.files import atomic_write
+from phaze_common.files import atomic_write
 
 MM2 = 1e6  # µm² per mm²
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from common.files import atomic_write
-from hardware import AcceleratorConfig, KnownChip
+from phaze_common.files import atomic_write
+from phaze_hardware import AcceleratorConfig, KnownChip
 from solver import pareto
 from solver.codesign import CandidateOutcome
 from solver.evaluate import Evaluation

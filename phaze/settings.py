@@ -4,7 +4,7 @@ turned into typed values — the question (solver.question.Question), the swept 
 naming the field and what is allowed.
 
 What each key means is written beside it in phaze/conf/config.yaml; the checks of values are
-common.checks', ModelSpec's own (phaze.model_config), the layout's (solver.layout.FitRules), the
+phaze_common.checks', ModelSpec's own (phaze.model_config), the layout's (solver.layout.FitRules), the
 step model's (solver.step_models); those that touch the world (files, packages, sockets) are
 phaze.environment's.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.checks import (
+from phaze_common.checks import (
     InputError,
     boolean,
     choice,
@@ -35,7 +35,7 @@ from estimator import candidate_space
 from graph_extract import KernelOptions, ModelSpec, valid_tensor_parallel_widths
 from graph_extract.kernels import PRECISIONS
 from graph_extract.extraction import check_request
-from hardware import (
+from phaze_hardware import (
     DEFAULT_BUDGET,
     KNOWN_CHIPS,
     AcceleratorConfig,
@@ -44,7 +44,7 @@ from hardware import (
     accelerator_names,
     named_accelerator,
 )
-from hardware.systems import TOPOLOGIES
+from phaze_hardware.systems import TOPOLOGIES
 from phaze import environment
 from phaze.model_config import fixed_megatron, model_spec
 from solver.codesign import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
@@ -422,12 +422,9 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         expert_tensor_parallel_widths=_expert_tensor_widths(config, spec),
         data_parallel_shardings=shardings if len(shardings) > 1 else None,
     )
+    STEP_MODELS[step_model].check_axes(question, axes)
     check_expert_widths(question, axes)
     check_context_widths(question, axes)
-    if step_model == "original" and axes.context_parallel_widths != (1,):
-        raise InputError("context_parallel_width: system=original has no cost for it; allowed: 1")
-    if step_model == "original" and len(shardings) > 1:
-        raise InputError("data_parallel_sharding: system=original has no cost for it; allowed: none")
     if mode in ("run_solver", "predict"):
         check_micro_batches(question, axes)
     n_jobs = config["n_jobs"]

@@ -14,7 +14,7 @@ DGX A100 or DGX H100 nodes; the gradient sync overlaps the backward pass where t
 
 Where a run states no time per iteration, it is the global batch's tokens / the measured tokens per
 second (marked). FP8 runs price their GEMMs at the chip's FP8 rate and all else as in 16-bit
-(`hardware.chips`). What a Llama run of NeMo 24.07 or Megatron-Bridge 25.11 does not state (the
+(`phaze_hardware.chips`). What a Llama run of NeMo 24.07 or Megatron-Bridge 25.11 does not state (the
 Llama 2 shapes, recomputation, sequence parallelism, distributed optimizer, gradient-sync overlap) is
 taken from that release's published recipe (`RECIPES`, `LLAMA2_SHAPES`; marked); d, when not
 stated, is devices / (t·p·cp).
@@ -45,12 +45,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import KernelOptions, ModelSpec, extract, get_spec
 from graph_extract.extraction import check_request
 from graph_extract.regions import RECOMPUTE_MODULES
 from graph_extract.zoo import LLAMA_FAMILY
-from hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
+from phaze_hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
 from phaze.environment import user_cache_dir
 from solver.codesign import chip_costs
 from solver.layer_costs import step_graphs

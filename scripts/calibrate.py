@@ -8,7 +8,7 @@ each link tier of its cluster preset (NVLink, InfiniBand). In FP8: the FP8 matri
 (the rest as fitted in 16-bit). They minimise the mean absolute relative error of the time per
 iteration over the dense runs of that precision `phaze validate` predicts on that chip (mixtures of
 experts are left to their own model), by coordinate search on a grid refined three times. It
-prints the fitted values (to copy into hardware/chips/<chip>.yaml and hardware/systems/<system>.yaml)
+prints the fitted values (to copy into phaze_hardware/chips/<chip>.yaml and phaze_hardware/systems/<system>.yaml)
 and the errors before and after.
 """
 
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from hardware import cluster as system_cluster  # noqa: E402
-from hardware import known_chip  # noqa: E402
+from phaze_hardware import cluster as system_cluster  # noqa: E402
+from phaze_hardware import known_chip  # noqa: E402
 from phaze.validate import case, prediction  # noqa: E402
 
 #: The chip's fractions fitted per precision; then the link tiers' (--links).

@@ -3,10 +3,10 @@ README's table): for each model, the known chip's best placement on its own syst
 of `architecture_space=system` on the same system with the known chip's peak power, then its cost,
 as the budget. Prints one markdown row per case; each run's files go to outputs/equal_budgets/.
 
-TPU v4's peak power and cost are the model's (hardware/power.py, hardware/cost.py: the tpuv4
+TPU v4's peak power and cost are the model's (phaze_hardware/power.py, phaze_hardware/cost.py: the tpuv4
 template with 4 HBM2 stacks and 6 ICI links, 233.5 W and $1,070); H100's are published: 700 W
 (NVIDIA H100 datasheet) and $3,320 (its bill of materials: Raymond James via Barron's, as
-hardware/offchip.yaml cites it), with H100's 814 mm² die as the area budget. The candidates are
+phaze_hardware/offchip.yaml cites it), with H100's 814 mm² die as the area budget. The candidates are
 priced as the validated TPUs are (`accelerator.core_buffer_words_per_cycle=256`,
 `accelerator.tensor_core_efficiency=0.74`: a systolic array's feed and the efficiency fitted on
 MaxText's runs), so the co-designed chip and TPU v4 are priced alike.
@@ -22,13 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import phaze  # noqa: E402
-from hardware import KNOWN_CHIPS  # noqa: E402
-from hardware.cost import cost_model  # noqa: E402
-from hardware.offchip import Memory, ScaleUp  # noqa: E402
-from hardware.power import power_model  # noqa: E402
+from phaze_hardware import KNOWN_CHIPS  # noqa: E402
+from phaze_hardware.cost import cost_model  # noqa: E402
+from phaze_hardware.offchip import Memory, ScaleUp  # noqa: E402
+from phaze_hardware.power import power_model  # noqa: E402
 
 OUTPUT = Path("outputs/equal_budgets")
-#: The validated TPUs' technology for every candidate (hardware/templates/tpuv4.yaml).
+#: The validated TPUs' technology for every candidate (phaze_hardware/templates/tpuv4.yaml).
 VALIDATED = {"accelerator.core_buffer_words_per_cycle": 256, "accelerator.tensor_core_efficiency": 0.74}
 #: H100 SXM's published figures (NVIDIA H100 datasheet; the bill of materials cited in offchip.yaml).
 H100_POWER, H100_COST, H100_DIE = 700.0, 3320.0, 814e6

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from common.progress import Progress
+from phaze_common.progress import Progress
 from estimator import MODEL_VERSION as ESTIMATOR_VERSION
 from estimator import CandidateSpace, EstimateTable, candidate_space
 from graph_extract import ExtractedModel, extract
 from graph_extract.serialize import FORMAT_VERSION as GRAPH_VERSION
-from hardware import AcceleratorConfig, KnownChip
+from phaze_hardware import AcceleratorConfig, KnownChip
 from solver import strategies
 from solver.bounds import ROUNDING_MARGIN, GroupBounds, group_bounds, optimistic_throughputs
 from solver.evaluate import Evaluation, best_of, evaluate_placements, fastest_time

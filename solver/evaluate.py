@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hardware import AcceleratorConfig, KnownChip
+from phaze_hardware import AcceleratorConfig, KnownChip
 from solver.layer_costs import LayerCosts, step_graphs
 from solver.placement import PlacementResult
 from solver.question import Axes, Question

@@ -11,8 +11,8 @@ from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from common.files import file_identity, new_file_mode, set_aside
-from common.log import warn_once
+from phaze_common.files import file_identity, new_file_mode, set_aside
+from phaze_common.log import warn_once
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ class KeyValueStore:
     """Rows (key TEXT, value JSON) of one table of an SQLite file; each write is one transaction.
 
     The file is checked on open (PRAGMA quick_check). A damaged file, found then or by any later
-    statement, is set aside (`common.files.set_aside`) and a fresh one started; a file or
+    statement, is set aside (`phaze_common.files.set_aside`) and a fresh one started; a file or
     table deleted meanwhile is created again. When the file cannot be read or written (a read-only
     cache, a lock held for over `lock_timeout` seconds), a lookup is a miss and a store is skipped,
     with one warning.

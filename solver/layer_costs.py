@@ -19,7 +19,7 @@ from estimator.work import expert_split_graph
 from graph_extract import KernelOptions
 from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
-from hardware import AcceleratorConfig, KnownChip
+from phaze_hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
 from solver.training_step.memory import recomputed_modules
 from solver.training_step.model import StepGraph, StepLayer

@@ -37,8 +37,8 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from common.checks import InputError, positive_integer
-from hardware import Group
+from phaze_common.checks import InputError, positive_integer
+from phaze_hardware import Group
 
 #: The dimensions of a layout's rank groups, innermost first (Megatron-Core's order), and the group of
 #: replicas that hold the same experts.

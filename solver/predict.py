@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import ExtractedModel, KernelOptions
-from hardware import KnownChip
+from phaze_hardware import KnownChip
 from solver.layout import FitRules, Layout, MegatronSplit
 from solver.placement.layouts import megatron_chunks
 from solver.question import Axes, Question, context_problem

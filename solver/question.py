@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from common.checks import InputError, choice
+from phaze_common.checks import InputError, choice
 from graph_extract import KernelOptions, ModelSpec
-from hardware import Network
+from phaze_hardware import Network
 from solver.layout import Layout, MegatronSplit
 from solver.training_step.memory import RECOMPUTE_MODES, SHARDINGS, recompute_mode
 from solver.training_step.options import TrainingOptions

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.progress import Progress, mark_worker
+from phaze_common.progress import Progress, mark_worker
 from solver.workers import log_worker_record
 
 log = logging.getLogger(__name__)

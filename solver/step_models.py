@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from common.checks import InputError, choice
+from phaze_common.checks import InputError, choice
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
@@ -46,6 +46,9 @@ class StepModel(Protocol):
     def check(self, question: Question) -> None:
         """InputError for what in the question it cannot price."""
 
+    def check_axes(self, question: Question, axes: Axes) -> None:
+        """InputError for what in the swept axes it cannot price."""
+
     def place(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], hbm_bandwidth: float,
               upper_bound: float = math.inf) -> PlacementResult:
         """The fastest placement in the axes' one recomputation mode (only one faster than
@@ -78,6 +81,9 @@ class TrainingStepModel:
         return None
 
     def check(self, question: Question) -> None:
+        return None
+
+    def check_axes(self, question: Question, axes: Axes) -> None:
         return None
 
     @staticmethod
@@ -161,6 +167,13 @@ class OriginalStepModel:
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")
         if question.kernels.fp8:
             raise InputError("precision: system=original prices 16-bit training only; allowed: bf16, fp16")
+
+    def check_axes(self, question: Question, axes: Axes) -> None:
+        """No context parallelism and one data-parallel sharding (none): it has no cost for either."""
+        if axes.context_parallel_widths != (1,):
+            raise InputError("context_parallel_width: system=original has no cost for it; allowed: 1")
+        if len(axes.shardings(question)) > 1:
+            raise InputError("data_parallel_sharding: system=original has no cost for it; allowed: none")
 
     @staticmethod
     def graphs(question: Question, graphs: dict[int, StepGraph]) -> dict[int, PlacementGraph]:

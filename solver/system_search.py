@@ -7,7 +7,7 @@ A *system option* is one HBM and one set of links. It sets the chip's HBM bandwi
 GLB ← HBM boundary and the optimizer step), its HBM capacity (the memory a placement may fill: an
 outcome, not a swept setting) and its cluster (the system's scale-up tier scaled by the option's link
 bandwidth over the system's own chip's), and it takes die area (PHYs and controllers), power and
-cost (hardware/offchip.py, power.py, cost.py). The compute candidates of an option are those whose
+cost (phaze_hardware/offchip.py, power.py, cost.py). The compute candidates of an option are those whose
 die (compute + interfaces) fits the area budget and whose chip fits the power and cost budgets.
 
 The search is exact: a best-first search over the options (`strategies.bounded`) on two bounds that
@@ -42,24 +42,24 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from common.checks import InputError, choice, integer, positive_integer, unknown_fields
+from phaze_common.checks import InputError, choice, integer, positive_integer, unknown_fields
 from estimator import CandidateSpace
-from hardware import AcceleratorConfig, Network
-from hardware.cost import cost_model
-from hardware.offchip import MOST_STACKS, Memory, ScaleUp, hbm_generations, link_generations
-from hardware.power import power_model
-from hardware.torus import Torus
+from phaze_hardware import AcceleratorConfig, Network
+from phaze_hardware.cost import cost_model
+from phaze_hardware.data import arch_config
+from phaze_hardware.offchip import MOST_STACKS, Memory, ScaleUp, hbm_generations, link_generations
+from phaze_hardware.power import power_model
+from phaze_hardware.torus import Torus
 from solver import strategies
 from solver.codesign import CandidateOutcome, Objective, Resources, Search, SearchContext
 from solver.evaluate import Evaluation
 
-SYSTEM_SPACE = Path(__file__).resolve().parent.parent / "arch_configs" / "system_space.yaml"
+SYSTEM_SPACE = arch_config("system_space.yaml")
 ARCHITECTURE_SPACES = ("original", "system")
 OBJECTIVES = ("throughput", "tokens_per_joule", "tokens_per_dollar")
 #: The strategies the system space runs (the original's area sweep has no meaning across memories).
@@ -230,7 +230,7 @@ class ChipFigures:
 
 
 def chip_figures(space: CandidateSpace, design: SystemDesign, option: SystemOption) -> ChipFigures:
-    """`ChipFigures` of every candidate of `space` with `option` (hardware.power and hardware.cost,
+    """`ChipFigures` of every candidate of `space` with `option` (phaze_hardware.power and phaze_hardware.cost,
     vectorised: the compute part's and the option's parts add up)."""
     power, template, node = power_model(), space.template, design.node
     busy = power.busy_cores(template, node, space.num_tc, space.width, space.depth, space.num_vc, space.width)

@@ -19,8 +19,8 @@ import queue
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.log import new_warning
-from common.progress import mark_worker
+from phaze_common.log import new_warning
+from phaze_common.progress import mark_worker
 
 #: How often [s] an idle worker checks that its driver is still there.
 DRIVER_CHECK = 5.0

@@ -7,7 +7,7 @@ import pytest
 
 import phaze
 import phaze.api
-from common.checks import InputError
+from phaze_common.checks import InputError
 from tests.test_predict import TINY, TINY_ARGUMENTS
 from tests.test_predict import phaze as phaze_command
 

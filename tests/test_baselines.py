@@ -3,7 +3,8 @@
 import pytest
 
 from graph_extract import extract
-from phaze.modes.run_solver import execute, report
+from phaze.modes.run_solver import report
+from phaze.search_run import execute
 from solver.evaluate import fixed_baseline
 
 FAST = ("n_jobs=1", "candidate_sample=4", "schedule.backend=heuristic")

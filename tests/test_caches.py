@@ -26,11 +26,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import graph_extract.extraction as extraction
-from common.checks import InputError
-from common.files import atomic_write, file_identity, set_aside
+from phaze_common.checks import InputError
+from phaze_common.files import atomic_write, file_identity, set_aside
 from estimator import EstimateTable, candidate_space
 from graph_extract import get_spec
-from hardware import named_accelerator
+from phaze_hardware import named_accelerator
 from solver.kvstore import KeyValueStore
 from solver.schedule import Op, ScheduleCache, ScheduleProblem, solve
 

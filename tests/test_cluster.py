@@ -2,7 +2,7 @@
 
 import pytest
 
-from hardware import Cluster, Group
+from phaze_hardware import Cluster, Group
 from solver.layout import Layout
 
 GIB = 2**30

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_module
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import ModelSpec, extract, get_spec
 from graph_extract.extraction import cache_path
 from phaze.cli import check_command_line

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from estimator import candidate_space
-from hardware import AcceleratorConfig, area_um2, named_accelerator
+from phaze_hardware import AcceleratorConfig, area_um2, named_accelerator
 
 MIB = 2**20
 

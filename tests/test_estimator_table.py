@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from estimator import EstimateTable, layer_workload, prepopulate, tc_gemm_cycles
-from hardware import named_accelerator
+from phaze_hardware import named_accelerator
 from tests.test_estimator_graphs import gpt_graph
 
 CHIP = named_accelerator("tpuv4_like")

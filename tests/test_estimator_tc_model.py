@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estimator import MemorySystem, gemm_cost, tc_gemm_cycles
-from hardware import named_accelerator
+from phaze_hardware import named_accelerator
 
 SUNSTONE = Path(__file__).parent / "data" / "estimator" / "sunstone_tc_latency.csv"
 MIB = 2**20

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 import graph_extract.extraction as extract_module
 import graph_extract.verify as verify_module
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract.serialize import FORMAT_VERSION
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
 from graph_extract.extraction import cache_path

@@ -5,10 +5,10 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_module
 
-from common.checks import InputError
-from hardware import KNOWN_CHIPS, SYSTEMS, Cluster, Group, cluster, system_of
-from hardware.chips import read_chip
-from hardware.systems import read_system
+from phaze_common.checks import InputError
+from phaze_hardware import KNOWN_CHIPS, SYSTEMS, Cluster, Group, cluster, system_of
+from phaze_hardware.chips import read_chip
+from phaze_hardware.systems import read_system
 
 
 def test_every_figure_names_its_source(tmp_path):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from common.checks import InputError
-from hardware import Group
+from phaze_common.checks import InputError
+from phaze_hardware import Group
 from solver.layout import FitRules, Layout, allowed_virtual_stages, data_parallel_widths, layouts
 
 

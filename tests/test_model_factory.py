@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract.serialize import FORMAT_VERSION
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths
 from graph_extract.extraction import cache_path

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import graph_extract.verify as verify_module
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import KernelOptions, ModelSpec, extract, get_spec, verify_tensor_parallel
 from graph_extract.transformer import MixtureOfExperts
-from hardware import Cluster, Group
+from phaze_hardware import Cluster, Group
 from phaze.cli import check_command_line
 from phaze.validate import case, prediction
 from solver.layout import Layout, MegatronSplit, data_parallel_widths
@@ -462,7 +462,7 @@ def test_expert_products_read_one_eth_of_the_weights_at_expert_width_e():
     times at every e dividing the experts, and the step model of a shard at e takes those."""
     from estimator.fusion import fuse_layers
     from estimator.roofline import group_bytes
-    from hardware import known_chip
+    from phaze_hardware import known_chip
     from solver.layer_costs import roofline_costs, step_graphs
 
     wide = TOY.with_overrides(hidden_size=2048, ffn_hidden_size=2048, num_heads=16, num_kv_heads=4)  # 32 MiB an op

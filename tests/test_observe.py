@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from common.progress import INTERVAL, INTERVAL_VARIABLE, Progress, duration, progress_interval
+from phaze_common.progress import INTERVAL, INTERVAL_VARIABLE, Progress, duration, progress_interval
 from graph_extract import extract
 from phaze.console import show
 

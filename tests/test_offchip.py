@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from common.checks import InputError
-from hardware import KNOWN_CHIPS, SYSTEMS
-from hardware.cost import cost_model
-from hardware.offchip import Memory, ScaleUp, hbm_generations, link_generations
-from hardware.power import power_model
+from phaze_common.checks import InputError
+from phaze_hardware import KNOWN_CHIPS, SYSTEMS
+from phaze_hardware.cost import cost_model
+from phaze_hardware.offchip import Memory, ScaleUp, hbm_generations, link_generations
+from phaze_hardware.power import power_model
 
 
 def test_a_candidates_hbm_by_hand():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from graph_extract import KernelOptions
-from hardware import Cluster
+from phaze_hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.best import best_placement, fixed_megatron, state_space
 from solver.placement.candidates import downset_space

@@ -14,7 +14,7 @@ from estimator.fusion import fuse_layers
 from estimator.roofline import layer_times, op_seconds, waves
 from estimator.work import Gemm
 from graph_extract import KernelOptions, extract, get_spec
-from hardware import KNOWN_CHIPS, cluster, known_chip
+from phaze_hardware import KNOWN_CHIPS, cluster, known_chip
 from phaze.validate import case, prediction, sharded_or_context_parallel, validate
 from solver.layer_costs import roofline_costs, step_graphs
 from solver.layout import Layout

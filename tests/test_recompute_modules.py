@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.layergraph import RecomputedModule
 from graph_extract.regions import recompute_modules
-from hardware import Cluster
+from phaze_hardware import Cluster
 from phaze.validate import case, stated_modules
 from solver.layout import Layout
 from solver.question import Axes

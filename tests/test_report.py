@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_module
 
 import solver.codesign as codesign
 from phaze import results
-from phaze.modes.run_solver import execute
+from phaze.search_run import execute
 from phaze.settings import settings_from_config
 from tests.conftest import TINY
 

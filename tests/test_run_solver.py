@@ -10,7 +10,7 @@ import pytest
 
 import solver.codesign as codesign
 from phaze import results
-from phaze.modes.run_solver import execute
+from phaze.search_run import execute
 from tests.conftest import TINY
 
 REPOSITORY = Path(__file__).resolve().parents[1]

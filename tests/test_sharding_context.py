@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from graph_extract import KernelOptions, extract, get_spec
-from hardware import SYSTEMS, Cluster
+from phaze_hardware import SYSTEMS, Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.best import best_placement, step_floor
 from solver.placement.layouts import megatron_chunks

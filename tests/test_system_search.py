@@ -10,12 +10,12 @@ import math
 import pandas as pd
 import pytest
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from hydra import compose, initialize_config_module
 
 from phaze import report, results
 from phaze.settings import settings_from_config
-from phaze.modes.run_solver import execute
+from phaze.search_run import execute
 from solver.codesign import Resources, evaluate_accelerator
 from solver.system_search import SystemSearch, chip_figures
 from tests.test_cli import phaze

@@ -8,12 +8,12 @@ import itertools
 
 import pytest
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from estimator.workload import default_table, layer_workload
 from graph_extract import KernelOptions, ModelSpec, extract
-from hardware import KNOWN_CHIPS, SYSTEMS
-from hardware.cluster import Group
-from hardware.torus import Torus, slice_shape
+from phaze_hardware import KNOWN_CHIPS, SYSTEMS
+from phaze_hardware.cluster import Group
+from phaze_hardware.torus import Torus, slice_shape
 
 LINK = 45e9 * 0.8  # TPU v4's ICI link, one way, at the systems' efficiency
 

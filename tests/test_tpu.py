@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from estimator import tc_gemm_cycles
 from estimator.workload import default_table, layer_workload
 from graph_extract import KernelOptions, ModelSpec, extract
-from hardware import KNOWN_CHIPS, SYSTEMS, named_accelerator
-from hardware.cluster import Group
+from phaze_hardware import KNOWN_CHIPS, SYSTEMS, named_accelerator
+from phaze_hardware.cluster import Group
 from phaze.validate import case, maxtext_model_flops
 
 RUNS = {run["run_id"]: run for run in json.loads(

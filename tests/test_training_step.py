@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from common.checks import InputError
+from phaze_common.checks import InputError
 from graph_extract import KernelOptions, extract, get_spec
-from hardware import Cluster
+from phaze_hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.layouts import megatron_chunks
 from solver.training_step import (

@@ -16,7 +16,7 @@ from estimator.roofline import attention_seconds, group_bytes, layer_times, op_s
 from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.attention import attention_kernels, causal_fraction
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
-from hardware import known_chip
+from phaze_hardware import known_chip
 from phaze.validate import case, sharded_or_context_parallel, validate
 
 REPOSITORY = Path(__file__).resolve().parents[1]

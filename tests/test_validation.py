@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from common.checks import InputError
-from hardware import SYSTEMS
+from phaze_common.checks import InputError
+from phaze_hardware import SYSTEMS
 from phaze.cli import check_command_line, split_command_line
 
 REPOSITORY = Path(__file__).resolve().parents[1]

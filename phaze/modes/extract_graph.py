@@ -10,10 +10,10 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from rich.table import Table
 
-from common.files import atomic_write
-from common.progress import Progress
-from graph_extract import ExtractedModel, extract
+from phaze_common.files import atomic_write
+from graph_extract import ExtractedModel
 from phaze.console import setup_logging, show_table
+from phaze.extracted import extract_all
 from phaze.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,25 +29,6 @@ COLUMNS = {
     "forward_flops_per_micro_batch": "fwd FLOPs/device/micro-batch",
     "activation_bytes_per_micro_batch": "activation bytes/device/micro-batch",
 }
-
-
-def extract_all(settings: Settings) -> dict[int, dict[int, ExtractedModel]]:
-    """micro-batch size -> width -> graphs, from the cache when possible, with progress."""
-    axes = settings.axes
-    jobs = [(b, t) for b in axes.micro_batch_sizes for t in axes.tensor_parallel_widths]
-    extracted: dict[int, dict[int, ExtractedModel]] = {}
-    with Progress(f"graph extraction of {settings.spec.name}", len(jobs), "graphs", log) as progress:
-        for micro_batch_size, width in jobs:
-            extracted.setdefault(micro_batch_size, {})[width] = extract(
-                settings.spec,
-                micro_batch_size,
-                settings.question.sequence_length,
-                width,
-                cache_dir=settings.cache_dir,
-                force=settings.force_reextract,
-            )
-            progress.advance()
-    return extracted
 
 
 def summary_row(graphs: ExtractedModel) -> dict[str, int]:

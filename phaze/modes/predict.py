@@ -15,7 +15,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from rich.table import Table
 
-from common.files import atomic_write
+from phaze_common.files import atomic_write
 from phaze import results
 from phaze.api import run_prediction
 from phaze.console import setup_logging, show, show_table

@@ -6,7 +6,7 @@ import time
 
 from estimator import prepopulate
 from phaze.console import setup_logging, show
-from phaze.modes.extract_graph import extract_all
+from phaze.extracted import extract_all
 from phaze.settings import Settings
 
 

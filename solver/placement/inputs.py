@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.checks import InputError, boolean, choice, integer, non_negative_number
+from phaze_common.checks import InputError, boolean, choice, integer, non_negative_number
 from solver.training_step.original import OPTIMIZERS, OriginalStep
 
 #: Largest number of devices and largest tensor-parallel width accepted (the original's bound).

@@ -25,7 +25,7 @@ import heapq
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from common.checks import integer, non_negative_number
+from phaze_common.checks import integer, non_negative_number
 
 CORE_TYPES = ("TC", "VC", "TCandVC", "collective")
 NOP = "Nop"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from common.checks import choice, fraction, integer, positive_number
+from phaze_common.checks import choice, fraction, integer, positive_number
 from solver.schedule.check import check_schedule
 from solver.schedule.cpsat import solve_cpsat
 from solver.schedule.heuristic import heuristic_schedule, lower_bound

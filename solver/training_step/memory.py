@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.checks import InputError, choice
+from phaze_common.checks import InputError, choice
 from graph_extract.kernels import KernelOptions
 from graph_extract.regions import NESTED, RECOMPUTE_MODULES
 

@@ -69,7 +69,7 @@ import numpy as np
 
 from graph_extract.kernels import KernelOptions
 from graph_extract.layergraph import RecomputedModule
-from hardware import Collective, Group, Network
+from phaze_hardware import Collective, Group, Network
 from solver.layout import FitRules, Layout
 from solver.training_step.memory import (FP8_WEIGHT_COPY_BYTES, held_activations, in_flight, recompute_mode,
                                          recomputed_modules)

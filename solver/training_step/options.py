@@ -51,7 +51,7 @@ search and every cache key read.
 * `expert_dispatch`: how a mixture's tokens reach their experts: `all_to_all` (each of a token's k
   copies sent to its expert's device: Megatron's alltoall dispatcher) or `deduplicated` (one copy a
   destination node over the scale-out links, forwarded inside the node: DeepEP, Megatron's flex
-  dispatcher; `hardware.Cluster.dispatch`);
+  dispatcher; `phaze_hardware.Cluster.dispatch`);
 * `overlap_expert_dispatch`: each layer's dispatch and combine hide behind another micro-batch's
   compute of that layer, never more than it (Megatron's --overlap-moe-expert-parallel-comm, the
   1F1B all-to-all overlap; DeepSeek-V3's DualPipe does the same across its two directions);
@@ -68,7 +68,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
-from common.checks import InputError, boolean, choice, non_negative_number, positive_integer
+from phaze_common.checks import InputError, boolean, choice, non_negative_number, positive_integer
 from solver.training_step.memory import OPTIMIZERS, SHARDINGS, ModelState
 
 

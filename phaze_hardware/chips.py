@@ -1,0 +1,123 @@
+"""Known accelerators (`chip=a100_80gb | h100_sxm | tpuv4`): chips that exist, one file each in
+phaze_hardware/chips/ with their public figures, where every number names its source.
+
+GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze's template
+(`cost_model: template`), priced by the estimator and the layer schedules like a searched chip.
+
+Rates: a 16-bit GEMM that fills the chip runs at `peak_flops` × `matrix_efficiency`; a fused
+attention kernel at `peak_flops` × `attention_efficiency` (the matrix efficiency where the chip
+states none); an FP8 GEMM at `fp8_peak_flops` × `fp8_matrix_efficiency` (a chip without them has no
+FP8 tensor cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from omegaconf import OmegaConf
+
+from phaze_common.checks import InputError, unknown_fields
+from phaze_hardware.accelerator import AcceleratorConfig, named_accelerator
+from phaze_hardware.data import hardware_file, yaml_files
+
+#: The known chips, one file each (the file's name is the chip's).
+CHIPS = hardware_file("chips")
+COST_MODELS = ("roofline", "template")
+#: Fields of a known chip that are numbers with a source.
+FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
+           "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency")
+
+
+@dataclass(frozen=True)
+class KnownChip:
+    """A chip that exists: peak dense 16-bit FLOP/s, HBM capacity [bytes] and bandwidth [bytes/s],
+    on-chip memory [bytes]; for the roofline, its streaming multiprocessors and the achievable
+    fractions of peak (matrix; attention: a fused attention kernel's, 0 = the matrix one) and of
+    HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores); for
+    a template chip, its template."""
+
+    name: str
+    cost_model: str
+    peak_flops: float
+    hbm_capacity: float
+    hbm_bandwidth: float
+    on_chip_bytes: float
+    streaming_multiprocessors: int = 0
+    matrix_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    attention_efficiency: float = 0.0
+    fp8_peak_flops: float = 0.0
+    fp8_matrix_efficiency: float = 0.0
+    template: AcceleratorConfig | None = None
+    template_name: str | None = None
+    names: tuple[str, ...] = ()  # how published runs name it
+    sources: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), compare=False)
+
+    @property
+    def has_fp8(self) -> bool:
+        """Whether the chip has FP8 tensor cores (and their figures)."""
+        return self.fp8_peak_flops * self.fp8_matrix_efficiency > 0
+
+    def check_precision(self, precision: str) -> None:
+        """InputError unless the chip can train in `precision` (`graph_extract.kernels.PRECISIONS`)."""
+        if precision == "fp8" and not self.has_fp8:
+            raise InputError(f"precision: {self.name} has no FP8 tensor cores (no fp8_peak_flops and "
+                             "fp8_matrix_efficiency figures); allowed: bf16, fp16")
+
+    @property
+    def matrix_flops(self) -> float:
+        """Achievable FLOP/s of a 16-bit GEMM that fills the chip."""
+        return self.peak_flops * self.matrix_efficiency
+
+    @property
+    def fp8_matrix_flops(self) -> float:
+        """Achievable FLOP/s of an FP8 GEMM that fills the chip."""
+        return self.fp8_peak_flops * self.fp8_matrix_efficiency
+
+    @property
+    def attention_flops(self) -> float:
+        """Achievable FLOP/s of a 16-bit fused attention kernel that fills the chip."""
+        return self.peak_flops * (self.attention_efficiency or self.matrix_efficiency)
+
+    def record(self) -> dict:
+        """Its figures as results state them."""
+        return {"name": self.name, "cost_model": self.cost_model,
+                **{name: getattr(self, name) for name in FIGURES if name in self.sources}}
+
+
+def sourced_figure(where: str, figure: str, entry: object) -> tuple[float, str]:
+    """A {value, source} figure: its positive value and its source."""
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"} or not str(entry["source"]).strip():
+        raise InputError(f"{where}: {figure} must be {{value, source}} with a source")
+    value = entry["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise InputError(f"{where}: {figure}.value must be a positive number, got {value!r}")
+    return value, str(entry["source"])
+
+
+def read_chip(path: Path) -> KnownChip:
+    """The known chip of one data file (its name: the file's)."""
+    where, entry = path.name, OmegaConf.to_container(OmegaConf.load(path))
+    cost_model = entry.pop("cost_model", None)
+    if cost_model not in COST_MODELS:
+        raise InputError(f"{where}: cost_model must be one of {', '.join(COST_MODELS)}, got {cost_model!r}")
+    template_name = entry.pop("template") if cost_model == "template" else None
+    names = tuple(entry.pop("names", ()))
+    figures = {figure: sourced_figure(where, figure, value) for figure, value in entry.items()}
+    unknown_fields(where, figures, FIGURES)
+    return KnownChip(path.stem, cost_model, template=named_accelerator(template_name) if template_name else None,
+                     template_name=template_name, names=names,
+                     sources=MappingProxyType({figure: source for figure, (_, source) in figures.items()}),
+                     **{figure: value for figure, (value, _) in figures.items()})
+
+
+#: The known chips by name (read-only).
+KNOWN_CHIPS = MappingProxyType({path.stem: read_chip(path) for path in yaml_files(CHIPS)})
+
+
+def known_chip(name: str) -> KnownChip:
+    if name not in KNOWN_CHIPS:
+        raise InputError(f"chip: unknown {name!r}; allowed: {', '.join(KNOWN_CHIPS)}")
+    return KNOWN_CHIPS[name]

@@ -1,0 +1,96 @@
+"""Systems: machines that exist, one file each in phaze_hardware/systems/ — the chip of their nodes, the
+devices per node and the tiers of links between them, each figure with its source in the file.
+
+A system with a number of devices is a cluster (`cluster(name, devices)`). The file's `topology`
+names the network's shape (default `tiers`: `phaze_hardware.cluster.Cluster`); a new shape is a class with
+the methods of `phaze_hardware.cluster.Network` added to `TOPOLOGIES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from omegaconf import OmegaConf
+
+from phaze_common.checks import InputError, choice, positive_integer, unknown_fields
+from phaze_hardware.chips import KNOWN_CHIPS
+from phaze_hardware.cluster import Cluster, Network
+from phaze_hardware.data import hardware_file, yaml_files
+from phaze_hardware.torus import Torus
+
+#: The systems, one file each (the file's name is the system's).
+SYSTEMS_FOLDER = hardware_file("systems")
+#: Network shapes by the name a system's `topology` gives.
+TOPOLOGIES = {"tiers": Cluster, "torus": Torus}
+#: The fields of a system's file.
+SYSTEM_FIELDS = ("name", "chip", "node_size", "topology", "tiers", "slices")
+
+
+@dataclass(frozen=True)
+class System:
+    """A machine: `chip`s (a known chip's name) in nodes of `node_size`, joined by `tiers` of links
+    (mappings of `phaze_hardware.cluster.TIER_FIELDS`) in the shape `topology`; a TPU pod's devices in
+    `slices` slices (its ICI joins a slice, the data-centre network the slices)."""
+
+    name: str
+    chip: str
+    node_size: int
+    tiers: tuple[Mapping, ...]
+    topology: str = "tiers"
+    slices: int = 1
+
+    def cluster(self, num_devices: int, slices: int | None = None) -> Network:
+        """This system with `num_devices` devices (in `slices` slices: by default the file's)."""
+        return TOPOLOGIES[self.topology].build(self.name, num_devices, self.node_size, list(self.tiers),
+                                               self.slices if slices is None else slices)
+
+    @property
+    def sliced(self) -> bool:
+        """Whether a tier of the system joins a slice (`devices: slice`): it has a `slices` setting."""
+        return any(dict(tier).get("devices") == "slice" for tier in self.tiers)
+
+    def record(self) -> dict:
+        """The system as a mapping of its file's fields (what the command line's `system` holds)."""
+        return {"name": self.name, "chip": self.chip, "node_size": self.node_size, "topology": self.topology,
+                "tiers": [dict(tier) for tier in self.tiers], **({"slices": self.slices} if self.sliced else {})}
+
+
+def read_system(path: Path) -> System:
+    """The system of one data file, checked."""
+    where, entry = path.name, OmegaConf.to_container(OmegaConf.load(path))
+    unknown_fields(where, entry, SYSTEM_FIELDS)
+    if entry.get("name") != path.stem:
+        raise InputError(f"{where}: name must be the file's name {path.stem!r}, got {entry.get('name')!r}")
+    chip = choice(f"{where}: chip", entry.get("chip"), tuple(KNOWN_CHIPS))
+    topology = choice(f"{where}: topology", entry.get("topology", "tiers"), tuple(TOPOLOGIES))
+    system = System(path.stem, chip, positive_integer(f"{where}: node_size", entry.get("node_size")),
+                    tuple(entry.get("tiers") or ()), topology, positive_integer(f"{where}: slices", entry.get("slices", 1)))
+    system.cluster(system.node_size)  # the tiers are checked by building the smallest cluster
+    return system
+
+
+#: The systems by name (read-only).
+SYSTEMS = MappingProxyType({path.stem: read_system(path) for path in yaml_files(SYSTEMS_FOLDER)})
+
+
+def system(name: str) -> System:
+    if name not in SYSTEMS:
+        raise InputError(f"system: unknown {name!r}; allowed: {', '.join(SYSTEMS)}")
+    return SYSTEMS[name]
+
+
+def cluster(name: str, num_devices: int) -> Network:
+    """The system `name` with `num_devices` devices."""
+    return system(name).cluster(num_devices)
+
+
+def system_of(device_type: str) -> System | None:
+    """The system whose chip a published run's device type names (one of the chip's `names`, e.g.
+    "A100" in "A100 SXM 80GB"), or None; InputError when several do."""
+    found = [item for item in SYSTEMS.values() if any(name in device_type for name in KNOWN_CHIPS[item.chip].names)]
+    if len(found) > 1:
+        raise InputError(f"hardware {device_type}: names the chips of {', '.join(item.name for item in found)}")
+    return found[0] if found else None

@@ -1,0 +1,70 @@
+"""The packages' layering, enforced: import-linter's contracts (pyproject.toml) are the layers
+`[tool.phaze] layers` declares and hold on the code, and no code chooses a step model by its name."""
+
+import ast
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from phaze.api import settings
+from phaze_common.checks import InputError
+from solver.step_models import STEP_MODELS
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())
+LAYERS = PYPROJECT["tool"]["phaze"]["layers"]
+
+
+def test_the_contracts_are_the_declared_layers():
+    linter = PYPROJECT["tool"]["importlinter"]
+    assert linter["root_packages"] == LAYERS
+    contracts = {contract["type"]: contract for contract in linter["contracts"]}
+    assert contracts["layers"]["layers"] == LAYERS[::-1]  # import-linter lists the highest first
+    assert contracts["acyclic_siblings"]["ancestors"] == LAYERS
+
+
+def test_import_linter_contracts_hold():
+    linter = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(linter), "--no-cache"], cwd=REPOSITORY, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Contracts: 2 kept, 0 broken." in done.stdout
+
+
+def _modules():
+    for package in LAYERS:
+        yield from sorted((REPOSITORY / package).rglob("*.py"))
+
+
+def test_no_code_compares_a_step_model_by_name():
+    """A step model is asked (`solver.step_models.StepModel`), never told apart by a string."""
+    names = set(STEP_MODELS)
+    found = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            strings = {operand.value for operand in operands if isinstance(operand, ast.Constant)}
+            if strings & names and any("step_model" in ast.unparse(operand) for operand in operands):
+                found.append(f"{path.relative_to(REPOSITORY)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+def _original(**keys):
+    return settings("run_solver", "bertbase", system="original", **keys)
+
+
+@pytest.mark.parametrize("keys, line", [
+    ({"context_parallel_width": 2}, "context_parallel_width: system=original has no cost for it; allowed: 1"),
+    ({"data_parallel_sharding": ["none", "optimizer"]},
+     "data_parallel_sharding: system=original has no cost for it; allowed: none"),
+])
+def test_the_original_step_model_refuses_what_it_has_no_cost_for(keys, line):
+    with pytest.raises(InputError) as refused:
+        _original(**keys)
+    assert str(refused.value) == line
