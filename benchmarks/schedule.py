@@ -30,9 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from estimator import candidate_space, layer_workload  # noqa: E402
 from graph_extract import ExtractedModel, extract  # noqa: E402
-from phaze_hardware import AcceleratorConfig  # noqa: E402
+from phaze_hardware import AcceleratorConfig, Cluster  # noqa: E402
 from solver.schedule import Op, ScheduleProblem, ScheduleResult, solve  # noqa: E402
-from solver.training_step import Cluster  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -771,7 +771,8 @@ def read_runs(name: str) -> list[dict]:
 OVERRIDES = {"cache_dir": "the folder extracted graphs are cached in"}
 SYNOPSIS = "phaze validate FILE [cache_dir=PATH]"
 USAGE = (f"usage: {SYNOPSIS}   (FILE: a calibration set of measured runs, e.g. arch_configs/calibration/runs.json; "
-         "cache_dir: where extracted graphs are kept, by default $XDG_CACHE_HOME/phaze or ~/.cache/phaze)")
+         "cache_dir: where extracted graphs are kept, by default $XDG_CACHE_HOME/phaze or ~/.cache/phaze; "
+         "--markdown: the report as Markdown tables, as the documentation's validation page shows it)")
 
 
 def parse_arguments(arguments: list[str]) -> tuple[str, dict[str, str]]:
@@ -819,6 +820,133 @@ def sharded_or_context_parallel(item: Case) -> bool:
     return item.training.data_parallel_sharding in ("gradients", "full") or item.context_parallel_width > 1
 
 
+@dataclass(frozen=True)
+class Row:
+    """One predicted run as `validate` shows it: the run, its prediction and the relative error."""
+
+    item: Case
+    predicted_s: float
+    fits: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.item.measured - 1
+
+    @property
+    def group(self) -> str:
+        """The chip and precision whose summary the run counts in."""
+        return f"{self.item.chip} {self.item.precision}{' MoE' if self.item.moe else ''}"
+
+    @property
+    def layout(self) -> str:
+        item = self.item
+        return (f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
+                + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else "")
+                + (f" et{item.expert_tensor_parallel_width}"
+                   if item.expert_tensor_parallel_width not in (None, item.width) else "")
+                + (f" c{item.context_parallel_width}" if item.context_parallel_width > 1 else "")
+                + (" fsdp" if item.training.data_parallel_sharding == "full" else ""))
+
+    @property
+    def cells(self) -> tuple[str, ...]:
+        """run, devices, t p d v, mbs, batch, recompute, measured s, predicted s, error, fits."""
+        item = self.item
+        return (f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", str(item.devices), self.layout,
+                str(item.micro_batch_size), str(item.global_batch_size), item.recompute,
+                f"{item.measured:.4g}{item.time_from}", f"{self.predicted_s:.4g}", f"{self.error:+.1%}",
+                "yes" if self.fits else "no")
+
+
+ROW_HEADERS = ("run", "devices", "t p d v", "mbs", "batch", "recompute", "measured s", "predicted s", "error", "fits")
+MARKS = (f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_FLOPS} "
+         "measured time = FLOPs per iteration by Megatron's formula / (measured model TFLOP/s x devices); "
+         f"{FROM_RECIPE} "
+         "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
+         "per device by phaze's memory model")
+
+
+def summaries(rows: list[Row]) -> list[tuple[str, list[float]]]:
+    """(name, absolute errors) of every run, of each chip and precision (when more than one), and of
+    the runs that shard their weights or split their sequences, all and on GPUs."""
+    errors: dict[str, list[float]] = {}
+    split: dict[str, list[float]] = {}
+    for row in rows:
+        errors.setdefault(row.group, []).append(abs(row.error))
+        if sharded_or_context_parallel(row.item):
+            split.setdefault("sharded or context-parallel", []).append(abs(row.error))
+            if not row.item.chip.startswith("tpu"):
+                split.setdefault("sharded or context-parallel, GPUs", []).append(abs(row.error))
+    every = [error for group in errors.values() for error in group]
+    named = [("all", every)] + (list(errors.items()) if len(errors) > 1 else []) + list(split.items())
+    return [(name, group) for name, group in named if group]
+
+
+def left_out_reasons(left_out: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """The left-out runs by reason."""
+    reasons: dict[str, list[str]] = {}
+    for run, why in left_out:
+        reasons.setdefault(why, []).append(run)
+    return reasons
+
+
+def print_text(name: str, rows: list[Row], left_out: list[tuple[str, str]]) -> None:
+    """The table, the marks, the recipes, the summaries and the runs left out, for a terminal."""
+    table = Table(title=f"phaze validate {name}")
+    for header in ("run", "chip", "precision", *ROW_HEADERS[1:]):
+        table.add_column(header, justify="left" if header in ("run", "chip", "precision", "recompute") else "right",
+                         no_wrap=header == "run")
+    for row in rows:
+        run, *rest = row.cells
+        table.add_row(run, row.item.chip, row.item.precision, *rest)
+    console = Console(width=max(Console().width, 160))
+    console.print(table)
+    console.print(MARKS)
+    for recipe in sorted({row.item.recipe for row in rows if row.item.assumed and row.item.recipe}):
+        console.print(f"{FROM_RECIPE} {recipe}: {RECIPES[recipe].source}")
+    for group, errors in summaries(rows):
+        console.print(f"{group}: {len(errors)} runs, mean absolute error {sum(errors) / len(errors):.1%}, "
+                      f"max {max(errors):.1%}")
+    console.print(f"left out ({len(left_out)}):")
+    for why, names in left_out_reasons(left_out).items():
+        console.print(f"  {why}: {len(names)} ({', '.join(names) if len(names) <= 4 else names[0] + ', ...'})")
+
+
+def _cell(text: str) -> str:
+    """`text` as a Markdown table cell or list item: its bars and asterisks literal."""
+    return text.replace("|", "\\|").replace("*", "\\*")
+
+
+def markdown_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table, numbers right-aligned."""
+    align = ["---" if header in ("run", "runs", "recompute", "chip, precision") else "---:" for header in headers]
+    return ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |",
+            *("| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows)]
+
+
+def print_markdown(rows: list[Row], left_out: list[tuple[str, str]]) -> None:
+    """The same report as Markdown: the summaries as a table, the runs grouped by chip and precision,
+    the marks, the recipes and the runs left out (the docs' validation page)."""
+    lines = ["## Summary", ""]
+    lines += markdown_table(("runs", "count", "mean absolute error", "max"), [
+        (group, str(len(errors)), f"{sum(errors) / len(errors):.1%}", f"{max(errors):.1%}")
+        for group, errors in summaries(rows)])
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row.group, []).append(row)
+    lines += ["", "## Runs", "", MARKS + "."]
+    for group, members in groups.items():
+        lines += ["", f"### {group} ({len(members)} runs)", ""]
+        lines += markdown_table(ROW_HEADERS, [row.cells for row in members])
+    recipes = sorted({row.item.recipe for row in rows if row.item.assumed and row.item.recipe})
+    if recipes:
+        lines += ["", "## Recipes", "", f"What each run marked {FROM_RECIPE} takes from its release's published recipe:",
+                  ""]
+        lines += [f"- **{recipe}**: {_cell(RECIPES[recipe].source)}" for recipe in recipes]
+    lines += ["", f"## Left out ({len(left_out)})", ""]
+    lines += [f"- {why}: {len(names)} ({', '.join(names)})" for why, names in left_out_reasons(left_out).items()]
+    print("\n".join(lines))
+
+
 def main(arguments: list[str]) -> int:
     if not arguments:
         print(USAGE, file=sys.stderr)
@@ -826,6 +954,8 @@ def main(arguments: list[str]) -> int:
     if "-h" in arguments or "--help" in arguments:
         print(USAGE)
         return 0
+    markdown = "--markdown" in arguments
+    arguments = [argument for argument in arguments if argument != "--markdown"]
     try:  # every input checked before any prediction: a wrong one is one line and status 2
         name, overrides = parse_arguments(arguments)
         cache_dir = Path(overrides["cache_dir"]).expanduser() if "cache_dir" in overrides else user_cache_dir()
@@ -834,48 +964,9 @@ def main(arguments: list[str]) -> int:
     except InputError as problem:
         print(f"phaze: error: {problem}", file=sys.stderr)
         return 2
-    table = Table(title=f"phaze validate {name}")
-    for header in ("run", "chip", "precision", "devices", "t p d v", "mbs", "batch", "recompute", "measured s",
-                   "predicted s", "error", "fits"):
-        table.add_column(header, justify="left" if header in ("run", "chip", "precision", "recompute") else "right",
-                         no_wrap=header == "run")
-    errors: dict[str, list[float]] = {}
-    split: dict[str, list[float]] = {}  # the runs that shard their weights or split their sequences
-    for item, result in predicted:
-        error = result.step.time_per_batch / item.measured - 1
-        errors.setdefault(f"{item.chip} {item.precision}{' MoE' if item.moe else ''}", []).append(abs(error))
-        if sharded_or_context_parallel(item):
-            split.setdefault("sharded or context-parallel", []).append(abs(error))
-            if not item.chip.startswith("tpu"):
-                split.setdefault("sharded or context-parallel, GPUs", []).append(abs(error))
-        table.add_row(f"{item.run_id}{FROM_RECIPE if item.assumed else ''}", item.chip, item.precision,
-                      str(item.devices), f"{item.width} {item.stages} {item.degree} {item.virtual_stages}"
-                      + (f" e{item.expert_parallel_width}" if item.expert_parallel_width > 1 else "")
-                      + (f" et{item.expert_tensor_parallel_width}"
-                         if item.expert_tensor_parallel_width not in (None, item.width) else "")
-                      + (f" c{item.context_parallel_width}" if item.context_parallel_width > 1 else "")
-                      + (" fsdp" if item.training.data_parallel_sharding == "full" else ""),
-                      str(item.micro_batch_size), str(item.global_batch_size), item.recompute,
-                      f"{item.measured:.4g}{item.time_from}",
-                      f"{result.step.time_per_batch:.4g}", f"{error:+.1%}", "yes" if result.step.feasible else "no")
-    console = Console(width=max(Console().width, 160))
-    console.print(table)
-    console.print(f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_FLOPS} "
-                  "measured time = FLOPs per iteration by Megatron's formula / (measured model TFLOP/s x devices); "
-                  f"{FROM_RECIPE} "
-                  "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
-                  "per device by phaze's memory model")
-    for name in sorted({item.recipe for item, _ in predicted if item.assumed and item.recipe}):
-        console.print(f"{FROM_RECIPE} {name}: {RECIPES[name].source}")
-    every = [error for group in errors.values() for error in group]
-    for name, group in [("all", every)] + (list(errors.items()) if len(errors) > 1 else []) + list(split.items()):
-        if group:
-            console.print(f"{name}: {len(group)} runs, mean absolute error {sum(group) / len(group):.1%}, "
-                          f"max {max(group):.1%}")
-    reasons: dict[str, list[str]] = {}
-    for run, why in left_out:
-        reasons.setdefault(why, []).append(run)
-    console.print(f"left out ({len(left_out)}):")
-    for why, names in reasons.items():
-        console.print(f"  {why}: {len(names)} ({', '.join(names) if len(names) <= 4 else names[0] + ', ...'})")
+    rows = [Row(item, result.step.time_per_batch, result.step.feasible) for item, result in predicted]
+    if markdown:
+        print_markdown(rows, left_out)
+    else:
+        print_text(name, rows, left_out)
     return 0
