@@ -34,6 +34,7 @@ class Entry:
     mapping: bool = False
     group: bool = False  # an entry of hydra's defaults list: a configuration group and its option
     comments: list[str] = field(default_factory=list)
+    items: list[str] = field(default_factory=list)  # a block list's items, as written
     section: str = ""  # the comment line heading the keys from this one on, if any
 
     @property
@@ -54,16 +55,17 @@ def entries(text: str, prefix: str = "") -> tuple[str, list[Entry]]:
     """(the file's heading comment, its keys in file order) of a YAML configuration file written as
     phaze's are: `key: value   # comment`, a comment's continuation on the lines after it (comment lines
     indented past the key), a comment block above a key without a comment of its own (it describes
-    that key) or with one (it heads a section: the keys from there on), nested mappings by indentation,
-    and hydra's `defaults:` list, whose `- group: option` entries are keys (`_self_` and `override`
-    entries are not)."""
+    that key) or with one (it heads a section: the keys from there on), nested mappings by
+    indentation, block lists (`- item` lines under a key: its value), and hydra's `defaults:` list,
+    whose `- group: option` entries are keys (`_self_` and `override` entries are not)."""
     heading: list[str] = []
     found: list[Entry] = []
-    parents: list[tuple[int, str]] = []  # (indent, dotted key) of the mappings holding the next key
+    parents: list[tuple[int, str, Entry]] = []  # the mappings holding the next key: (indent, key, entry)
     block: list[str] = []  # comment lines above the next key
     last: Entry | None = None  # the key whose comment a comment line may continue
     last_indent = 0
     in_defaults = False
+    owner: Entry | None = None  # a key without a value, whose block list may follow
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped:
@@ -80,6 +82,18 @@ def entries(text: str, prefix: str = "") -> tuple[str, list[Entry]]:
                 block.append(comment)
                 last = None
             continue
+        if stripped.startswith("- ") and not in_defaults:  # an item of a block list: its key's value
+            if owner is None:
+                raise ValueError(f"a list item without its key: {line!r}")
+            value, comment = _split_comment(stripped[2:])
+            if owner.mapping:  # the key holds a list, not other keys
+                owner.mapping = False
+                parents = [parent for parent in parents if parent[2] is not owner]
+            owner.items.append(value)
+            owner.default = "[" + ", ".join(owner.items) + "]"
+            owner.comments += [comment] if comment else []
+            block, last = [], owner
+            continue
         if in_defaults and re.fullmatch(r"- +[\w/]+", stripped):  # `- _self_`: no key
             block, last = [], None
             continue
@@ -90,8 +104,6 @@ def entries(text: str, prefix: str = "") -> tuple[str, list[Entry]]:
         value, comment = _split_comment(match["rest"])
         key = match["key"]
         if match["item"]:
-            if not in_defaults:
-                raise ValueError(f"a list item outside `defaults:`: {line!r}")
             block = []
             if key == "_self_" or key.startswith("override "):
                 last = None
@@ -100,7 +112,7 @@ def entries(text: str, prefix: str = "") -> tuple[str, list[Entry]]:
         else:
             while parents and parents[-1][0] >= indent:
                 parents.pop()
-            dotted = ".".join([name for _, name in parents] + [key])
+            dotted = ".".join([name for _, name, _ in parents] + [key])
             in_defaults = dotted == "defaults"
             if in_defaults:
                 heading, block, last = heading + block, [], None
@@ -113,7 +125,8 @@ def entries(text: str, prefix: str = "") -> tuple[str, list[Entry]]:
                 entry.section = " ".join(block)
             block = []
             if entry.mapping:
-                parents.append((indent, key))
+                parents.append((indent, key, entry))
+        owner = entry if entry.mapping else None
         found.append(entry)
         last, last_indent = entry, indent
     return " ".join(heading), found

@@ -5,7 +5,7 @@
 keeps a point when no point before it (at least as good in the first) is at least as good in the
 rest (a dominating point sorts earlier; one dominated by a dropped point is dominated by a kept
 one): O(n log n + n · |front|) rather than all pairs, exact for ties (equal points are all kept).
-Issue 26's search writes its front with it.
+The system space's search (`architecture_space=system`) writes its front with it.
 """
 
 from __future__ import annotations

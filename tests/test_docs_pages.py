@@ -74,6 +74,11 @@ nested:
                   # still inside
   deeper:
     leaf: 'q'     # deepest
+modes:            # a block list
+  - none          # the first
+  - full
+same_indent:
+- a
 after: 3
 """
     heading, found = docs_pages.entries(text)
@@ -91,7 +96,10 @@ after: 3
         "nested.inner": ("2", "inside still inside", "", False, False),
         "nested.deeper": ("", "", "", True, False),
         "nested.deeper.leaf": ("'q'", "deepest", "", False, False),
+        "modes": ("[none, full]", "a block list the first", "", False, False),
+        "same_indent": ("[a]", "", "", False, False),
         "after": ("3", "", "", False, False),
     }
     assert docs_pages.leaf_keys(found) == {"model", "plain", "list", "hashed", "described", "first", "nested.inner",
-                                           "nested.deeper.leaf", "after"}
+                                           "nested.deeper.leaf", "modes", "same_indent", "after"}
+    assert yaml.safe_load(text)["modes"] == ["none", "full"]
