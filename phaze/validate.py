@@ -26,7 +26,8 @@ positive finite number), t·p·d·cp differing from the devices or a global batc
 micro-batch × d is one line `phaze: error: FILE: run 'id': field: ...` and status 2. A field that is
 absent or null is not stated: the run is left out when phaze needs it. The traced graphs are cached
 in `cache_dir=PATH`, by default the per-user cache folder $XDG_CACHE_HOME/phaze (else ~/.cache/phaze),
-never in the working directory unasked.
+never in the working directory unasked. `--markdown` prints the same report as Markdown tables (the
+documentation site's validation page is made from it).
 """
 
 from __future__ import annotations
@@ -881,6 +882,11 @@ def summaries(rows: list[Row]) -> list[tuple[str, list[float]]]:
     return [(name, group) for name, group in named if group]
 
 
+def recipes_used(rows: list[Row]) -> list[str]:
+    """The recipes the marked runs take their unstated settings from, by name."""
+    return sorted({row.item.recipe for row in rows if row.item.assumed and row.item.recipe})
+
+
 def left_out_reasons(left_out: list[tuple[str, str]]) -> dict[str, list[str]]:
     """The left-out runs by reason."""
     reasons: dict[str, list[str]] = {}
@@ -901,7 +907,7 @@ def print_text(name: str, rows: list[Row], left_out: list[tuple[str, str]]) -> N
     console = Console(width=max(Console().width, 160))
     console.print(table)
     console.print(MARKS)
-    for recipe in sorted({row.item.recipe for row in rows if row.item.assumed and row.item.recipe}):
+    for recipe in recipes_used(rows):
         console.print(f"{FROM_RECIPE} {recipe}: {RECIPES[recipe].source}")
     for group, errors in summaries(rows):
         console.print(f"{group}: {len(errors)} runs, mean absolute error {sum(errors) / len(errors):.1%}, "
@@ -918,7 +924,7 @@ def _cell(text: str) -> str:
 
 def markdown_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     """A Markdown table, numbers right-aligned."""
-    align = ["---" if header in ("run", "runs", "recompute", "chip, precision") else "---:" for header in headers]
+    align = ["---" if header in ("run", "runs", "recompute") else "---:" for header in headers]
     return ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |",
             *("| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows)]
 
@@ -937,7 +943,7 @@ def print_markdown(rows: list[Row], left_out: list[tuple[str, str]]) -> None:
     for group, members in groups.items():
         lines += ["", f"### {group} ({len(members)} runs)", ""]
         lines += markdown_table(ROW_HEADERS, [row.cells for row in members])
-    recipes = sorted({row.item.recipe for row in rows if row.item.assumed and row.item.recipe})
+    recipes = recipes_used(rows)
     if recipes:
         lines += ["", "## Recipes", "", f"What each run marked {FROM_RECIPE} takes from its release's published recipe:",
                   ""]
