@@ -159,7 +159,7 @@ def test_the_published_runs_are_predicted_within_the_bar():
     assert sorted(tpus) == ["tpuv4", "tpuv5e", "tpuv5p"] and sum(map(len, tpus.values())) >= 40
     for chip, errors in tpus.items():
         assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.25, chip
-    # the mixtures (Qwen3-235B, 4K and long context, their recompute modules as stated): the mixtures' bar
+    # the mixtures (Qwen3-235B, 4K and long context, their recompute modules as stated): their bar
     mixtures = [abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted if item.moe]
     assert len(mixtures) >= 13 and sum(mixtures) / len(mixtures) <= 0.15 and max(mixtures) <= 0.30
     # the runs with sharded weights or context parallelism (their bar, 10 %): the 17 GPU runs, and
