@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from phaze_common.files import read_cache_file, temporary_file
+from phaze_common.files import read_cache_file, temporary_file, user_cache_dir
 from phaze_common.log import warn_once
 from estimator.tc_model import GemmCost, MemorySystem
 from phaze_hardware import CoreConfig
@@ -29,9 +29,9 @@ METADATA_KEY = b"phaze_estimates"
 
 
 def default_cache_dir() -> Path:
-    """Where estimates persist between runs: `estimates/` under $PHAZE_CACHE_DIR, else under
-    outputs/cache (the `cache_dir` default of the phaze configuration)."""
-    return Path(os.environ.get("PHAZE_CACHE_DIR", "outputs/cache")) / "estimates"
+    """Where estimates persist between runs: `estimates/` under $PHAZE_CACHE_DIR, else under the
+    per-user cache folder (the `cache_dir` default of the phaze configuration)."""
+    return Path(os.environ.get("PHAZE_CACHE_DIR") or user_cache_dir()) / "estimates"
 
 
 def cache_key(memory: MemorySystem, cores: Sequence[CoreConfig]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from phaze_common.checks import InputError
+from phaze_common.checks import InputError, positive_integer
 from phaze_common.files import atomic_write, read_cache_file
 from phaze_common.log import warn_once
 from graph_extract import factory
@@ -96,7 +96,8 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
         raise InputError(
             f"sequence_length: {spec.name} supports at most {spec.max_position_embeddings}, got {sequence_length}"
         )
-    if isinstance(width, bool) or not isinstance(width, int) or width <= 0 or width & (width - 1):
+    positive_integer("tensor_parallel_width", width)
+    if width & (width - 1):
         raise InputError(f"tensor_parallel_width: must be a power of two, got {width!r}")
     valid = valid_tensor_parallel_widths(spec, width)
     if width not in valid and spec.factory is not None and not factory.takes_width(spec.factory):

@@ -10,8 +10,8 @@
 `graph_extract.ModelSpec`; `chip` is `chip`; a nested key is a mapping (`schedule={"backend": "milp"}`)
 or a dotted string (`**{"schedule.backend": "milp"}`). Bad input raises `phaze_common.checks.InputError`
 with the command line's one line. The caches are in the per-user cache folder
-($XDG_CACHE_HOME/phaze, else ~/.cache/phaze) unless `cache_dir=` says otherwise: nothing is written
-in the working directory.
+($XDG_CACHE_HOME/phaze, else ~/.cache/phaze), as the command line's, unless `cache_dir=` says
+otherwise: nothing is written in the working directory.
 
 What a prediction needs is kept in this process: the graphs (also cached on disk), the chip's layer
 costs and the step model of each shard, so a second prediction of the same model on the same chip
@@ -37,8 +37,7 @@ from phaze_common.checks import InputError
 from phaze_common.progress import Progress
 from graph_extract import ExtractedModel, ModelSpec, extract
 from phaze.config_keys import CUSTOM_MODEL, config_key_error, config_schema, model_name_error, system_name_error
-from phaze.environment import user_cache_dir
-from phaze.settings import Settings, settings_from_config
+from phaze.settings import Settings, settings_from_config, unread_key_error
 from solver.codesign import chip_costs
 from solver.layer_costs import step_graphs
 from solver.predict import Prediction, flops_per_micro_batch, megatron_placement, prediction
@@ -99,9 +98,10 @@ def _model_group(model: str | ModelSpec) -> str:
     return model
 
 
-def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dict, ModelSpec | None]:
-    """The configuration a command line with these keys would compose (and the model, when given as a
-    spec); InputError for a key the configuration does not have."""
+def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dict, ModelSpec | None, dict]:
+    """The configuration a command line with these keys would compose, the model when given as a spec,
+    and the configuration without the keys (the defaults of that model and system); InputError for a
+    key the configuration does not have."""
     system = keys.get("system", "tpuv4_pod")
     if error := system_name_error(system):
         raise error
@@ -112,15 +112,13 @@ def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dic
     config, schema = copy.deepcopy(default), config_schema(default)
     if group == CUSTOM_MODEL:
         config["model"]["config"] = None if isinstance(model, ModelSpec) else model
-    if "cache_dir" not in keys:  # not outputs/ in the working directory
-        config["cache_dir"] = str(user_cache_dir())
     for key, value in keys.items():
         if key != "system":
             _set(config, key, value)
     config["mode"] = mode
     if error := config_key_error(config, schema):
         raise error
-    return _resolve(config), model if isinstance(model, ModelSpec) else None
+    return _resolve(config), model if isinstance(model, ModelSpec) else None, _resolve(copy.deepcopy(default))
 
 
 def _frozen(value: object) -> object:
@@ -134,8 +132,11 @@ def _frozen(value: object) -> object:
 
 @lru_cache(maxsize=KEPT)
 def _settings(mode: str, model: str | ModelSpec, keys: tuple) -> Settings:
-    config, spec = configuration(mode, model, {key: _thawed(value) for key, value in keys})
-    return settings_from_config(config, spec)
+    config, spec, default = configuration(mode, model, {key: _thawed(value) for key, value in keys})
+    checked = settings_from_config(config, spec)
+    if error := unread_key_error(checked, config, default):
+        raise error
+    return checked
 
 
 def _thawed(value: object) -> object:

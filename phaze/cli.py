@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -25,9 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from phaze_common.checks import InputError
+from phaze_common.files import user_cache_dir
 from phaze import interrupt, rundir, sweep
 from phaze.config_keys import config_key_error, config_schema, model_name_error, override_key_error, system_name_error
-from phaze.settings import MODES, settings_from_config
+from phaze.settings import MODES, settings_from_config, unread_key_error
 from phaze.sweep import Infeasible
 
 #: This process's token in its run directory's name (`${run_token:}` in hydra.run.dir and
@@ -53,7 +55,8 @@ LAUNCHERS = {
     "submitit_local": ("slurm", ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "submitit")),
     "submitit_slurm": ("slurm", ("hydra_plugins.hydra_submitit_launcher.submitit_launcher", "submitit")),
 }
-#: config.yaml's relative paths, made absolute for the launchers that run jobs elsewhere.
+#: config.yaml's directories (a relative path, or null: the per-user cache folder), made absolute for the
+#: launchers that run jobs elsewhere.
 _DEFAULTS = OmegaConf.to_container(OmegaConf.load(Path(__file__).parent / "conf" / "config.yaml"), resolve=False)
 DEFAULT_DIRECTORIES = {"hydra.sweep.dir": _DEFAULTS["hydra"]["sweep"]["dir"], "cache_dir": _DEFAULTS["cache_dir"]}
 
@@ -94,6 +97,23 @@ def _override_key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~").partition("@")[0]
 
 
+def key_shape_error(argument: str) -> InputError | None:
+    """The error for an override whose key is missing (`=5`) or has an empty name between its dots
+    (`a..b=1`, `.=1`), which hydra's parser reads as the primary config or a lexer error; None for any
+    other argument (hydra's parser and the configuration check those)."""
+    key, equals, _ = argument.partition("=")
+    if not equals:
+        return None
+    name = key.lstrip("+~").partition("@")[0]
+    if not name:
+        return InputError(f"{argument!r}: no key before '='; an override is key=value (e.g. "
+                          "tensor_parallel_width=8)")
+    if "" in re.split(r"[./]", name):
+        return InputError(f"{name}: {argument!r} has an empty name between dots; a key is names joined by single "
+                          "dots (e.g. model.overrides.num_layers=4)")
+    return None
+
+
 def _composition_error(job: list[str], schema: dict, error: Exception) -> InputError:
     """A hydra composition error as one line naming the key of the override that caused it."""
     for override in job:
@@ -112,6 +132,8 @@ def check_command_line(mode: str, arguments: list[str]) -> tuple[str, Path] | No
     parser = OverridesParser.create()
     overrides = []
     for argument in parsed.overrides:
+        if error := key_shape_error(argument):
+            raise error
         try:
             overrides += parser.parse_overrides([argument])
         except HydraException as error:
@@ -144,6 +166,7 @@ def check_command_line(mode: str, arguments: list[str]) -> tuple[str, Path] | No
     hydra_overrides = [o.input_line for o in overrides if o.key_or_group.startswith("hydra")]
     jobs = BasicSweeper.split_arguments(user_overrides, None)[0] if user_overrides else [[]]
     schemas: dict[tuple[str, ...], dict] = {}
+    defaults: dict[tuple[str, ...], dict] = {}
     directory = None
     with hydra.initialize_config_module(config_module="phaze.conf", version_base="1.3"):
         for job in jobs:
@@ -157,6 +180,7 @@ def check_command_line(mode: str, arguments: list[str]) -> tuple[str, Path] | No
             if groups not in schemas:
                 default = hydra.compose(config_name="config", overrides=[*groups, f"mode={mode}"])
                 schemas[groups] = config_schema(OmegaConf.to_container(default))
+                defaults[groups] = OmegaConf.to_container(default, resolve=True)
             try:
                 cfg = hydra.compose(config_name="config", overrides=[*job, f"mode={mode}"])
             except (HydraException, OmegaConfBaseException) as error:
@@ -166,7 +190,9 @@ def check_command_line(mode: str, arguments: list[str]) -> tuple[str, Path] | No
             if directory is None:  # before the settings: a cache_dir under the same file is named after it
                 directory = output_directory(mode, parsed.multirun, [*hydra_overrides, *job])
             try:
-                settings_from_config(cfg)
+                settings = settings_from_config(cfg)
+                if error := unread_key_error(settings, OmegaConf.to_container(cfg, resolve=True), defaults[groups]):
+                    raise error
             except OmegaConfBaseException as error:
                 key = getattr(error, "full_key", None) or "config"
                 raise InputError(f"{key}: {str(error).splitlines()[0]}") from None
@@ -210,11 +236,20 @@ def _quoted(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _absolute(directory: str | None, cwd: Path) -> str:
+    """A directory as a job elsewhere must be told it: a relative path against `cwd`, null (the
+    per-user cache folder) as this user's on this machine."""
+    if directory is None:
+        return str(user_cache_dir())
+    return directory if os.path.isabs(directory) else str(cwd / directory)
+
+
 def remote_overrides(overrides: list[str], cwd: Path) -> list[str]:
     """The overrides of a sweep whose jobs may run elsewhere (a launcher other than basic): the
     sweep and cache directories made absolute against this directory (a job on a Ray or SLURM node
-    starts where its worker did), and for Ray no object store size, so that joining a running
-    cluster works (ray.init refuses one; hydra's Ray launcher sets one unless told)."""
+    starts where its worker did; a null cache_dir is this user's cache folder on this machine), and
+    for Ray no object store size, so that joining a running cluster works (ray.init refuses one;
+    hydra's Ray launcher sets one unless told)."""
     launcher = next((o.partition("=")[2] for o in overrides if _override_key(o) == "hydra/launcher"), "basic")
     if launcher == "basic":
         return overrides
@@ -223,10 +258,10 @@ def remote_overrides(overrides: list[str], cwd: Path) -> list[str]:
         key, _, value = override.partition("=")
         if _override_key(override) in DEFAULT_DIRECTORIES and "," not in value:
             value = value.strip("'\"")
-            override = f"{key}={_quoted(value if os.path.isabs(value) else str(cwd / value))}"
+            override = f"{key}={_quoted(_absolute(None if value == 'null' else value, cwd))}"
         result.append(override)
-    result += [f"{key}={_quoted(str(cwd / default))}" for key, default in DEFAULT_DIRECTORIES.items()
-               if key not in keys and not os.path.isabs(default)]
+    result += [f"{key}={_quoted(_absolute(default, cwd))}" for key, default in DEFAULT_DIRECTORIES.items()
+               if key not in keys]
     if launcher == "ray" and "hydra.launcher.ray.init.object_store_memory" not in keys:
         result.append("++hydra.launcher.ray.init.object_store_memory=null")
     return result

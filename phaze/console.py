@@ -33,11 +33,12 @@ def show(text: str) -> None:
 
 
 def show_table(table: Table) -> None:
-    """`show` a rich table as plain text, as wide as its widest row needs."""
+    """`show` a rich table as plain text, as wide as its widest row or its title needs (a title is one
+    line)."""
     measuring = Console(width=10**6)
     text = io.StringIO()
-    console = Console(file=text, width=Measurement.get(measuring, measuring.options, table).maximum,
-                      color_system=None)
+    width = max(Measurement.get(measuring, measuring.options, table).maximum, len(str(table.title or "")))
+    console = Console(file=text, width=width, color_system=None)
     console.print(table)
     show("\n".join(line.rstrip() for line in text.getvalue().splitlines()))
 

@@ -9,7 +9,12 @@ formats, told apart by the suffix:
 - `.json`: a Hugging Face `config.json` of the Llama / Mistral / Mixtral family, Qwen3-MoE or
   DeepSeek-V3, read offline (plain json, no `transformers`). Keys that do not change the layer
   graph (rms_norm_eps, rope_theta, token ids, torch_dtype, routing scores and groups, DeepSeek's
-  multi-token prediction layers, ...) are ignored.
+  multi-token prediction layers, ...) are ignored; a key that would change it and that the family's
+  reader does not model (biases, QK-norm, dropout, another family's experts or latent attention,
+  parallel blocks, chunked or linear attention: `SHAPE_KEYS`, `EXPERT_KEYS`, `LATENT_KEYS`) is
+  refused unless it has a value that adds nothing. A sliding attention window is returned beside the
+  fields: phaze prices full attention, so a sequence longer than the window is refused
+  (phaze.model_config).
 
 `read_model_file` returns the raw fields and the file's name of each; phaze.settings checks their
 types and ranges. Problems are ValueErrors whose message names the field (the caller adds the file).
@@ -72,12 +77,48 @@ HF_KEYS = {
 HF_EXPERT_KEYS = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts", "deepseek_v3": "n_routed_experts"}
 
 
+#: config.json keys that add to a block what the Llama-family readers do not model: what each adds and
+#: the values that add nothing (any other is refused).
+SHAPE_KEYS = {
+    **{key: ("biases", (False,)) for key in ("attention_bias", "mlp_bias", "qkv_bias", "use_qkv_bias", "add_qkv_bias",
+                                             "bias", "use_bias", "add_bias_linear")},
+    **{key: ("a norm of each head's query and key", (False,)) for key in ("qk_norm", "use_qk_norm", "qk_layernorm")},
+    **{key: ("dropout", (0, 0.0)) for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop",
+                                              "attn_pdrop")},
+    **{key: ("attention and MLP run in parallel", (False,)) for key in ("parallel_attn", "use_parallel_residual")},
+    "attention_chunk_size": ("chunked attention", (None,)),
+}
+#: The experts' keys of config.json, each family's reader reading its own: the values that add no
+#: expert where a family does not read the key (any other is refused).
+EXPERT_KEYS = {
+    "num_local_experts": (None, 0), "num_experts": (None, 0), "n_routed_experts": (None, 0),
+    "n_shared_experts": (None, 0), "num_experts_per_tok": (None, 0), "moe_intermediate_size": (None, 0),
+    "shared_expert_intermediate_size": (None, 0), "first_k_dense_replace": (None, 0), "moe_layer_freq": (None, 1),
+    "decoder_sparse_step": (None, 1), "mlp_only_layers": (None, []),
+}
+#: The experts' keys each family's reader reads.
+FAMILY_EXPERT_KEYS = {
+    "mixtral": ("num_local_experts", "num_experts_per_tok"),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                  "mlp_only_layers"),
+    "deepseek_v3": ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "first_k_dense_replace", "moe_layer_freq"),
+}
+#: Multi-head latent attention's keys (read by the deepseek_v3 reader only).
+LATENT_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+#: The attention kinds of `layer_types` phaze prices (a sliding one within the sequence is full attention).
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 @dataclass(frozen=True)
 class ModelFile:
-    """A model file's ModelSpec fields (values unchecked) and the file's name of each field."""
+    """A model file's ModelSpec fields (values unchecked), the file's name of each field, and the
+    sliding attention window [tokens] of a config.json whose attention is windowed (None: full
+    attention)."""
 
     fields: dict[str, object]
     keys: dict[str, str]
+    attention_window: int | None = None
 
     def key(self, field: str) -> str:
         """The file's name of a ModelSpec field (the field itself in a YAML file)."""
@@ -107,7 +148,8 @@ def read_model_file(path: Path) -> ModelFile:
         load_json = functools.partial(json.loads, object_pairs_hook=_unique_json_keys)
         config = _mapping(text, load_json, json.JSONDecodeError, "JSON")
         experts = HF_EXPERT_KEYS.get(config.get("model_type"), HF_KEYS["num_experts"])
-        return ModelFile(spec_fields_from_hf(config, path), {**HF_KEYS, "num_experts": experts})
+        fields = spec_fields_from_hf(config, path)
+        return ModelFile(fields, {**HF_KEYS, "num_experts": experts}, attention_window(config))
     load_yaml = functools.partial(yaml.load, Loader=_UniqueKeyLoader)
     return ModelFile(spec_fields_from_yaml(_mapping(text, load_yaml, yaml.YAMLError, "YAML")), {})
 
@@ -177,8 +219,10 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     num_kv_heads is num_key_value_heads, or null (multi-head attention, as the zoo's llama2) when it
     equals the query heads; kv_channels is head_dim when it is not hidden_size / heads; Mixtral's
     num_local_experts and num_experts_per_tok are the experts (capacity factor 1: an even share
-    each), Qwen3-MoE's and DeepSeek-V3's as their own functions say; the default sequence is the shortest of max_position_embeddings, the sliding attention
-    window (Mistral-7B v0.1's 4096) and 8192 tokens.
+    each), Qwen3-MoE's and DeepSeek-V3's as their own functions say; the default sequence is the shorter
+    of max_position_embeddings and 8192 tokens (a sliding window is not a sequence length:
+    `attention_window`). A key that changes the shape and that the family's reader does not model is
+    refused (`check_shape_keys`).
     """
     model_type = config.get("model_type")
     if model_type not in HF_MODEL_TYPES:
@@ -187,9 +231,7 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: {act!r} is not a Llama-family MLP; allowed: silu (SwiGLU)")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key, False) is not False:
-            raise ValueError(f"{key}: {config[key]!r}; allowed: false (Llama-family layers have no biases)")
+    check_shape_keys(config, model_type)
     fields: dict[str, object] = {"name": _hf_name(config, path), **LLAMA_FAMILY}  # the zoo's Llama layers
     for key, field in _HF_SHAPE.items():
         fields[field] = _required(config, key)
@@ -208,6 +250,64 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     fields["tied_lm_head"] = config.get("tie_word_embeddings", False)
     fields["default_sequence_length"] = _default_sequence_length(config)
     return fields
+
+
+def _shown(value: object) -> str:
+    """A config.json value as JSON writes it (true, null, [])."""
+    return json.dumps(value)
+
+
+def check_shape_keys(config: dict, model_type: str) -> None:
+    """ValueError naming the first key of `config` that would change the layer graph and that the
+    `model_type` reader does not model (`SHAPE_KEYS`, another family's `EXPERT_KEYS`, `LATENT_KEYS`
+    outside DeepSeek-V3, a head width `kv_channels` other than the one read), unless its value adds
+    nothing."""
+    def allowed(values: tuple) -> str:
+        return " or ".join(map(_shown, values))
+
+    for key, (adds, neutral) in SHAPE_KEYS.items():
+        if key in config and config[key] not in neutral:
+            raise ValueError(f"{key}: {_shown(config[key])} adds {adds}, which phaze's {model_type} reader does not "
+                             f"model; allowed: {allowed(neutral)}")
+    read = FAMILY_EXPERT_KEYS.get(model_type, ())
+    for key, neutral in EXPERT_KEYS.items():
+        if key in config and key not in read and config[key] not in neutral:
+            readers = [family for family, keys in FAMILY_EXPERT_KEYS.items() if key in keys]
+            raise ValueError(f"{key}: {_shown(config[key])} sets experts phaze's {model_type} reader does not read; "
+                             f"allowed: {allowed(neutral)} (model_type {' or '.join(readers)} reads {key})")
+    if model_type != "deepseek_v3":
+        for key in LATENT_KEYS:
+            if config.get(key) is not None:
+                raise ValueError(f"{key}: {_shown(config[key])} is multi-head latent attention, which phaze's "
+                                 f"{model_type} reader does not model; allowed: null (model_type deepseek_v3 reads it)")
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    width = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads
+                                       else None)
+    if config.get("kv_channels") not in (None, width):
+        raise ValueError(f"kv_channels: {_shown(config['kv_channels'])} is a head width phaze's {model_type} reader "
+                         f"does not read (it reads head_dim); allowed: null or {_shown(width)}")
+
+
+def attention_window(config: dict) -> int | None:
+    """The sliding attention window [tokens] of a config.json whose attention is windowed, or None:
+    `sliding_window` unless `use_sliding_window` is false (Qwen's switch) or every one of `layer_types`
+    is full attention; ValueError for a window that is not a positive integer, or a layer type phaze
+    does not price."""
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or any(kind not in LAYER_TYPES for kind in layer_types):
+            unknown = next((kind for kind in layer_types if kind not in LAYER_TYPES), layer_types) if isinstance(
+                layer_types, list) else layer_types
+            raise ValueError(f"layer_types: {_shown(unknown)} is an attention phaze does not price; allowed: a list of "
+                             f"{', '.join(LAYER_TYPES)}")
+        if "sliding_attention" not in layer_types:
+            return None
+    window = config.get("sliding_window")
+    if window is None or config.get("use_sliding_window") is False:
+        return None
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise ValueError(f"sliding_window: {_shown(window)}; allowed: a positive integer (tokens) or null")
+    return window
 
 
 def _required(config: dict, key: str) -> object:
@@ -255,15 +355,12 @@ def _hf_name(config: dict, path: Path) -> str:
 
 
 def _default_sequence_length(config: dict) -> object:
-    """min(max_position_embeddings, sliding_window, 8192); the raw value if it is not an integer (the
-    settings name the field then)."""
-    positions, window = config["max_position_embeddings"], config.get("sliding_window")
+    """min(max_position_embeddings, 8192); the raw value if it is not an integer (the settings name the
+    field then)."""
+    positions = config["max_position_embeddings"]
     if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
         return positions
-    bounds = [positions, MAX_DEFAULT_SEQUENCE_LENGTH]
-    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-        bounds.append(window)
-    return min(bounds)
+    return min(positions, MAX_DEFAULT_SEQUENCE_LENGTH)
 
 
 #: Factory specs already checked in this process, by (reference, source digest, working directory).

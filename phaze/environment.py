@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from phaze_common.checks import InputError
+from phaze_common.files import user_cache_dir
 
 #: Seconds to wait for a Ray cluster's GCS port to take a connection.
 RAY_CONNECT_TIMEOUT_S = 5.0
@@ -17,9 +18,10 @@ MILP_PACKAGES = {"cbc": "cbcbox", "highs": "highspy", "gurobi": "gurobipy"}
 
 
 def cache_dir(value: object) -> Path:
-    """`cache_dir` if it is a directory or can be made one (checked, not created: a wrong input writes
-    nothing); else a InputError naming the file in the way or the folder that is not writable."""
-    path = Path(str(value))
+    """`cache_dir` (null: the per-user cache folder, `user_cache_dir`) if it is a directory or can be
+    made one (checked, not created: a wrong input writes nothing); else a InputError naming the file in
+    the way or the folder that is not writable."""
+    path = user_cache_dir() if value is None else Path(str(value))
     existing = next(parent for parent in (path, *path.parents) if os.path.lexists(parent))
     if not os.path.isdir(existing):
         kind = "a file" if os.path.isfile(existing) else "not a folder"
@@ -70,16 +72,3 @@ def milp_solver_installed(solver: str) -> None:
         available = [name for name, package in MILP_PACKAGES.items() if importlib.util.find_spec(package) is not None]
         raise InputError(f"schedule.milp_solver: {solver} needs the {MILP_PACKAGES[solver]} package "
                          f"(pip install {MILP_PACKAGES[solver]}); available here: {', '.join(available) or 'none'}")
-
-
-def user_cache_dir() -> Path:
-    """The per-user cache folder: $XDG_CACHE_HOME/phaze, or ~/.cache/phaze where XDG_CACHE_HOME is not
-    set to an absolute path (the XDG Base Directory specification's default)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        try:
-            base = Path.home() / ".cache"
-        except RuntimeError:
-            raise InputError("cache_dir: no per-user cache folder (neither XDG_CACHE_HOME nor HOME is set); "
-                             "give cache_dir=PATH") from None
-    return Path(base) / "phaze"

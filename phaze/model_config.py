@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from phaze_common.checks import InputError, positive_integer
+from phaze_common.checks import InputError, is_integer, positive_integer
 from graph_extract import ModelSpec, get_spec
 from graph_extract.factory import is_factory_reference
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
@@ -47,8 +47,9 @@ def checked_spec(base: ModelSpec | None, fields: Mapping, where: str,
         raise InputError(f"{where}{key(field)}: {rest}") from None
 
 
-def custom_spec(model: Mapping) -> ModelSpec:
-    """The spec of `model=custom`: the file or factory `model.config` names (phaze.custom_model)."""
+def custom_spec(model: Mapping) -> tuple[ModelSpec, int | None]:
+    """The spec of `model=custom`: the file or factory `model.config` names (phaze.custom_model), and
+    the file's sliding attention window [tokens] (None: full attention)."""
     reference = model.get("config")
     if reference is None or reference == "???":  # hydra's mark of a value not given
         raise InputError("model.config: missing; model=custom reads the model from a file: model.config=PATH "
@@ -63,18 +64,20 @@ def custom_spec(model: Mapping) -> ModelSpec:
         raise InputError(folder_error(path))
     try:
         if is_factory_reference(reference):
-            return read_factory(reference)
+            return read_factory(reference), None
         model_file = read_model_file(path)
     except (ValueError, OSError) as problem:
         raise InputError(f"{where}{problem}") from None
     name = model_file.fields.get("name")
     if isinstance(name, str) and not NAME_PATTERN.fullmatch(name):
         raise InputError(f"{where}name: {name!r} names files; allowed: letters, digits, '.', '_', '-'")
-    return checked_spec(None, model_file.fields, where, model_file.key)
+    return checked_spec(None, model_file.fields, where, model_file.key), model_file.attention_window
 
 
-def model_spec(model: Mapping) -> ModelSpec:
-    """The spec of the `model` node: a zoo model or a custom one, with `overrides` applied."""
+def model_spec(model: Mapping, sequence_length: object = None) -> ModelSpec:
+    """The spec of the `model` node: a zoo model or a custom one, with `overrides` applied; InputError
+    when the run's sequence (`sequence_length`, None: the spec's default) is longer than the sliding
+    attention window of the model's file, an attention phaze does not price."""
     if error := model_name_error(model.get("name")):
         raise error
     if model["name"] != CUSTOM_MODEL and "config" in model:
@@ -82,11 +85,17 @@ def model_spec(model: Mapping) -> ModelSpec:
     overrides = model.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise InputError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
-    base = custom_spec(model) if model["name"] == CUSTOM_MODEL else get_spec(model["name"])
+    base, window = custom_spec(model) if model["name"] == CUSTOM_MODEL else (get_spec(model["name"]), None)
     if base.factory is not None and (fixed := sorted(set(overrides) - set(FACTORY_OVERRIDES))):
         raise InputError(f"model.overrides.{fixed[0]}: a factory's model has its module's shape; allowed: "
                          f"{', '.join(FACTORY_OVERRIDES)}")
-    return checked_spec(base, overrides, "model.overrides.")
+    spec = checked_spec(base, overrides, "model.overrides.")
+    sequence = spec.default_sequence_length if sequence_length is None else sequence_length
+    if window is not None and is_integer(sequence) and sequence > window:
+        raise InputError(f"model.config: {Path(model['config'])}: sliding_window: {window:,} tokens, shorter than the "
+                         f"{sequence:,}-token sequence, is a windowed attention phaze does not price (it prices full "
+                         f"attention over the sequence); allowed: sequence_length at most {window}")
+    return spec
 
 
 def fixed_megatron(model: Mapping, devices: int) -> tuple[Layout | None, MegatronSplit]:

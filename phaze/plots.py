@@ -34,6 +34,11 @@ def series_label(frame: pd.DataFrame) -> pd.Series:
 
 
 def plot_throughput_vs_area(frame: pd.DataFrame, marks: dict[str, tuple[float, float]], path: Path, title: str) -> Path:
+    """`throughput_figure` saved to `path`."""
+    return save(throughput_figure(frame, marks, title), path)
+
+
+def throughput_figure(frame: pd.DataFrame, marks: dict[str, tuple[float, float]], title: str) -> Figure:
     """Every evaluated architecture (best of recomputation off/on) of each `series` of a results
     table, its Pareto front, and marked points (`marks`: label -> (area µm², throughput))."""
     figure = Figure(figsize=(8, 5))
@@ -53,20 +58,49 @@ def plot_throughput_vs_area(frame: pd.DataFrame, marks: dict[str, tuple[float, f
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
-    return save(figure, path)
+    return figure
 
 
-def plot_stages(loads: list[float], labels: list[str], path: Path, title: str) -> Path:
-    """Per-stage compute time per micro-batch (forward + backward) of a placement."""
+def layer_ranges(layers: list[int]) -> str:
+    """A device's layers as the ranges of its chunks: [0..4, 17..21] -> "0-4, 17-21" (a single layer
+    as itself)."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def layout_title(model: str, placement: dict) -> str:
+    """"model: t=4 c=2 p=4 d=2 v=20 (e=8): 64 devices" of a placement record (its widths; e when > 1)."""
+    widths = {letter: placement.get(name, 1) for letter, name in (
+        ("t", "tensor_parallel_width"), ("c", "context_parallel_width"), ("p", "pipeline_parallel_width"),
+        ("d", "data_parallel_width"), ("v", "virtual_stages"), ("e", "expert_parallel_width"))}
+    shown = " ".join(f"{letter}={width}" for letter, width in widths.items() if letter != "e" or width > 1)
+    devices = widths["t"] * widths["c"] * widths["p"] * widths["d"]
+    return f"{model}: {shown}: {devices:,} devices"
+
+
+def stages_figure(loads: list[float], labels: list[str], title: str) -> Figure:
+    """Per-stage compute time per micro-batch (forward + backward) of a placement, each bar named by
+    `labels`."""
     figure = Figure(figsize=(max(6, 0.35 * len(loads) + 2), 4))
     axes = figure.add_subplot()
     axes.bar(range(len(loads)), [load * 1e3 for load in loads], color="tab:blue")
-    axes.set_xticks(range(len(loads)), labels, rotation=90 if len(loads) > 8 else 0, fontsize="small")
-    axes.set_xlabel("pipeline stage (layers)")
+    axes.set_xticks(range(len(loads)), labels, rotation=90 if len(loads) > 8 or any(", " in label for label in labels)
+                    else 0, fontsize="small")
+    axes.set_xlabel("pipeline stage (its chunks' layers)")
     axes.set_ylabel("compute per micro-batch [ms]")
     axes.set_title(title)
     axes.grid(axis="y", alpha=0.3)
-    return save(figure, path)
+    return figure
+
+
+def plot_stages(loads: list[float], labels: list[str], path: Path, title: str) -> Path:
+    """`stages_figure` saved to `path`."""
+    return save(stages_figure(loads, labels, title), path)
 
 
 def plot_pareto(front: pd.DataFrame, path: Path, title: str, chips: pd.DataFrame | None = None,

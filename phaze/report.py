@@ -23,6 +23,7 @@ from rich.text import Text
 
 from phaze import plots, results, rundir, sweep
 from solver import pareto
+from solver.layout import Layout
 
 COLUMNS = {
     "run": "run",
@@ -35,7 +36,7 @@ COLUMNS = {
     "accelerator": "accelerator",
     "area_mm2": "area mm²",
     "system": "system",
-    "placement": "p x t x d (v)",
+    "placement": "layout",
     "recompute": "recompute",
     "power_w": "peak W",
     "cost_usd": "chip $",
@@ -75,8 +76,7 @@ def setting_row(run: str, best: dict, setting: dict) -> dict:
             accelerator=accelerator_text(accelerator),
             area_mm2=accelerator["area"] / 1e6 if "area" in accelerator else None,
             system=setting["system"].get("name"),
-            placement=f"{placement['pipeline_parallel_width']}x{placement['tensor_parallel_width']}x"
-            f"{placement['data_parallel_width']} ({placement['virtual_stages']})",
+            placement=Layout(**{name: placement[name] for name in results.LAYOUT_FIELDS if name in placement}).text(),
             recompute=placement["recompute"],
             power_w=setting.get("power_w"),
             cost_usd=setting.get("cost_usd"),
@@ -199,6 +199,12 @@ def print_report(directory: Path, found: Collected) -> None:
         console.print(note, soft_wrap=True, markup=False)
 
 
+def report_title(found: Collected) -> str:
+    """The report plot's title: the models of the settings shown and their count."""
+    models = ", ".join(dict.fromkeys(str(model) for model in found.shown["model"].dropna()))
+    return f"{models}: {len(found.shown)} settings" if models else f"{len(found.shown)} settings"
+
+
 def write(found: Collected, out: Path) -> list[Path]:
     """report.csv, report.parquet and the plot of throughput against area in `out`; the files written."""
     results.write_frame(out, "report", found.summary)
@@ -209,7 +215,7 @@ def write(found: Collected, out: Path) -> list[Path]:
         if len(evaluations):
             evaluations = evaluations.assign(series=evaluations["run"] + ": " + plots.series_label(evaluations))
             plots.plot_throughput_vs_area(evaluations, {}, out / "report_throughput_vs_area.png",
-                                          f"{len(found.shown)} settings")
+                                          report_title(found))
             written.append(out / "report_throughput_vs_area.png")
     if len(found.fronts):
         results.write_frame(out, "report_pareto", found.fronts)

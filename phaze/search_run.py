@@ -40,6 +40,7 @@ from solver.question import Axes
 from solver.schedule import plot_gantt
 from solver.strategies import SearchResult
 from solver.system_search import ChipFigures, SystemOption, SystemSearch, tokens_per_joule
+from solver.training_step.options import pipeline_sharding_note
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,7 @@ class Run:
         base = {"micro_batch_size": axes.micro_batch_size, "hbm_size_gib": results.gibibytes(hbm),
                 "architectures_evaluated": evaluated, "complete": complete}
         if best is None:
-            scope = f"the {len(search.candidates)} candidate" if complete else f"the {evaluated} evaluated"
-            reason = (f"no placement of {self.settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB per device on "
-                      f"any of {scope} accelerators")
+            reason = self.nothing_fits(hbm, complete, evaluated, len(search.candidates))
             return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
         record = {**results.best_record(best, self.settings.question, axes, hbm), **base}
         if complete:
@@ -180,10 +179,20 @@ class Run:
             }
         return record
 
+    def nothing_fits(self, hbm: int, complete: bool, evaluated: int, candidates: int) -> str:
+        """Why a setting has no best: nothing of what was searched fits, or the search was interrupted
+        before it evaluated any accelerator."""
+        if not complete and not evaluated:
+            return f"interrupted before any of the {candidates} candidate accelerators was evaluated"
+        scope = f"the {candidates} candidate" if complete else f"the {evaluated} evaluated"
+        return (f"no placement of {self.settings.spec.name} fits in {results.gibibytes(hbm):.4g} GiB per device on "
+                f"any of {scope} accelerators")
+
     def write(self, complete: bool) -> dict:
         frame = results.write_table(self.directory, [{**row, "run_complete": complete} for row in self.rows])
+        per_setting = [noted(setting) for setting in self.per_setting]
         # the best setting by the objective (the system space's `objective_value`; else the throughput)
-        best = max(self.per_setting, key=lambda record: record.get("objective_value", record["throughput"]), default={})
+        best = max(per_setting, key=lambda record: record.get("objective_value", record["throughput"]), default={})
         summary = {
             "model": self.settings.spec.name,
             "sequence_length": self.settings.question.sequence_length,
@@ -193,7 +202,7 @@ class Run:
             **results.question_record(self.settings.question),
             **best,
             "architectures_evaluated": len(self.evaluated),
-            "per_setting": self.per_setting,
+            "per_setting": per_setting,
         }
         summary["complete"] = complete
         if self.settings.system_design is not None:
@@ -216,16 +225,24 @@ class Run:
         return summary
 
 
+def noted(setting: dict) -> dict:
+    """A setting of best.json with, when its placement shards weights or gradients in a pipeline of two
+    or more stages, `notes` in the placement on which frameworks run that
+    (`solver.training_step.options.pipeline_sharding_note`)."""
+    placement = setting.get("placement") if setting.get("feasible") else None
+    note = placement and pipeline_sharding_note(placement["data_parallel_sharding"],
+                                                placement["pipeline_parallel_width"])
+    return {**setting, "placement": {**placement, "notes": [note]}} if note else setting
+
+
 def plot_stages(settings: Settings, summary: dict, costs: LayerCosts, directory: Path) -> None:
     """The best placement's compute per stage and micro-batch."""
     width = summary["placement"]["tensor_parallel_width"]
     costs = costs[width]
     stages = summary["placement"]["stages"]
     loads = [sum(costs[layer].forward + costs[layer].backward for layer in stage["layers"]) for stage in stages]
-    labels = [f"{stage['layers'][0]}-{stage['layers'][-1]}" for stage in stages]
-    plots.plot_stages(loads, labels, directory / "placement.png",
-                      f"{settings.spec.name}: {len(stages)} stages x width {width} x "
-                      f"{summary['placement']['data_parallel_width']} replicas")
+    plots.plot_stages(loads, [plots.layer_ranges(stage["layers"]) for stage in stages], directory / "placement.png",
+                      plots.layout_title(settings.spec.name, summary["placement"]))
 
 
 def plot_best(settings: Settings, summary: dict, directory: Path) -> None:

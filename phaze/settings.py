@@ -143,11 +143,13 @@ def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip |
     overrides = {key: value for key, value in config["accelerator"].items() if value is not None}
     known = KNOWN_CHIPS.get(name)
     if known is None and name not in accelerator_names():
-        raise InputError(f"chip: unknown {name!r}; allowed: {', '.join((*accelerator_names(), *KNOWN_CHIPS))}")
+        raise InputError(chip_error(name))
+    if known is not None and overrides:  # a chip that exists is priced with its own figures
+        how = "by its roofline" if known.template is None else "with its own figures"
+        raise InputError(f"accelerator.{sorted(overrides)[0]}: {name} is a chip that exists, priced {how}; the "
+                         f"template's fields apply to template chips only ({', '.join(accelerator_names())}); "
+                         "allowed here: null")
     if known is not None and known.template is None:  # a GPU: no template chip, the search's default technology
-        if overrides:
-            raise InputError(f"accelerator.{sorted(overrides)[0]}: {name} is priced by its roofline; the template's "
-                             "fields apply to template chips only")
         template = DEFAULT_BUDGET
     else:
         template = known.template_name if known is not None else name
@@ -165,12 +167,24 @@ def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip |
     return accelerator, area_budget, known
 
 
+def chip_error(name: object) -> InputError:
+    """The error for a `chip` that is neither a chip that exists nor a template, saying where chips are
+    defined (a chip is added as a file there, not given by path)."""
+    allowed = ", ".join(dict.fromkeys((*accelerator_names(), *KNOWN_CHIPS)))
+    where = ("chips that exist are phaze_hardware/chips/<name>.yaml, one YAML file each with the source of "
+             "every figure, templates phaze_hardware/templates/<name>.yaml")
+    if isinstance(name, str) and ("/" in name or name.endswith((".yaml", ".yml"))):
+        return InputError(f"chip: {name!r} is a path; a chip by path is not supported yet ({where}: add one there "
+                          f"and give its name); allowed: {allowed}")
+    return InputError(f"chip: unknown {name!r}; allowed: {allowed} ({where})")
+
+
 def _widths(config: Mapping, spec: ModelSpec) -> tuple[int, ...]:
     maximum = positive_integer("max_tensor_parallel_width", config["max_tensor_parallel_width"], MAX_DEVICES)
     width = config["tensor_parallel_width"]
     if width is None:
         return valid_tensor_parallel_widths(spec, maximum)
-    if is_integer(width) and width > maximum:
+    if is_integer(width) and width > maximum and config["mode"] != "predict":  # predict prices the t given
         raise InputError(f"tensor_parallel_width: {width} exceeds max_tensor_parallel_width={maximum}")
     return (width,)
 
@@ -209,12 +223,54 @@ def _expert_tensor_widths(config: Mapping, spec: ModelSpec) -> tuple[int | None,
 
 def _dispatch_share(config: Mapping, known: KnownChip | None) -> float:
     """`TrainingOptions.expert_dispatch_compute_share`: `expert_dispatch_sms` (null: `DISPATCH_SMS`) of
-    a GPU's streaming multiprocessors (0 on a template chip, which has none)."""
+    a GPU's streaming multiprocessors (0 on a chip without them: a template or a TPU, where a given
+    value is refused)."""
     processors = known.streaming_multiprocessors if known is not None else 0
     given = config["expert_dispatch_sms"]
     sms = integer("expert_dispatch_sms", DISPATCH_SMS if given is None else given, 0,
                   processors - 1 if processors else None)
+    if given is not None and not processors:
+        chip = known.name if known is not None else "a template chip"
+        raise InputError(f"expert_dispatch_sms: {chip} has no streaming multiprocessors (a GPU's only); "
+                         "allowed here: null")
     return sms / processors if processors else 0.0
+
+
+def _check_options_apply(config: Mapping, spec: ModelSpec, shardings: tuple[str, ...]) -> None:
+    """InputError for an option given a value other than its default where it changes nothing: the
+    expert dispatch's options on a model without experts, the dispatch's SMs without the overlap that
+    holds them, `full` sharding's options when no sharding priced is `full`, a shard width when none
+    is sharded."""
+    if not spec.num_experts:
+        for key, default in (("overlap_expert_dispatch", False), ("expert_dispatch", "all_to_all"),
+                             ("expert_dispatch_sms", None)):
+            if config[key] != default:
+                raise InputError(f"{key}: {spec.name} has no experts, so no tokens are dispatched; allowed: "
+                                 f"{shown(default)}")
+    if config["expert_dispatch_sms"] is not None and config["overlap_expert_dispatch"] is not True:
+        raise InputError("expert_dispatch_sms: the SMs an overlapped dispatch holds; needs "
+                         "overlap_expert_dispatch=true; allowed here: null")
+    sharded = f"data_parallel_sharding={shown(shardings[0] if len(shardings) == 1 else shardings)}"
+    if "full" not in shardings:
+        if config["reshard_after_forward"] is False:
+            raise InputError(f"reshard_after_forward: false keeps the weights data_parallel_sharding=full gathers; "
+                             f"{sharded} gathers none; allowed here: true")
+        if config["sharded_collectives"] != "prefetched_layers":
+            raise InputError(f"sharded_collectives: {config['sharded_collectives']} is how "
+                             f"data_parallel_sharding=full issues its gathers and reduce-scatters; {sharded} issues "
+                             "none; allowed here: prefetched_layers")
+    if shardings == ("none",) and config["data_parallel_shard_width"] is not None:
+        raise InputError("data_parallel_shard_width: data_parallel_sharding=none shards nothing (hybrid sharding "
+                         "splits a sharded state within groups); allowed here: null")
+
+
+def shown(value: object) -> str:
+    """A configuration value as it is written on the command line (null, true, [a, b])."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(shown, value))}]"
+    return str(value)
 
 
 def _context_widths(config: Mapping, sequence_length: int) -> tuple[int, ...]:
@@ -254,12 +310,21 @@ def _virtual_stages(config: Mapping, spec: ModelSpec, step_model: str) -> tuple[
     return given
 
 
+#: The recomputation mode `phaze predict` prices when `recompute` is null: none, as Megatron-LM and
+#: NeMo run unless told to recompute.
+PREDICT_RECOMPUTE = "none"
+
+
 def _recompute(config: Mapping, step_model: str) -> tuple[str, ...]:
     """The recomputation modes searched, each by its one name (Megatron-Core's modules joined by '+'
-    where the step model prices them: `solver.training_step.recompute_mode`)."""
+    where the step model prices them: `solver.training_step.recompute_mode`); null: every mode the
+    step model prices (predict: `PREDICT_RECOMPUTE`)."""
     model = STEP_MODELS[step_model]
     name = f"recompute ({model.recompute_note})" if model.recompute_note else "recompute"
-    given = values("recompute", config["recompute"])
+    given = config["recompute"]
+    if given is None:
+        return (PREDICT_RECOMPUTE,) if config["mode"] == "predict" else model.recompute_modes
+    given = values("recompute", given)
     if model.prices_recompute_modules:
         return tuple(dict.fromkeys(recompute_mode(mode, name) for mode in given))
     return tuple(dict.fromkeys(choice(name, mode, model.recompute_modes) for mode in given))
@@ -348,6 +413,77 @@ def _system_design(config: Mapping, known: KnownChip | None, accelerator, area_b
                          {name: value for name, value in config["system_space"].items() if value is not None})
 
 
+#: The keys every mode reads (the model and system groups are each mode's own).
+COMMON_KEYS = ("mode", "model", "system", "micro_batch_size", "sequence_length", "cache_dir", "force_reextract")
+#: The keys of the widths the graphs are traced at.
+GRAPH_KEYS = ("max_tensor_parallel_width", "tensor_parallel_width")
+#: The keys of a training step (the question, its options and the axes priced).
+STEP_KEYS = ("hbm_size", "chip", "schedule", "global_batch_size", "num_devices", "optimizer", "data_parallel_sharding",
+             "data_parallel_shard_width", "reshard_after_forward", "sharded_collectives", "expert_dispatch",
+             "overlap_expert_dispatch", "expert_dispatch_sms", "recompute", "sequence_parallel", "flash_attention",
+             "precision", "grad_reduce_in_bf16", "virtual_stages", "overlap_grad_reduce", "overlap_param_gather",
+             "tensor_parallel_overlap", "master_weight_remainders", "framework_reserve_gb",
+             "overlap_pipeline_transfers", "expert_parallel_width", "expert_tensor_parallel_width",
+             "context_parallel_width")
+#: The keys of the co-design search: the chips searched, the widths tried, the workers.
+SEARCH_KEYS = ("max_context_parallel_width", "accelerator", "area_budget", "architecture_space", "power_budget",
+               "cost_budget", "objective", "system_space", "search", "candidate_sample", "n_jobs", "executor",
+               "ray_address")
+#: The keys each mode reads, and what it does instead of reading the others (a key a mode does not read
+#: is refused unless it keeps its default).
+MODE_KEYS = {
+    "extract_graph": ((*COMMON_KEYS, *GRAPH_KEYS), "it traces the model's graphs only"),
+    "prepopulate_estimates": ((*COMMON_KEYS, *GRAPH_KEYS, "chip", "accelerator", "area_budget"),
+                              "it fills the template chip's GEMM estimates only"),
+    "predict": ((*COMMON_KEYS, *STEP_KEYS, "tensor_parallel_width", "pipeline_parallel_width", "data_parallel_width"),
+                "it prices the one placement given; the search's keys are run_solver's"),
+    "run_solver": ((*COMMON_KEYS, *GRAPH_KEYS, *STEP_KEYS, *SEARCH_KEYS),
+                   "it searches the pipeline and data-parallel widths; predict prices given ones"),
+}
+#: What run_solver does not read on a chip that exists: it searches the placement only.
+KNOWN_CHIP_UNREAD = ("accelerator", "area_budget", "architecture_space", "power_budget", "cost_budget", "objective",
+                     "system_space", "search", "candidate_sample")
+
+
+def unread_keys(settings: Settings) -> dict[str, str]:
+    """The keys the run of `settings` does not read (beyond its mode's: those of a search of chips on a
+    chip that exists, the layer schedules' on a chip priced by its roofline), each with what the run does
+    instead."""
+    mode = settings.mode
+    read, why = MODE_KEYS[mode]
+    unread = {key: why for key in (*COMMON_KEYS, *GRAPH_KEYS, *STEP_KEYS, *SEARCH_KEYS, "pipeline_parallel_width",
+                                   "data_parallel_width") if key not in read}
+    chip = settings.known_chip
+    if chip is not None and mode == "run_solver":
+        unread.update({key: f"{chip.name} is a chip that exists: no chip is searched, only the placement"
+                       for key in KNOWN_CHIP_UNREAD})
+    if chip is not None and chip.template is None and mode in ("run_solver", "predict"):
+        unread["schedule"] = f"{chip.name} is priced by its roofline: no layer is scheduled"
+    return unread
+
+
+def _difference(key: str, value: object, default: object) -> tuple[str, object] | None:
+    """The first (dotted key, default value) where `value` is not `default`, or None."""
+    if isinstance(value, Mapping) and isinstance(default, Mapping):
+        for inner in value:
+            if found := _difference(f"{key}.{inner}", value[inner], default.get(inner)):
+                return found
+        return None
+    return None if value == default else (key, default)
+
+
+def unread_key_error(settings: Settings, config: Mapping, default: Mapping) -> InputError | None:
+    """The error for the first key the run does not read (`unread_keys`) whose value in `config` is not
+    the one of `default` (the same model and system's configuration without the user's keys; both
+    plain, interpolations resolved), or None."""
+    for key, why in unread_keys(settings).items():
+        if found := _difference(key, config.get(key), default.get(key)):
+            name, value = found
+            return InputError(f"{name}: phaze {settings.mode} does not read it ({why}); allowed: {shown(value)} "
+                              "(the default)")
+    return None
+
+
 def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Settings:
     """Check every user-facing key of a composed configuration (plain containers, interpolations
     resolved; hydra's DictConfig is converted); `spec`: the model, given as a value (the Python API),
@@ -355,7 +491,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=True)
     mode = choice("mode", config["mode"], MODES)
-    spec = model_spec(config["model"]) if spec is None else spec
+    spec = model_spec(config["model"], config["sequence_length"]) if spec is None else spec
     micro_batch_sizes = tuple(positive_integer("micro_batch_size", size, MAX_BATCH)
                               for size in values("micro_batch_size", config["micro_batch_size"]))
     sequence_length = spec.default_sequence_length if config["sequence_length"] is None else config["sequence_length"]
@@ -406,9 +542,10 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         baseline_split=baseline_split,
     )
     STEP_MODELS[step_model].check(question)
+    _check_options_apply(config, spec, shardings)
     if known is not None:
         known.check_precision(question.kernels.precision)
-    elif question.kernels.fp8:  # the template's area and energy model has 16-bit MACs only (issue 22: not yet)
+    elif question.kernels.fp8:  # the template's area and energy model has 16-bit multiply-accumulates only
         raise InputError("precision: a template chip prices 16-bit multiply-accumulates only; allowed: bf16, fp16 "
                          "(fp8 on a chip with FP8 figures: chip=h100_sxm)")
     axes = Axes(

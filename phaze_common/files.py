@@ -1,6 +1,7 @@
 """Files written whole and cache files that heal: atomic writes (a temporary file in the same folder,
-then a rename), the mode a new file gets, and the handling of a damaged cache file (set aside as
-`<name>.corrupt`, never deleted, with one warning) shared by every cache of phaze."""
+then a rename), the mode a new file gets, the handling of a damaged cache file (set aside as
+`<name>.corrupt`, never deleted, with one warning) shared by every cache of phaze, and the per-user
+folder those caches live in unless told otherwise."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from phaze_common.checks import InputError
 from phaze_common.log import warn_once
 
 Result = TypeVar("Result")
@@ -103,3 +105,16 @@ def read_cache_file(path: Path, read: Callable[[Path], Result], damage: tuple[ty
     except (OSError, ValueError, *damage) as error:
         set_aside(path, f"{type(error).__name__}: {error}", identity)
     return None
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache folder: $XDG_CACHE_HOME/phaze, or ~/.cache/phaze where XDG_CACHE_HOME is not
+    set to an absolute path (the XDG Base Directory specification's default)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            raise InputError("cache_dir: no per-user cache folder (neither XDG_CACHE_HOME nor HOME is set); "
+                             "give cache_dir=PATH") from None
+    return Path(base) / "phaze"

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from phaze_common.files import user_cache_dir  # noqa: E402
 from phaze_hardware import cluster as system_cluster  # noqa: E402
 from phaze_hardware import known_chip  # noqa: E402
 from phaze.validate import case, prediction  # noqa: E402
@@ -55,7 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs")
     parser.add_argument("--chip", default="a100_80gb")
-    parser.add_argument("--cache-dir", default="outputs/cache")
+    parser.add_argument("--cache-dir", default=None,
+                        help="the graphs' cache (default: the per-user cache folder, phaze's)")
     parser.add_argument("--precision", default="16-bit", choices=tuple(CHIP_NAMES))
     parser.add_argument("--links", action="store_true", help="fit the link tiers' efficiencies too")
     args = parser.parse_args()
@@ -65,7 +67,7 @@ def main() -> None:
     if not cases:
         sys.exit(f"calibrate: error: --chip: no dense {args.precision} run on {args.chip} that phaze validate "
                  f"predicts in {args.runs}")
-    cache_dir = Path(args.cache_dir)
+    cache_dir = user_cache_dir() if args.cache_dir is None else Path(args.cache_dir)
     chip = known_chip(args.chip)
     tiers = system_cluster(cases[0].system, cases[0].devices).tiers
     names = CHIP_NAMES[args.precision] + (LINK_NAMES[:len(tiers)] if args.links else ())

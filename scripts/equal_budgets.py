@@ -51,7 +51,7 @@ def chip_text(setting: dict) -> str:
 
 
 def run(name: str, model: str, **keys) -> dict:
-    best = phaze.search(model, OUTPUT / name, cache_dir="outputs/cache", micro_batch_size=1, **keys).best
+    best = phaze.search(model, OUTPUT / name, micro_batch_size=1, **keys).best
     (setting,) = best["per_setting"]
     placement = setting["placement"]
     layout = (f"t{placement['tensor_parallel_width']} p{placement['pipeline_parallel_width']} "

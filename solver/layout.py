@@ -242,7 +242,7 @@ class FitRules:
     def split_problem(self, layout: Layout) -> str | None:
         """Why p stages of v chunks each cannot hold the model's blocks (`split`), or None."""
         stages, virtual_stages = layout.pipeline_parallel_width, layout.virtual_stages
-        if stages > self.layers:
+        if stages > self.layers and self.split == "any":  # an even split lists the widths it allows below
             return f"pipeline_parallel_width: {stages} stages for {self.layers} layers; allowed: at most {self.layers}"
         if self.splits(stages * virtual_stages, virtual_stages):
             return None

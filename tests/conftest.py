@@ -28,6 +28,15 @@ TINY = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def user_cache(tmp_path_factory, monkeypatch):
+    """The test's own per-user cache folder (XDG_CACHE_HOME, beside its tmp_path): where phaze caches
+    unless told otherwise (`cache_dir` null), so that no test reads or fills the user's."""
+    base = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(base))
+    return base / "phaze"
+
+
 @pytest.fixture
 def tiny_settings():
     """settings(cache_dir, *overrides): the tiny configuration's run_solver Settings."""

@@ -119,3 +119,41 @@ def test_the_api_caches_in_the_users_cache_folder_not_the_working_directory(tmp_
     monkeypatch.chdir(work)
     assert phaze.predict(**KEYS).fits
     assert list(work.iterdir()) == [] and (tmp_path / "xdg" / "phaze" / "graphs").is_dir()
+
+
+def test_predict_prices_no_recomputation_unless_told(keys):
+    """`recompute` null: predict prices `none` (Megatron-LM's and NeMo's default), as if given."""
+    unset = {key: value for key, value in keys.items() if key != "recompute"}
+    prediction = phaze.predict(**unset)
+    assert prediction.placement.recompute == "none"
+    assert prediction == phaze.predict(**unset, recompute="none")
+    assert prediction.step.breakdown["recompute"] == 0.0
+
+
+def test_predict_refuses_a_key_only_the_search_reads(keys):
+    with pytest.raises(InputError) as raised:
+        phaze.predict(**keys, search="exhaustive")
+    assert str(raised.value) == ("search: phaze predict does not read it (it prices the one placement given; the "
+                                 "search's keys are run_solver's); allowed: bounded (the default)")
+    assert phaze.predict(**keys, search="bounded").fits  # the default is taken
+
+
+def test_zero3_in_a_pipeline_is_noted_with_the_frameworks_that_run_it(keys):
+    """Full sharding with p = 2 is priced, and prediction.json's record (and best.json's placement) says
+    which frameworks compose them; with p = 1, or the optimizer state alone sharded, nothing is noted."""
+    from phaze.modes.predict import prediction_record
+    from phaze.search_run import noted
+    from solver.training_step.options import PIPELINE_SHARDING_NOTES
+
+    def notes(**changes):
+        checked = phaze.api.settings("predict", **{**keys, **changes})
+        return prediction_record(checked, phaze.api.run_prediction(checked), phaze.api.graphs(checked))["notes"]
+
+    assert notes(data_parallel_sharding="full") == [PIPELINE_SHARDING_NOTES["full"]]
+    assert "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3" in PIPELINE_SHARDING_NOTES["full"]
+    assert notes(data_parallel_sharding="full", pipeline_parallel_width=1, data_parallel_width=8) == []
+    assert notes() == []
+    placement = {"data_parallel_sharding": "full", "pipeline_parallel_width": 2}
+    assert noted({"feasible": True, "placement": placement})["placement"]["notes"] == [PIPELINE_SHARDING_NOTES["full"]]
+    unsplit = noted({"feasible": True, "placement": {**placement, "pipeline_parallel_width": 1}})
+    assert "notes" not in unsplit["placement"]

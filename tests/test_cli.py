@@ -80,24 +80,24 @@ def test_unknown_mode_shows_usage(tmp_path):
 
 
 @pytest.mark.slow
-def test_multirun_sweep_writes_one_summary_per_job(tmp_path):
+def test_multirun_sweep_writes_one_summary_per_job(tmp_path, user_cache):
     result = phaze("extract_graph", "-m", "model=bertlarge,gpt2", "micro_batch_size=1,2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     summaries = sorted(tmp_path.glob("outputs/multirun/*/*/*/extract_summary.csv"))
     assert len(summaries) == 4
     rows = [next(csv.DictReader(path.open())) for path in summaries]
     assert [row["parameters"] for row in rows] == ["335141888"] * 2 + ["1557611200"] * 2
-    assert len(list(tmp_path.glob("outputs/cache/graphs/*.json"))) == 4
+    assert len(list(user_cache.glob("graphs/*.json"))) == 4 and not (tmp_path / "outputs" / "cache").exists()
 
 
 @pytest.mark.slow
-def test_widths_and_cache_reuse(tmp_path):
+def test_widths_and_cache_reuse(tmp_path, user_cache):
     arguments = ["model=megatrongpt3", "+model.overrides.num_layers=1", "micro_batch_size=1"]
     first = phaze("extract_graph", *arguments, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     for width in ("1", "2", "4", "8"):
         assert f"│           1 │     {width} │" in first.stdout
-    cached = sorted(path.name for path in tmp_path.glob("outputs/cache/graphs/*.json"))
+    cached = sorted(path.name for path in user_cache.glob("graphs/*.json"))
     assert [name.split("_")[3] for name in cached] == ["tp1", "tp2", "tp4", "tp8"]
     again = phaze("extract_graph", *arguments, cwd=tmp_path)
     assert again.returncode == 0 and again.stdout == first.stdout

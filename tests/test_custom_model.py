@@ -160,10 +160,17 @@ def test_the_whole_llama3_8b_config_json_has_the_published_parameters(tmp_path):
 
 
 def test_the_mistral_7b_config_json_is_mistral_7b(tmp_path):
-    """Sequence 4096: its sliding window, as the zoo's (the min of positions, window and 8192)."""
-    spec = custom_spec(write(tmp_path / "Mistral-7B-v0.1" / "config.json", MISTRAL_7B_CONFIG))
-    assert spec.name == "Mistral-7B-v0.1" and spec.default_sequence_length == 4096
-    assert_same_model(spec, "mistral-7b")
+    """Its 4,096-token sliding window is not its sequence: the default is the 8,192 cap (the least of
+    the positions and 8192), which the window is shorter than, so it is refused (phaze prices full
+    attention); at 4,096 tokens it is the zoo's mistral-7b."""
+    path = write(tmp_path / "Mistral-7B-v0.1" / "config.json", MISTRAL_7B_CONFIG)
+    assert error("model=custom", f"model.config={path}") == (
+        f"model.config: {path}: sliding_window: 4,096 tokens, shorter than the 8,192-token sequence, is a windowed "
+        "attention phaze does not price (it prices full attention over the sequence); allowed: sequence_length at "
+        "most 4096")
+    spec = custom_spec(path, "sequence_length=4096")
+    assert spec.name == "Mistral-7B-v0.1" and spec.default_sequence_length == 8192
+    assert_same_model(spec.with_overrides(default_sequence_length=4096), "mistral-7b")
     without_window = {**MISTRAL_7B_CONFIG, "sliding_window": None}  # Mistral-7B v0.2
     assert custom_spec(write(tmp_path / "v2" / "config.json", without_window)).default_sequence_length == 8192
 
@@ -257,7 +264,8 @@ def test_a_bad_value_in_a_config_json_names_its_key(tmp_path):
     assert problem(hidden_act="gelu").startswith("hidden_act: 'gelu' is not a Llama-family MLP; allowed: silu")
     assert problem(model_type="gpt2") == ("model_type: unknown 'gpt2'; allowed: llama, mistral, mixtral, qwen3_moe, "
                                           "deepseek_v3 (or a ModelSpec YAML file)")
-    assert problem(attention_bias=True).startswith("attention_bias: True; allowed: false")
+    assert problem(attention_bias=True) == ("attention_bias: true adds biases, which phaze's llama reader does not "
+                                            "model; allowed: false")
 
 
 def test_the_mixtral_config_json_is_mixtral_8x7b(tmp_path):
@@ -368,3 +376,73 @@ def test_the_qwen3_moe_and_deepseek_v3_config_json_are_the_zoo_models(tmp_path, 
     sparse = {**config, "decoder_sparse_step": 2} if zoo.startswith("qwen") else {**config, "moe_layer_freq": 2}
     assert file_error(write(tmp_path / "sparse" / "config.json", sparse)).endswith(
         "; allowed: 1 (experts in every block after the dense ones)")
+
+
+# 4. The sequence is not a sliding window; keys that change the shape are read or refused ------------
+
+#: A Phi-3-mini-like config.json read as a Llama (its sliding window 2,047 tokens, 4,096 positions).
+PHI3_LIKE = {**LLAMA3_8B_CONFIG, "max_position_embeddings": 4096, "sliding_window": 2047}
+#: A GPT-OSS-like config.json read as a Llama: every other layer a 128-token sliding window.
+GPT_OSS_LIKE = {**LLAMA3_8B_CONFIG, "sliding_window": 128, "num_hidden_layers": 4,
+                "layer_types": ["sliding_attention", "full_attention"] * 2}
+
+
+@pytest.mark.parametrize("config, positions, window", [(PHI3_LIKE, 4096, 2047), (GPT_OSS_LIKE, 8192, 128)],
+                         ids=["phi3-like", "gpt-oss-like"])
+def test_the_default_sequence_is_not_the_sliding_window(tmp_path, config, positions, window):
+    """The default sequence is min(max_position_embeddings, 8192), never the window; a window shorter
+    than the sequence is refused naming sliding_window and the file; a sequence within it is full
+    attention, as priced."""
+    path = write(tmp_path / "m" / "config.json", config)
+    assert error("model=custom", f"model.config={path}") == (
+        f"model.config: {path}: sliding_window: {window:,} tokens, shorter than the {positions:,}-token sequence, is "
+        f"a windowed attention phaze does not price (it prices full attention over the sequence); allowed: "
+        f"sequence_length at most {window}")
+    assert custom_spec(path, f"sequence_length={window}").default_sequence_length == positions
+    assert custom_spec(path, f"+model.overrides.default_sequence_length={window}").default_sequence_length == window
+
+
+@pytest.mark.parametrize("changes", [{"sliding_window": None}, {"use_sliding_window": False, "sliding_window": 4096},
+                                     {"layer_types": ["full_attention"] * 32, "sliding_window": 128}],
+                         ids=["no-window", "window-switched-off", "every-layer-full"])
+def test_a_window_that_no_layer_uses_is_no_window(tmp_path, changes):
+    spec = custom_spec(write(tmp_path / "m" / "config.json", {**LLAMA3_8B_CONFIG, **changes}))
+    assert spec.default_sequence_length == 8192
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"qkv_bias": True}, "qkv_bias: true adds biases, which phaze's llama reader does not model; allowed: false"),
+    ({"mlp_bias": True}, "mlp_bias: true adds biases, which phaze's llama reader does not model; allowed: false"),
+    ({"use_qk_norm": True}, "use_qk_norm: true adds a norm of each head's query and key, which phaze's llama reader "
+                            "does not model; allowed: false"),
+    ({"attention_dropout": 0.1}, "attention_dropout: 0.1 adds dropout, which phaze's llama reader does not model; "
+                                 "allowed: 0 or 0.0"),
+    ({"num_local_experts": 8}, "num_local_experts: 8 sets experts phaze's llama reader does not read; allowed: null "
+                               "or 0 (model_type mixtral reads num_local_experts)"),
+    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1},
+     "n_shared_experts: 1 sets experts phaze's mixtral reader does not read; allowed: null or 0 (model_type "
+     "deepseek_v3 reads n_shared_experts)"),
+    ({"moe_intermediate_size": 1024}, "moe_intermediate_size: 1024 sets experts phaze's llama reader does not read; "
+                                      "allowed: null or 0 (model_type qwen3_moe or deepseek_v3 reads "
+                                      "moe_intermediate_size)"),
+    ({"kv_lora_rank": 512}, "kv_lora_rank: 512 is multi-head latent attention, which phaze's llama reader does not "
+                            "model; allowed: null (model_type deepseek_v3 reads it)"),
+    ({"kv_channels": 64}, "kv_channels: 64 is a head width phaze's llama reader does not read (it reads head_dim); "
+                          "allowed: null or 128"),
+    ({"layer_types": ["linear_attention", "full_attention"]}, "layer_types: \"linear_attention\" is an attention "
+                                                              "phaze does not price; allowed: a list of "
+                                                              "full_attention, sliding_attention"),
+    ({"parallel_attn": True}, "parallel_attn: true adds attention and MLP run in parallel, which phaze's llama "
+                              "reader does not model; allowed: false"),
+], ids=["qkv-bias", "mlp-bias", "qk-norm", "dropout", "experts-under-llama", "shared-expert-under-mixtral",
+        "moe-width-under-llama", "latent-attention-under-llama", "kv-channels", "linear-attention", "parallel-block"])
+def test_a_key_that_changes_the_shape_the_reader_does_not_model_is_refused(tmp_path, changes, message):
+    assert file_error(write(tmp_path / "m" / "config.json", {**LLAMA3_8B_CONFIG, **changes})) == message
+
+
+def test_keys_that_add_nothing_or_change_no_shape_stay_accepted(tmp_path):
+    harmless = {"attention_bias": False, "qk_norm": False, "attention_dropout": 0.0, "num_local_experts": None,
+                "kv_lora_rank": None, "kv_channels": 128, "rope_theta": 1e6, "rms_norm_eps": 1e-6, "pad_token_id": 0,
+                "torch_dtype": "float32", "rope_scaling": {"type": "linear", "factor": 2.0}}
+    spec = custom_spec(write(tmp_path / "m" / "config.json", {**LLAMA3_8B_CONFIG, **harmless}))
+    assert_same_model(spec, "llama3-8b")

@@ -322,3 +322,20 @@ def test_a_signal_just_after_the_run_is_written_exits_0_or_130_with_one_line(tmp
         assert "Traceback" not in errors and "Exception ignored" not in errors, (delay, errors)
         if process.returncode == 130:
             assert errors.strip().splitlines()[-1] == INTERRUPTED, (delay, errors)
+
+
+def test_interrupted_before_any_candidate_says_so(tiny_settings, tmp_path, monkeypatch):
+    """Ctrl-C before the search evaluated an accelerator: the setting says the run was interrupted
+    before any was evaluated, not that nothing fits on 0 of them."""
+    import phaze.search_run
+    from phaze.search_run import execute
+
+    def interrupted(*arguments, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phaze.search_run.Search, "run", interrupted)
+    settings = tiny_settings(tmp_path / "cache", "candidate_sample=5", "n_jobs=1")
+    best = execute(settings, tmp_path / "run")
+    (setting,) = best["per_setting"]
+    assert best["complete"] is False and setting["architectures_evaluated"] == 0
+    assert setting["reason"] == "interrupted before any of the 5 candidate accelerators was evaluated"

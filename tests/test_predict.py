@@ -241,13 +241,37 @@ def test_predict_writes_prediction_json(tmp_path):
     assert record["inputs"]["pipeline_parallel_width"] == 2 and record["inputs"]["accelerator"]["name"] == "a100_80gb"
 
 
-def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
+def test_a_placement_that_does_not_fit_is_priced_written_and_exits_2(tmp_path):
+    """As run_solver when nothing fits: the time and the memory printed and written (they show why), no
+    throughput (it would not run), one line naming why, exit 2."""
     run = phaze("predict", *TINY_ARGUMENTS, "num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2",
                 "data_parallel_width=4", "hbm_size=0.001", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "run" / "prediction.json").read_text())
     assert not record["feasible"] and record["reason"].startswith("memory: stage")
     assert record["memory_bytes"]["total"] > 0.001 * 2**30
+    assert (record["tokens_per_s"], record["mfu"], record["hardware_flops_per_s_per_device"]) == (None, None, None)
+    assert run.returncode == 2
+    errors = [line for line in run.stderr.splitlines() if line.startswith("phaze: error: ")]
+    assert errors == [f"phaze: error: hbm_size: t=2 p=2 d=4 v=1 does not fit: {record['reason']}; its time and "
+                      f"memory are in {tmp_path / 'run' / 'prediction.json'}"]
+    assert "time per batch" in run.stdout and "memory, stage" in run.stdout
+    assert "does not fit" in run.stdout and "utilisation" not in run.stdout and "TFLOP/s" not in run.stdout
+
+
+def test_the_header_and_prediction_json_give_the_sequence_and_the_parameters(tmp_path):
+    """The tiny GPT's parameters by hand: the embedding V·h, the learned positions s·h, per block the
+    attention (4h² + 4h) and the MLP (8h² + 5h) and two layer norms (4h), the final norm 2h, the head
+    tied to the embedding; a dense model's active parameters are all of them."""
+    run = phaze("predict", *TINY_ARGUMENTS, "num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2",
+                "data_parallel_width=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    total = V * H + S * H + L * (12 * H**2 + 13 * H) + 2 * H
+    assert total == 1_874_944
+    record = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert record["parameters"] == {"total": total, "active": total}
+    title = run.stdout.splitlines()[0].strip()
+    assert title == (f"megatrongpt3 ({total / 1e6:.3g}M parameters) on 16 x a100_80gb (dgx_a100): t=2 p=2 d=4 v=1, "
+                     "micro-batch 2, batch 16, sequence 128, recompute=selective")
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -255,8 +279,8 @@ def test_a_placement_that_does_not_fit_is_a_result(tmp_path):
      "data_parallel_width: tensor x pipeline x data parallel = 2 x 2 x 2 = 8, must equal num_devices=16"),
     (["num_devices=24", "tensor_parallel_width=3", "pipeline_parallel_width=2", "data_parallel_width=4"],
      "tensor_parallel_width: must be a power of two"),
-    (["num_devices=16", "tensor_parallel_width=16", "pipeline_parallel_width=1", "data_parallel_width=1",
-      "max_tensor_parallel_width=16"], "tensor_parallel_width: 16 does not divide the 8 heads"),
+    (["num_devices=16", "tensor_parallel_width=16", "pipeline_parallel_width=1", "data_parallel_width=1"],
+     "tensor_parallel_width: 16 does not divide the 8 heads"),
     (["num_devices=24", "tensor_parallel_width=1", "pipeline_parallel_width=3", "data_parallel_width=8"],
      "pipeline_parallel_width: 3 stages divide neither the 2 blocks nor 2 + 2 (embedding and loss counted); "
      "allowed: 1, 2, 4"),

@@ -221,3 +221,44 @@ def test_a_read_only_dir_is_one_line_and_out_writes_elsewhere(runs, read_only, t
     assert result.returncode == 2
     assert result.stderr == (f"phaze: error: --out: {elsewhere / 'report.csv' / 'x'}: {elsewhere / 'report.csv'} is a "
                              "file; report.csv cannot be written there, give another folder with --out FOLDER\n")
+
+
+def test_the_report_plot_names_its_models_and_the_table_orders_widths_t_p_d(real_runs, tmp_path, monkeypatch):
+    """The plot's title (read from the call, not the pixels) names the model; the layout column reads
+    t, p, d, v as everything else does, as each run's best.json states its widths."""
+    from phaze import plots, report as report_module
+
+    drawn = []
+    monkeypatch.setattr(plots, "plot_throughput_vs_area", lambda frame, marks, path, title: drawn.append(title))
+    found = report_module.collect(real_runs)
+    report_module.write(found, tmp_path)
+    assert drawn == [f"megatrongpt3: {len(found.shown)} settings"]
+    placement = best_of(real_runs / "complete")["per_setting"][0]["placement"]
+    row = found.summary[found.summary["run"] == "complete"].iloc[0]
+    assert row["placement"] == (f"t={placement['tensor_parallel_width']} p={placement['pipeline_parallel_width']} "
+                                f"d={placement['data_parallel_width']} v={placement['virtual_stages']}")
+
+
+def test_placement_plot_labels_each_devices_chunks_and_titles_every_width(monkeypatch, tmp_path):
+    """An interleaved placement (t 4, c 2, p 4, d 2, v 2 of 16 blocks): device 0 holds blocks 0-1 and
+    8-9, not "0-9"; the title gives t, c, p, d, v and t·c·p·d = 64 devices."""
+    from types import SimpleNamespace
+
+    from phaze import plots, search_run
+
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_stages",
+                        lambda loads, labels, path, title: drawn.update(loads=loads, labels=labels, title=title))
+    stages = [{"layers": [2 * device, 2 * device + 1, 8 + 2 * device, 9 + 2 * device]} for device in range(4)]
+    placement = {"tensor_parallel_width": 4, "context_parallel_width": 2, "pipeline_parallel_width": 4,
+                 "data_parallel_width": 2, "virtual_stages": 2, "expert_parallel_width": 1, "stages": stages}
+    costs = {4: {layer: SimpleNamespace(forward=1e-3 * layer, backward=2e-3 * layer) for layer in range(16)}}
+    search_run.plot_stages(SimpleNamespace(spec=SimpleNamespace(name="tiny")), {"placement": placement}, costs,
+                           tmp_path)
+    assert drawn["labels"] == ["0-1, 8-9", "2-3, 10-11", "4-5, 12-13", "6-7, 14-15"]
+    assert drawn["title"] == "tiny: t=4 c=2 p=4 d=2 v=2: 64 devices"
+    assert drawn["loads"] == pytest.approx([3e-3 * sum(stage["layers"]) for stage in stages])
+    figure = plots.stages_figure(drawn["loads"], drawn["labels"], drawn["title"])
+    (axes,) = figure.axes
+    assert [label.get_text() for label in axes.get_xticklabels()] == drawn["labels"]
+    assert axes.get_title() == drawn["title"]

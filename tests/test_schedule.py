@@ -407,3 +407,22 @@ def test_gantt_chart_draws_only_the_cores_in_use(tmp_path) -> None:
     png = plot_gantt(problem, solve(problem), tmp_path / "gantt.png").read_bytes()
     height = int.from_bytes(png[20:24], "big")
     assert height < 400
+
+
+def test_gantt_chart_names_only_bars_its_names_fit_and_lists_only_what_it_draws(tmp_path, monkeypatch) -> None:
+    """One long and four short operators on one TC lane, none parallel, no VC or collective work: the
+    long bar is named, the short ones (a thousandth of the span) are not, so no two names overlap,
+    and the legend of the chart written lists the TC bars alone."""
+    from matplotlib.figure import Figure
+
+    ops = [Op("TC", 1.0, 4.0, name="long_matmul"), *(Op("TC", 1e-3, 4e-3, name=f"short_{i}") for i in range(4))]
+    problem = ScheduleProblem(ops, [(i, i + 1) for i in range(4)], num_tc=1, num_vc=1)
+    result = solve(problem)
+    assert not any(result.parallel)
+    written, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, **options: (written.append(figure),
+                                                                             save(figure, path, **options)))
+    plot_gantt(problem, result, tmp_path / "gantt.png")
+    (axes,) = written[0].axes
+    assert [text.get_text() for text in axes.texts] == ["long_matmul"]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["TC"]

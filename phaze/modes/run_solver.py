@@ -39,7 +39,7 @@ def report(summary: dict, directory: Path) -> None:
     """The summary: one line (and its time breakdown) per setting, printed unwrapped and logged."""
     for setting in summary["per_setting"]:
         head = f"micro-batch {setting['micro_batch_size']}, HBM {setting['hbm_size_gib']:.4g} GiB"
-        if not setting.get("complete", True):
+        if not setting.get("complete", True) and setting.get("architectures_evaluated"):
             head += " (interrupted: the best of those evaluated)"
         if not setting.get("feasible"):
             show(f"{head}: {setting.get('reason', 'interrupted')}")

@@ -8,7 +8,7 @@ MODEL_VERSION = 1
 
 from solver.schedule.cache import ScheduleCache
 from solver.schedule.check import InvalidSchedule, Violation, check_schedule, violations
-from solver.schedule.gantt import plot_gantt
+from solver.schedule.gantt import gantt_figure, plot_gantt
 from solver.schedule.heuristic import heuristic_schedule, lower_bound
 from solver.schedule.listsched import Schedule
 from solver.schedule.milp import MILP_SOLVERS, LicenceLimitError
@@ -32,6 +32,7 @@ __all__ = [
     "Violation",
     "heuristic_schedule",
     "lower_bound",
+    "gantt_figure",
     "plot_gantt",
     "solve",
     "check_schedule",

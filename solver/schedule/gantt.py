@@ -51,32 +51,59 @@ def _rows(problem: ScheduleProblem, result: ScheduleResult) -> tuple[list[str], 
     return labels, drawn, note
 
 
-def plot_gantt(problem: ScheduleProblem, result: ScheduleResult, path: str | Path, title: str = "") -> Path:
-    """Draw `result` to `path` (any format matplotlib writes, by suffix); write-then-rename."""
-    path = Path(path)
+#: The figure's width [inches], the least share of it the time axis keeps beside the lane names and
+#: the legend, and the labels' font size [points]; a label is drawn only on a bar at least as long as
+#: its text (about 0.6 of the font size a character), so no two labels overlap.
+FIGURE_WIDTH = 10.0
+AXES_SHARE = 0.7
+LABEL_FONT_SIZE = 7
+CHARACTER_WIDTH = 0.6 * LABEL_FONT_SIZE
+
+
+def gantt_figure(problem: ScheduleProblem, result: ScheduleResult, title: str = "") -> Figure:
+    """The Gantt chart of `result`: a bar per operator on each lane it holds, named where the bar is
+    long enough for its name, and a legend of the kinds of bar drawn (a parallel run hatched)."""
     labels, drawn, note = _rows(problem, result)
     scale, unit = next((s, u) for s, u in ((1e6, "µs"), (1e3, "ms"), (1.0, "s")) if result.makespan * s < 1000)
-    figure = Figure(figsize=(10, 0.45 * len(labels) + 1.5))
+    figure = Figure(figsize=(FIGURE_WIDTH, 0.45 * len(labels) + 1.5))
     axes = figure.add_subplot()
+    span = max(result.makespan * scale, 1e-12)
+    points = AXES_SHARE * FIGURE_WIDTH * 72  # the time axis's width, at least
+    kinds, parallel = [], False
     for i, rows in enumerate(drawn):
         op = problem.ops[i]
+        if rows and op.core not in kinds:
+            kinds.append(op.core)
+        parallel |= bool(rows) and result.parallel[i]
         duration = op.duration(result.parallel[i]) * scale
+        name = op.name or str(i)
         for row in rows:
             axes.broken_barh(
                 [(result.start[i] * scale, duration)], (row - 0.4, 0.8), facecolors=COLOURS[op.core],
                 edgecolor="black", linewidth=0.5, hatch="//" if result.parallel[i] else None,
             )
-            axes.text((result.start[i] + op.duration(result.parallel[i]) / 2) * scale, row, op.name or str(i),
-                      ha="center", va="center", fontsize=7, clip_on=True)
+            if duration / span * points >= CHARACTER_WIDTH * len(name):
+                axes.text(result.start[i] * scale + duration / 2, row, name, ha="center", va="center",
+                          fontsize=LABEL_FONT_SIZE, clip_on=True)
     axes.set_yticks(range(len(labels)), labels)
     axes.invert_yaxis()
-    axes.set_xlim(0, max(result.makespan * scale, 1e-12))
+    axes.set_xlim(0, span)
     axes.set_xlabel(f"time [{unit}]; {note}")
     axes.set_title(title or f"makespan {result.makespan * scale:.4g} {unit} ({result.backend}, {result.status})")
-    handles = [Patch(facecolor=c, label=k) for k, c in COLOURS.items()]
-    handles.append(Patch(facecolor="white", hatch="//", label="parallel"))
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    handles = [Patch(facecolor=COLOURS[kind], label=kind) for kind in COLOURS if kind in kinds]
+    if parallel:
+        handles.append(Patch(facecolor="white", hatch="//", label="parallel"))
+    if handles:
+        axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=LABEL_FONT_SIZE)
     figure.tight_layout()
+    return figure
+
+
+def plot_gantt(problem: ScheduleProblem, result: ScheduleResult, path: str | Path, title: str = "") -> Path:
+    """Draw `result` (`gantt_figure`) to `path` (any format matplotlib writes, by suffix);
+    write-then-rename."""
+    path = Path(path)
+    figure = gantt_figure(problem, result, title)
     temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     figure.savefig(temporary)
     os.replace(temporary, path)

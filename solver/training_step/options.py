@@ -111,6 +111,31 @@ REDUCE_COPY_PASSES = 4
 EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
 
 
+#: Which frameworks run weights or gradients sharded over the data-parallel ranks in a pipeline of p > 1
+#: stages (ZeRO-2 and ZeRO-3 with pipeline parallelism), by sharding: layouts phaze prices that not
+#: every framework runs. DeepSpeed's PipelineEngine asserts zero_optimization_stage() < 2 ("ZeRO-2 and
+#: ZeRO-3 are incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py; DeepSpeed issue
+#: #1110); torchtitan applies PyTorch FSDP2 to each pipeline stage and by default keeps the gathered
+#: weights through the step when pipelining (reshard_after_forward = not pp_enabled,
+#: torchtitan/models/llama3/infra/parallelize.py, apply_fsdp); MaxText runs its fsdp axis with pipeline
+#: parallelism (pipeline_fsdp_ag_once: gather the weights once before the pipeline's loop).
+PIPELINE_SHARDING_NOTES = {
+    "gradients": ("ZeRO-2 with pipeline parallelism: DeepSpeed's pipeline engine refuses it (PipelineEngine asserts "
+                  "ZeRO stage < 2, deepspeed/runtime/pipe/engine.py)"),
+    "full": ("ZeRO-3 with pipeline parallelism: PyTorch FSDP2 on each stage composes them (torchtitan, which by "
+             "default keeps the gathered weights through the step when pipelining: reshard_after_forward=false) and "
+             "so does MaxText (its fsdp axis with pipeline stages; pipeline_fsdp_ag_once); DeepSpeed's pipeline "
+             "engine refuses ZeRO-2 and ZeRO-3 (PipelineEngine asserts ZeRO stage < 2, "
+             "deepspeed/runtime/pipe/engine.py)"),
+}
+
+
+def pipeline_sharding_note(sharding: str, stages: int) -> str | None:
+    """Which frameworks run `sharding` with a pipeline of `stages` stages (`PIPELINE_SHARDING_NOTES`),
+    or None where every framework does (one stage, or the optimizer state alone sharded)."""
+    return PIPELINE_SHARDING_NOTES.get(sharding) if stages > 1 else None
+
+
 @dataclass(frozen=True)
 class TrainingOptions:
     """Optimizer, data-parallel sharding and overlaps (module docstring)."""
