@@ -64,6 +64,12 @@ def _defaults(model: str, system: str) -> dict:
     return OmegaConf.to_container(composed, resolve=False)
 
 
+@lru_cache(maxsize=KEPT)
+def _resolved_defaults(model: str, system: str) -> dict:
+    """`_defaults` with its interpolations resolved (read only)."""
+    return _resolve(copy.deepcopy(_defaults(model, system)))
+
+
 def _set(config: dict, key: str, value: object) -> None:
     """Set a dotted key; a mapping value merges into a mapping node."""
     *parents, last = key.split(".")
@@ -118,7 +124,7 @@ def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dic
     config["mode"] = mode
     if error := config_key_error(config, schema):
         raise error
-    return _resolve(config), model if isinstance(model, ModelSpec) else None, _resolve(copy.deepcopy(default))
+    return _resolve(config), model if isinstance(model, ModelSpec) else None, _resolved_defaults(group, system)
 
 
 def _frozen(value: object) -> object:
