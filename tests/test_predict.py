@@ -274,6 +274,19 @@ def test_the_header_and_prediction_json_give_the_sequence_and_the_parameters(tmp
                      "micro-batch 2, batch 16, sequence 128, recompute=selective")
 
 
+def test_full_sharding_in_a_pipeline_is_noted_in_prediction_json(tmp_path):
+    """ZeRO-3 with p = 2 is priced and prediction.json names the frameworks that run it."""
+    from solver.training_step.options import PIPELINE_SHARDING_NOTES
+
+    run = phaze("predict", *TINY_ARGUMENTS, "num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2",
+                "data_parallel_width=4", "data_parallel_sharding=full",
+                f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert record["notes"] == [PIPELINE_SHARDING_NOTES["full"]]
+    assert "DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3" in record["notes"][0]
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["num_devices=16", "tensor_parallel_width=2", "pipeline_parallel_width=2", "data_parallel_width=2"],
      "data_parallel_width: tensor x pipeline x data parallel = 2 x 2 x 2 = 8, must equal num_devices=16"),

@@ -122,7 +122,7 @@ def test_a_key_the_mode_does_not_read_is_taken_at_its_default(tmp_path, monkeypa
      "within groups); allowed here: null"),
 ], ids=["overlap-dispatch", "deduplicated-dispatch", "dispatch-sms", "reshard", "blocking", "shard-width"])
 def test_an_option_that_does_not_apply_is_refused(arguments, message, capsys, monkeypatch, tmp_path):
-    assert refusal("predict", *PREDICT, *arguments, capsys=capsys, monkeypatch=monkeypatch,
+    assert refusal("predict", *PREDICT, "recompute=none", *arguments, capsys=capsys, monkeypatch=monkeypatch,
                    tmp_path=tmp_path) == message
 
 
@@ -136,7 +136,7 @@ def test_options_that_apply_somewhere_in_a_search_are_taken():
 
 def test_expert_dispatch_sms_needs_the_overlap_it_holds_sms_for(capsys, monkeypatch, tmp_path):
     said = refusal("predict", "model=mixtral-8x7b", "system=dgx_h100", "num_devices=64", "tensor_parallel_width=8",
-                   "pipeline_parallel_width=4", "data_parallel_width=2", "global_batch_size=64",
+                   "pipeline_parallel_width=4", "data_parallel_width=2", "global_batch_size=64", "recompute=none",
                    "expert_dispatch_sms=24", capsys=capsys, monkeypatch=monkeypatch, tmp_path=tmp_path)
     assert said == ("expert_dispatch_sms: the SMs an overlapped dispatch holds; needs overlap_expert_dispatch=true; "
                     "allowed here: null")
@@ -154,8 +154,8 @@ def test_expert_dispatch_sms_needs_the_overlap_it_holds_sms_for(capsys, monkeypa
 ], ids=["width-not-an-integer", "pipeline-of-more-stages-than-layers", "chip-by-path"])
 def test_a_refusal_says_what_is_wrong_and_what_is_allowed(arguments, message, capsys, monkeypatch, tmp_path):
     said = refusal("predict", "model=llama3-8b", "system=dgx_h100", "num_devices=8", "tensor_parallel_width=8",
-                   "pipeline_parallel_width=1", "data_parallel_width=1", "global_batch_size=8", *arguments,
-                   capsys=capsys, monkeypatch=monkeypatch, tmp_path=tmp_path)
+                   "pipeline_parallel_width=1", "data_parallel_width=1", "global_batch_size=8", "recompute=none",
+                   *arguments, capsys=capsys, monkeypatch=monkeypatch, tmp_path=tmp_path)
     assert said.startswith(message), said
 
 
