@@ -36,6 +36,7 @@ UNARY_CYCLES = {
     "neg": (1, 1), "relu": (1, 1), "gelu": (1, 1), "masked_fill": (1, 1), "dropout": (2, 1),
     "exp": (15, 16), "log": (15, 16), "pow": (15, 16), "sqrt": (15, 16), "rsqrt": (15, 16),
     "tanh": (27, 2), "cos": (13, 2), "sin": (13, 2), "sigmoid": (12, 22), "silu": (14, 15),
+    "clamp": (2, 1),  # a minimum and a maximum; its gradient passes where the value was inside the bounds
 }
 #: Binary elementwise ops: forward cycles per element, backward cycles per element for the
 #: gradient of the first and of every further operand.
@@ -52,7 +53,7 @@ FREE_KINDS = ("shape", "embedding", "index")  # free, as in the original
 
 # Fusion classes (the original's `op_to_opr_dict`, `wham/op_to_compute.py` lines 99-207), named for our op vocabulary.
 ACTIVATIONS = ("relu", "gelu", "tanh", "cos", "sin", "sigmoid", "silu")
-INJECTIVE = ("add", "sub", "mul", "div", "neg", "exp", "log", "pow", "sqrt", "rsqrt", "where") + COMPARISONS
+INJECTIVE = ("add", "sub", "mul", "div", "neg", "exp", "log", "pow", "sqrt", "rsqrt", "where", "clamp") + COMPARISONS
 
 
 @dataclass(frozen=True)

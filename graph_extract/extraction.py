@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -15,6 +15,8 @@ from phaze_common.checks import InputError, positive_integer
 from phaze_common.files import atomic_write, read_cache_file
 from phaze_common.log import warn_once
 from graph_extract import factory
+from graph_extract.export import export
+from graph_extract.plan import apply_plan, derived_plan, plan_digest, read_plan
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.regions import attention_core, recompute_modules
@@ -75,13 +77,14 @@ def _kv_heads_allow(spec: ModelSpec, width: int) -> bool:
 
 def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[int, ...]:
     """Powers of two up to `maximum` that divide the head count (and so the hidden and FFN sizes) and
-    that the key/value heads allow; 1 only for a factory that builds no shards."""
+    that the key/value heads allow (an exported model's plan splits them, it does not replicate
+    them: the width divides them)."""
     spec = get_spec(model)
-    if spec.factory is not None and not factory.takes_width(spec.factory):
-        return (1,)
+    planned = is_exported(spec)
     widths, width = [], 1
     while width <= maximum:
-        if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0 and _kv_heads_allow(spec, width):
+        kv_heads = spec.kv_heads % width == 0 if planned else _kv_heads_allow(spec, width)
+        if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0 and kv_heads:
             widths.append(width)
         width *= 2
     return tuple(widths)
@@ -100,9 +103,10 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
     if width & (width - 1):
         raise InputError(f"tensor_parallel_width: must be a power of two, got {width!r}")
     valid = valid_tensor_parallel_widths(spec, width)
-    if width not in valid and spec.factory is not None and not factory.takes_width(spec.factory):
-        raise InputError(f"tensor_parallel_width: {width}, but {spec.factory} takes no tensor_parallel_width (it "
-                         "builds no shards); allowed: 1")
+    if spec.num_heads % width == 0 and is_exported(spec) and spec.kv_heads % width:
+        raise InputError(f"tensor_parallel_width: {width} does not divide the {spec.kv_heads} key/value heads of "
+                         f"{spec.name} (a plan splits them, it does not replicate them); allowed: "
+                         f"{', '.join(map(str, valid))}")
     if spec.num_heads % width == 0 and not _kv_heads_allow(spec, width):
         raise InputError(
             f"tensor_parallel_width: {width} and the {spec.kv_heads} key/value heads of {spec.name} do not divide "
@@ -113,6 +117,12 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
             f"tensor_parallel_width: {width} does not divide the {spec.num_heads} heads of {spec.name}; "
             f"valid: {', '.join(map(str, valid))}"
         )
+
+
+def is_exported(spec: ModelSpec) -> bool:
+    """Whether `spec`'s graphs come from `torch.export` and a plan: a factory that builds the whole
+    model (no tensor_parallel_width), or a config.json transformers builds."""
+    return spec.factory is not None and not factory.takes_width(spec.factory)
 
 
 def parameter_count(model: torch.nn.Module, width: int) -> int:
@@ -144,6 +154,8 @@ def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence
     fields = fields[:length]
     if spec.factory is not None:
         fields += (factory.source_digest(spec.factory),)
+    if spec.plan is not None:
+        fields += (plan_digest(spec.plan),)
     spec_hash = hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
     name = f"{spec.name}_mbs{micro_batch_size}_seq{sequence_length}_tp{width}_v{FORMAT_VERSION}_{spec_hash}.json"
     return Path(cache_dir) / "graphs" / name
@@ -184,6 +196,8 @@ def _from_record(record: dict) -> ExtractedModel:
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
     traced = spec.with_overrides(num_layers=traced_blocks(spec))
+    if is_exported(spec):
+        return _exported(spec, traced, micro_batch_size, sequence_length, width)
     if spec.factory is None:
         with torch.device("meta"):
             model = TransformerModel(traced, sequence_length, width, micro_batch_size=micro_batch_size)
@@ -197,16 +211,46 @@ def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: 
         if spec.factory is None:
             raise
         raise ValueError(f"tracing the model with torch.fx: its forward called {factory.exit_call(stop)}") from None
+    return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks)
+
+
+def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequence_length: int,
+              width: int) -> ExtractedModel:
+    """Apply the model's plan at `width` to its one export (`graph_extract.export`)."""
+    model, blocks, graph = _export(spec.factory, factory.source_digest(spec.factory), micro_batch_size,
+                                   sequence_length, traced.num_layers)
+    plan = read_plan(spec.plan) if spec.plan is not None else derived_plan(graph, blocks)
+    module = apply_plan(graph, plan, width)
+    return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks)
+
+
+@lru_cache(maxsize=4)
+def _export(reference: str, digest: str, micro_batch_size: int, sequence_length: int,
+            blocks: int) -> tuple[torch.nn.Module, str, torch.fx.GraphModule]:
+    """The factory's model cut to `blocks` blocks, its blocks' path and its export, once per process
+    for each file version (`digest`) and input shape."""
+    model, path = factory.build(reference, sequence_length, 1, blocks)
+    inputs = factory.model_inputs(model, micro_batch_size, sequence_length)
+    try:
+        return model, path, export(model, inputs)
+    except SystemExit as stop:
+        raise ValueError(f"exporting the model with torch.export: its forward called {factory.exit_call(stop)}"
+                         ) from None
+
+
+def _extracted(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequence_length: int, width: int,
+               model: torch.nn.Module, module: torch.fx.GraphModule, blocks: str) -> ExtractedModel:
+    """The graphs of rank 0's traced module, the blocks beyond the traced ones copied."""
     op_graph = to_op_graph(module, traced.num_layers, width, blocks)
     layer_graph = _named_layers(build_layer_graph(op_graph, TRAINING_DTYPE_BYTES), traced.num_layers)
     groups = find_repeat_groups(op_graph)
     count, per_device = parameter_count(model, width), sum(weight_sizes(op_graph.nodes).values())
     extra = spec.num_layers - traced.num_layers
     if extra:
+        last_block = sum(weight_sizes(node for node in op_graph.nodes if node.layer == traced.num_layers).values())
         op_graph, layer_graph, groups = _more_blocks(op_graph, layer_graph, groups, traced.num_layers, spec.num_layers)
-        last = model.get_submodule(blocks)[-1]
-        count += extra * parameter_count(last, width)
-        per_device += extra * sum(parameter.numel() for parameter in last.parameters())
+        count += extra * parameter_count(model.get_submodule(blocks)[-1], width)
+        per_device += extra * last_block
     return ExtractedModel(spec, micro_batch_size, sequence_length, width, op_graph, layer_graph, groups, count,
                           per_device, count - _skipped_expert_parameters(spec, layer_graph))
 

@@ -39,6 +39,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from graph_extract import hf
 from graph_extract.parallel import VocabParallelEmbedding
 from graph_extract.zoo import ModelSpec
 
@@ -71,7 +72,12 @@ def _split(reference: str) -> tuple[str, str]:
 
 
 def source_file(reference: str) -> Path:
-    """The file that defines the factory's module, found without running it."""
+    """The file that defines the factory's module (a config.json: itself), found without running it."""
+    if hf.is_config_file(reference):
+        path = Path(reference)
+        if not path.is_file():
+            raise ValueError(f"no such file {reference}" if not path.exists() else f"{reference} is not a file")
+        return path
     location, _ = _split(reference)
     if location.endswith(".py"):
         path = Path(location)
@@ -89,7 +95,10 @@ def source_file(reference: str) -> Path:
 
 
 def source_digest(reference: str) -> str:
-    """SHA-1 of the bytes of the factory's source file: a changed file is another model."""
+    """SHA-1 of the bytes of the factory's source file (a config.json's with the transformers version
+    that builds it): a changed file is another model."""
+    if hf.is_config_file(reference):
+        return hf.digest(source_file(reference))
     return hashlib.sha1(source_file(reference).read_bytes()).hexdigest()
 
 
@@ -158,11 +167,15 @@ def _parameters(function: Callable[..., object]) -> dict[str, inspect.Parameter]
 
 def takes_width(reference: str) -> bool:
     """Whether the factory builds tensor-parallel shards (takes `tensor_parallel_width`)."""
+    if hf.is_config_file(reference):
+        return False
     return "tensor_parallel_width" in _parameters(factory_function(reference))
 
 
 def default_sequence_length(reference: str) -> int | None:
     """The default of the factory's `sequence_length` parameter (None: it takes none)."""
+    if hf.is_config_file(reference):
+        return None
     parameter = _parameters(factory_function(reference)).get("sequence_length")
     if parameter is None:
         return None
@@ -173,7 +186,10 @@ def default_sequence_length(reference: str) -> int | None:
 
 
 def call_factory(reference: str, sequence_length: int, width: int = 1, rank: int = 0) -> nn.Module:
-    """The module the factory builds on the meta device at `sequence_length`, width and rank."""
+    """The module the factory builds on the meta device at `sequence_length`, width and rank (a
+    config.json: the model `transformers` builds, `graph_extract.hf`)."""
+    if hf.is_config_file(reference):
+        return hf.build(source_file(reference))
     function = factory_function(reference)
     parameters = _parameters(function)
     for name, parameter in parameters.items():
@@ -226,6 +242,9 @@ def _check_blocks_alike(model: nn.Module, blocks: str) -> None:
 
 def build(reference: str, sequence_length: int, width: int, blocks: int) -> tuple[nn.Module, str]:
     """The factory's rank-0 model at `width` cut to its first `blocks` blocks, and the blocks' path."""
+    if hf.is_config_file(reference):
+        model = hf.build(source_file(reference), blocks)
+        return model, find_blocks(model)
     model = call_factory(reference, sequence_length, width)
     path = find_blocks(model)
     built = model.get_submodule(path)
@@ -307,6 +326,7 @@ def factory_spec(reference: str) -> ModelSpec:
                          "token embedding's width)")
     if heads % kv_heads:
         raise ValueError(f"config.num_key_value_heads: {kv_heads} does not divide num_attention_heads={heads}")
+    head_dim = _config_value(config, "head_dim")
     return ModelSpec(
         name=_name(config, reference),
         num_layers=len(model.get_submodule(blocks)),
@@ -317,5 +337,6 @@ def factory_spec(reference: str) -> ModelSpec:
         max_position_embeddings=positions,
         default_sequence_length=sequence,
         num_kv_heads=None if kv_heads == heads else kv_heads,
+        kv_channels=head_dim if isinstance(head_dim, int) and head_dim * heads != hidden else None,
         factory=reference,
     )

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from graph_extract.attention import attention_kernels
 from graph_extract.opgraph import EXPERT_TENSOR, OpGraph, OpNode, weight_sizes
-from graph_extract.regions import attention_core, block_weight_products, made_by, recompute_modules, replicated_outputs
+from graph_extract.regions import (attention_core, block_weight_products, input_derived, made_by, recompute_modules,
+                                   replicated_outputs)
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -244,15 +245,17 @@ def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int
 
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     """Contract the op graph into layers; parameters are counted once per layer that reads them (a
-    weight two layers read is also in `tied`)."""
+    weight two layers read is also in `tied`). An edge between layers carries the tensors one layer
+    computes and another reads, but those built from the inputs alone (`input_derived`)."""
     replicated, core = replicated_outputs(graph), attention_core(graph)
     modules = recompute_modules(graph)
     kernels = attention_kernels(graph)
     matrix_products = block_weight_products(graph)
     crossing: dict[tuple[int, int], dict[int, int]] = {}
+    built_by_every_stage = input_derived(graph)
     for source, dest in graph.edges:
         pair = (graph.nodes[source].layer, graph.nodes[dest].layer)
-        if pair[0] != pair[1]:
+        if pair[0] != pair[1] and not built_by_every_stage[source]:
             crossing.setdefault(pair, {})[source] = graph.nodes[source].output_bytes
     layers, first_reader, tied = [], {}, []
     for layer_id in graph.layers:

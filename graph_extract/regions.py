@@ -55,6 +55,16 @@ def replicated_outputs(graph: OpGraph) -> tuple[bool, ...]:
     return tuple(replicated)
 
 
+def input_derived(graph: OpGraph) -> tuple[bool, ...]:
+    """Per operator (by id): is its output computed from the model's inputs and buffers alone (no
+    parameter on any path into it)? Positions, masks and rotary tables are: every pipeline stage
+    builds them from the batch it is given, none is sent between stages."""
+    derived: list[bool] = []
+    for node in graph.nodes:  # program order is a topological order
+        derived.append(not node.weight_names and all(source is None or derived[source] for source in node.inputs))
+    return tuple(derived)
+
+
 def attention_cores(graph: OpGraph) -> tuple[frozenset[int], ...]:
     """The operator ids of each attention core: a product of activations, the product that consumes
     it, and the operators on the paths between them (none of them a weight product)."""

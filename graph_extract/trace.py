@@ -134,7 +134,74 @@ _METHODS: dict[str, tuple[str, str]] = {
 }
 
 
+#: ATen operators of an exported graph (`graph_extract.export`), by overload packet name, in the
+#: vocabulary of the tables above. Integer bookkeeping (index arithmetic, sorting and counting the
+#: routed tokens, building masks and positions) is free "index" or "shape" work, as the routing plan.
+_ATEN: dict[str, tuple[str, str]] = {
+    "linear": ("gemm", "linear"),
+    "_grouped_mm": ("gemm", "grouped_linear"),
+    "matmul": ("bmm", "matmul"),
+    "bmm": ("bmm", "matmul"),
+    "softmax": ("softmax", "softmax"),
+    "_softmax": ("softmax", "softmax"),
+    "rms_norm": ("norm", "rmsnorm"),
+    "layer_norm": ("norm", "layernorm"),
+    "embedding": ("embedding", "embedding"),
+    "dropout": ("elementwise", "dropout"),
+    **{name: ("elementwise", name) for name in (
+        "add", "sub", "mul", "div", "neg", "exp", "log", "pow", "rsqrt", "sqrt", "tanh", "sigmoid", "cos", "sin",
+        "where", "gelu", "relu", "silu", "masked_fill", "lt", "le", "gt", "ge", "eq", "ne", "clamp")},
+    "add_": ("elementwise", "add"),
+    "rsub": ("elementwise", "sub"),
+    "__and__": ("elementwise", "logical_and"),
+    "__or__": ("elementwise", "logical_or"),
+    "bitwise_and": ("elementwise", "logical_and"),
+    "bitwise_or": ("elementwise", "logical_or"),
+    "logical_and": ("elementwise", "logical_and"),
+    "logical_or": ("elementwise", "logical_or"),
+    "logical_not": ("elementwise", "logical_not"),
+    "bitwise_not": ("elementwise", "logical_not"),
+    **{name: ("reduction", name) for name in ("sum", "mean", "amax", "topk")},
+    "max": ("reduction", "amax"),
+    "gather": ("index", "gather"),
+    "index_select": ("index", "index_select"),
+    **{name: ("index", "route") for name in (
+        "index", "index_put", "index_put_", "scatter", "scatter_add", "index_add", "sort", "argsort", "histc",
+        "bincount", "cumsum", "diff", "floor_divide", "remainder", "one_hot", "argmax", "nonzero")},
+    **{name: ("shape", name) for name in (
+        "view", "reshape", "_unsafe_view", "transpose", "permute", "contiguous", "clone", "unsqueeze", "squeeze",
+        "expand", "flatten", "unflatten", "slice", "select", "cat", "stack", "split", "split_with_sizes", "chunk",
+        "t", "to", "_to_copy", "type_as", "alias", "detach", "lift_fresh_copy", "arange", "full", "zeros", "ones",
+        "empty", "empty_like", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_empty",
+        "new_full", "scalar_tensor", "pad", "constant_pad_nd", "repeat", "view_as", "expand_as", "triu", "tril",
+        "_assert_tensor_metadata", "wrap_with_set_grad_enabled", "wrap_with_autocast")},
+}
+
+
+#: The integer bookkeeping above that is arithmetic on floating-point tensors: refused there.
+_INTEGER_ONLY = ("cumsum", "diff", "floor_divide", "remainder", "histc", "bincount")
+
+
+def _aten_name(target: object) -> str | None:
+    """The overload packet name of an ATen operator (or a higher-order operator's name), else None."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._overloadpacket.__name__
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return target.name()
+    return None
+
+
 def _classify(module: fx.GraphModule, node: fx.Node) -> tuple[str, str]:
+    if (name := _aten_name(node.target)) is not None:
+        if name in ("matmul", "bmm") and any(_is_parameter(module, argument) for argument in node.args):
+            return ("gemm", "grouped_linear")
+        value = node.meta.get("val")
+        arithmetic = name in _INTEGER_ONLY and isinstance(value, torch.Tensor) and value.dtype.is_floating_point
+        if name not in _ATEN or arithmetic:
+            where = node.meta.get("module_path") or "the top-level forward"
+            raise ValueError(f"operator: unsupported ATen operator {name}{' on floating-point tensors' * arithmetic} at "
+                             f"{where}; supported: the table _ATEN of graph_extract/trace.py")
+        return _ATEN[name]
     if node.op == "call_module":
         submodule = module.get_submodule(node.target)
         table, key = _MODULES, type(submodule)
@@ -153,7 +220,7 @@ def _classify(module: fx.GraphModule, node: fx.Node) -> tuple[str, str]:
 
 
 def _is_parameter(module: fx.GraphModule, argument: object) -> bool:
-    return isinstance(argument, fx.Node) and argument.op == "get_attr" and argument.target in dict(module.named_parameters())
+    return isinstance(argument, fx.Node) and argument.op == "get_attr" and argument.target in dict(module.named_parameters(remove_duplicate=False))
 
 
 def _function_name(function: Callable) -> str:
@@ -186,6 +253,8 @@ def _gemm_dims(kind: str, inputs: list[tuple[int, ...]], weights: tuple[tuple[in
                output: tuple[int, ...]) -> GemmDims:
     if kind == "gemm" and len(weights[0]) == 3:  # per expert: activation [E, m, k] times weight [E, k, n]
         experts, k, n = weights[0]
+        if len(output) == 2:  # a grouped product of [rows, k] in E groups: the mean rows per expert
+            return GemmDims(batch=experts, m=math.ceil(output[0] / experts), k=k, n=n)
         return GemmDims(batch=experts, m=output[-2], k=k, n=n)
     if kind == "gemm":  # activation [..., k] times weight [n, k]
         n, k = weights[0]
@@ -210,7 +279,7 @@ def _attrs(module: fx.GraphModule, node: fx.Node, op: str) -> tuple[tuple[str, o
         group_size = node.args[1] if len(node.args) > 1 else node.kwargs["group_size"]
         attrs.update(direction="backward", group_size=group_size, reduce_op="sum", **_group(node))
     elif op == "dropout":
-        attrs["p"] = module.get_submodule(node.target).p
+        attrs["p"] = module.get_submodule(node.target).p if node.op == "call_module" else node.args[1]
     elif op in ("softmax", "sum", "mean", "amax"):
         dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
         attrs["dim"] = dim
@@ -220,7 +289,7 @@ def _attrs(module: fx.GraphModule, node: fx.Node, op: str) -> tuple[tuple[str, o
 def to_op_graph(module: fx.GraphModule, num_layers: int, tensor_parallel_width: int, blocks: str = "layers") -> OpGraph:
     """The OpGraph of a traced, shape-annotated model whose transformer blocks are the children of
     the ModuleList at path `blocks`; the layers follow one another in program order."""
-    parameters = dict(module.named_parameters())
+    parameters = dict(module.named_parameters(remove_duplicate=False))
     ids: dict[fx.Node, int] = {}
     nodes: list[OpNode] = []
     edges: list[tuple[int, int]] = []

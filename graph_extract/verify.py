@@ -2,17 +2,23 @@
 
 On a tiny configuration of a model family, with real random weights on the CPU, the t shards'
 traced graphs run side by side, node by node; each all-reduce is replaced by the real reduction
-over the t shards (sum, or max). The shards' outputs must equal the unsharded model's outputs.
+over the t shards (sum, or max). The shards' outputs must equal the unsharded model's outputs. An
+exported model's ranks are its plan's (`graph_extract.plan.apply_plan` with the real weights).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import fx
+from torch import fx, nn
 
+from graph_extract import factory, hf
+from graph_extract.export import export
+from graph_extract.extraction import is_exported
 from graph_extract.parallel import all_reduce
+from graph_extract.plan import Plan, apply_plan, derived_plan, read_plan
 from graph_extract.trace import trace
 from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
@@ -80,14 +86,51 @@ def run_shards_in_lockstep(modules: list[fx.GraphModule], inputs: list[torch.Ten
     return results  # the output node's value on every shard
 
 
+def verify_plan(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan | None, width: int,
+                blocks: str) -> float:
+    """The largest difference between `model(**inputs)` (real tensors) and its `width` ranks' graphs
+    under `plan` (None: the plan derived by structure, `graph_extract.plan.derived_plan`) run in
+    lockstep from the one export."""
+    graph = export(model, inputs)
+    plan = derived_plan(graph, blocks) if plan is None else plan
+    values = {**dict(graph.named_parameters(remove_duplicate=False)), **dict(graph.named_buffers(remove_duplicate=False))}
+    ranks = [apply_plan(graph, plan, width, rank, values) for rank in range(width)]
+    with torch.no_grad():
+        expected = _outputs(model(**inputs))
+        per_rank = run_shards_in_lockstep(ranks, list(inputs.values()))
+    return max((got - want).abs().max().item() for outputs in per_rank
+               for got, want in zip(_outputs(outputs), expected, strict=True))
+
+
+def _verify_exported(spec: ModelSpec, width: int, tolerance: float, seed: int) -> VerificationResult:
+    """An exported model (a factory, a config.json) built with random weights on the CPU as its
+    factory builds it (a small one: every weight is allocated), against its plan's ranks."""
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = hf.build_real(spec.factory) if hf.is_config_file(spec.factory) else \
+            factory.factory_function(spec.factory)(**({"sequence_length": spec.default_sequence_length}
+                                                       if factory.default_sequence_length(spec.factory) else {}))
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {name: torch.randint(0, spec.vocab_size, tuple(value.shape), generator=generator)
+              for name, value in factory.model_inputs(model, MICRO_BATCH_SIZE, spec.default_sequence_length).items()}
+    plan = read_plan(spec.plan) if spec.plan is not None else None
+    error = verify_plan(model, inputs, plan, width, factory.find_blocks(model))
+    return VerificationResult(spec.name, width, error, tolerance)
+
+
 def verify_tensor_parallel(
     model: str | ModelSpec, width: int, tolerance: float = 1e-4, seed: int = 0, **overrides: int
 ) -> VerificationResult:
     """Run a tiny configuration of `model`'s family sharded `width` ways against the unsharded model.
 
     A grouped-query model keeps its query heads per key/value head (at least one key/value head).
+    An exported model (a factory without tensor_parallel_width, a config.json `transformers`
+    builds) runs as built, with random weights, under its plan (`verify_plan`).
     """
     spec = get_spec(model)
+    if is_exported(spec):
+        return _verify_exported(spec.with_overrides(**overrides), width, tolerance, seed)
     tiny = dict(TINY)
     if spec.num_kv_heads is not None:
         tiny["num_kv_heads"] = max(TINY["num_heads"] * spec.num_kv_heads // spec.num_heads, 1)

@@ -118,6 +118,10 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # The tensor-parallel plan of an exported model (a factory without tensor_parallel_width, a
+    # config.json transformers builds): a YAML file of module patterns and their styles
+    # (graph_extract.plan); None: the plan phaze derives by structure (Megatron's split).
+    plan: str | None = None
 
     def __post_init__(self) -> None:
         """Every field checked (a spec built in code is held to the rules a config file is): one

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from graph_extract import ModelSpec, extract
+from graph_extract import ModelSpec, extract, hf
+from graph_extract.extraction import is_exported
 from graph_extract.factory import exit_call, factory_spec, source_digest
 from graph_extract.zoo import LLAMA_FAMILY
 
@@ -226,8 +227,9 @@ def spec_fields_from_hf(config: dict, path: Path) -> dict[str, object]:
     """
     model_type = config.get("model_type")
     if model_type not in HF_MODEL_TYPES:
-        raise ValueError(f"model_type: unknown {model_type!r}; allowed: {', '.join(HF_MODEL_TYPES)} "
-                         "(or a ModelSpec YAML file)")
+        raise ValueError(f"model_type: unknown {model_type!r}; allowed: {', '.join(HF_MODEL_TYPES)} (phaze's "
+                         "reader), a causal language model type the installed transformers builds, or a ModelSpec "
+                         "YAML file")
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: {act!r} is not a Llama-family MLP; allowed: silu (SwiGLU)")
@@ -367,9 +369,23 @@ def _default_sequence_length(config: dict) -> object:
 _FACTORY_SPECS: dict[tuple[str, str, str], ModelSpec] = {}
 
 
+def built_by_transformers(path: Path) -> bool:
+    """Whether `path` is a config.json of a model type phaze's reader does not read and `transformers`
+    builds: its model is built by `transformers` and exported (graph_extract.hf)."""
+    if path.suffix.lower() not in JSON_SUFFIXES or not path.is_file():
+        return False
+    try:
+        config = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") not in HF_MODEL_TYPES and hf.knows(
+        config.get("model_type"))
+
+
 def read_factory(reference: str) -> ModelSpec:
-    """The ModelSpec of a `module:function` factory, checked by tracing its model once (micro-batch 1,
-    width 1, its default sequence); a one-line ValueError for anything wrong with it."""
+    """The ModelSpec of a `module:function` factory or a config.json transformers builds, checked by
+    extracting its model once (micro-batch 1, width 1, its default sequence); a one-line ValueError
+    for anything wrong with it."""
     key = (reference, source_digest(reference), os.getcwd())
     if key not in _FACTORY_SPECS:
         spec = factory_spec(reference)
@@ -378,9 +394,11 @@ def read_factory(reference: str) -> ModelSpec:
         except Exception as error:  # phaze's checks (ValueError), torch.fx's and the user's forward's
             text = str(error).strip().splitlines()[0] if str(error).strip() else ""
             if not isinstance(error, ValueError):
-                text = f"tracing the model with torch.fx failed ({type(error).__name__}{': ' if text else ''}{text})"
+                how = "exporting the model with torch.export" if is_exported(spec) else "tracing the model with torch.fx"
+                text = f"{how} failed ({type(error).__name__}{': ' if text else ''}{text})"
             raise ValueError(text) from None
         except SystemExit as stop:  # the user's code (graph_extract turns its forward's into a ValueError)
-            raise ValueError(f"tracing the model with torch.fx: its forward called {exit_call(stop)}") from None
+            how = "exporting the model with torch.export" if is_exported(spec) else "tracing the model with torch.fx"
+            raise ValueError(f"{how}: its forward called {exit_call(stop)}") from None
         _FACTORY_SPECS[key] = spec
     return _FACTORY_SPECS[key]

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from phaze_common.checks import InputError, is_integer, positive_integer
 from graph_extract import ModelSpec, get_spec
+from graph_extract.extraction import is_exported
 from graph_extract.factory import is_factory_reference
+from graph_extract.plan import read_plan
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
-from phaze.custom_model import NAME_PATTERN, folder_error, read_factory, read_model_file
+from phaze.custom_model import NAME_PATTERN, built_by_transformers, folder_error, read_factory, read_model_file
 from solver.layout import Layout, MegatronSplit
 
 #: The ModelSpec fields a factory model (`model.config=MODULE:FUNCTION`) may override: the others are its module's.
@@ -63,7 +65,7 @@ def custom_spec(model: Mapping) -> tuple[ModelSpec, int | None]:
     if not is_factory_reference(reference) and path.is_dir():
         raise InputError(folder_error(path))
     try:
-        if is_factory_reference(reference):
+        if is_factory_reference(reference) or built_by_transformers(path):
             return read_factory(reference), None
         model_file = read_model_file(path)
     except (ValueError, OSError) as problem:
@@ -86,6 +88,8 @@ def model_spec(model: Mapping, sequence_length: object = None) -> ModelSpec:
     if not isinstance(overrides, dict):
         raise InputError(f"model.overrides: must be a mapping of ModelSpec fields, got {overrides!r}")
     base, window = custom_spec(model) if model["name"] == CUSTOM_MODEL else (get_spec(model["name"]), None)
+    if model.get("plan") is not None:
+        base = base.with_overrides(plan=_plan_file(model["plan"], base))
     if base.factory is not None and (fixed := sorted(set(overrides) - set(FACTORY_OVERRIDES))):
         raise InputError(f"model.overrides.{fixed[0]}: a factory's model has its module's shape; allowed: "
                          f"{', '.join(FACTORY_OVERRIDES)}")
@@ -96,6 +100,18 @@ def model_spec(model: Mapping, sequence_length: object = None) -> ModelSpec:
                          f"{sequence:,}-token sequence, is a windowed attention phaze does not price (it prices full "
                          f"attention over the sequence); allowed: sequence_length at most {window}")
     return spec
+
+
+def _plan_file(plan: object, spec: ModelSpec) -> str:
+    """`model.plan`, checked: a readable YAML plan of a model phaze exports."""
+    if not is_exported(spec):
+        raise InputError("model.plan: only for a model phaze exports (model=custom with a factory that takes no "
+                         "tensor_parallel_width, or a config.json transformers builds); allowed: null")
+    if not isinstance(plan, str) or not Path(plan).is_file():
+        raise InputError(f"model.plan: {plan!r} is not a file; allowed: null, or a YAML plan file (module pattern: "
+                         "ColwiseParallel or RowwiseParallel)")
+    read_plan(plan)
+    return plan
 
 
 def fixed_megatron(model: Mapping, devices: int) -> tuple[Layout | None, MegatronSplit]:

@@ -262,8 +262,9 @@ def test_a_bad_value_in_a_config_json_names_its_key(tmp_path):
     assert problem(num_attention_heads=24).startswith("num_attention_heads: 24 heads do not divide hidden_size=")
     assert problem(tie_word_embeddings="yes") == "tie_word_embeddings: must be true or false, got 'yes'"
     assert problem(hidden_act="gelu").startswith("hidden_act: 'gelu' is not a Llama-family MLP; allowed: silu")
-    assert problem(model_type="gpt2") == ("model_type: unknown 'gpt2'; allowed: llama, mistral, mixtral, qwen3_moe, "
-                                          "deepseek_v3 (or a ModelSpec YAML file)")
+    assert problem(model_type="not_a_model") == (
+        "model_type: unknown 'not_a_model'; allowed: llama, mistral, mixtral, qwen3_moe, deepseek_v3 (phaze's reader), "
+        "a causal language model type the installed transformers builds, or a ModelSpec YAML file")
     assert problem(attention_bias=True) == ("attention_bias: true adds biases, which phaze's llama reader does not "
                                             "model; allowed: false")
 

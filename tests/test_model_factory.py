@@ -79,19 +79,18 @@ def assert_same_layers(mine, theirs, replicated: bool) -> None:
 
 def test_a_plain_pytorch_llama3_8b_has_the_zoo_layer_graph():
     """32 blocks, two traced and copied: equal FLOPs, parameter, activation and input bytes, edges and
-    the published 8,030,261,248 parameters. Without graph_extract.parallel layers no parameter is
-    split over ranks, so all its activations count as replicated (what sequence parallelism splits;
-    nothing at width 1), where the zoo's Megatron layers mark the tensor-parallel ones."""
+    the published 8,030,261,248 parameters. The module is plain PyTorch, exported once; the plan
+    derived by structure marks the split parameters as the zoo's Megatron layers do, so the
+    replicated parts (what sequence parallelism splits) are the zoo's too."""
     spec = factory_spec(f"{LLAMA}:llama3_8b")
     mine = extract(spec, 2, sequence_length=32)
     theirs = extract(get_spec("llama3-8b"), 2, sequence_length=32)
-    assert_same_layers(mine, theirs, replicated=False)
+    assert_same_layers(mine, theirs, replicated=True)
     assert mine.parameter_count == llama_parameters(32, 4096, 32, 8, 14336, 128256) == 8_030_261_248
     blocks = [layer for layer in mine.layer_graph.layers if layer.kind == "block"]
     assert [layer.name for layer in blocks] == [f"layers.{k}" for k in range(32)]
     assert {layer.forward_flops for layer in blocks} == {block_flops(2, 32, 4096, 32, 8, 14336)}
-    assert all(layer.replicated_activation_bytes == layer.activation_bytes for layer in mine.layer_graph.layers)
-    assert valid_tensor_parallel_widths(spec, 8) == (1,)
+    assert valid_tensor_parallel_widths(spec, 8) == (1, 2, 4, 8)
 
 
 def test_a_three_block_cut_and_a_num_layers_override_are_the_zoo_cut():
@@ -157,8 +156,8 @@ def factory_error(reference: str) -> str:
         ("raises", "raises raised RuntimeError: out of ideas"),
         ("returns_a_number", "returns_a_number returned int 3, not a torch.nn.Module"),
         ("without_a_module_list", "Model has no nn.ModuleList of transformer blocks (children all of one class)"),
-        ("with_an_unsupported_operator", "operator: unsupported call_function torch.cumsum at the top-level forward; "
-                                         "supported: "),
+        ("with_an_unsupported_operator", "operator: unsupported ATen operator cumsum on floating-point tensors at "
+                                         "the top-level forward; supported: "),
         ("without_a_head", "layers: nothing traced after the last block (the head); the forward must embed"),
         ("fin", f"{BAD} has no function 'fin'; did you mean fine?"),
     ],
@@ -180,8 +179,9 @@ def test_a_factory_model_keeps_its_shape_and_width():
     assert error("model=custom", f"model.config={LLAMA}:tiny", "+model.overrides.hidden_size=512") == (
         "model.overrides.hidden_size: a factory's model has its module's shape; allowed: name, num_layers, "
         "default_sequence_length")
-    assert error("model=custom", f"model.config={LLAMA}:tiny", "tensor_parallel_width=2") == (
-        f"tensor_parallel_width: 2, but {LLAMA}:tiny takes no tensor_parallel_width (it builds no shards); allowed: 1")
+    assert error("model=custom", f"model.config={LLAMA}:tiny", "tensor_parallel_width=4") == (
+        "tensor_parallel_width: 4 does not divide the 2 key/value heads of tiny-llama (a plan splits them, it does "
+        "not replicate them); allowed: 1, 2")
     assert error("model=gpt2", "+model.overrides.factory=x.py:f") == (
         "model.overrides.factory: set by model=custom model.config=MODULE:FUNCTION only")
 
@@ -202,12 +202,13 @@ def test_extract_graph_runs_a_factory_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr
     assert len(list((tmp_path / "cache" / "graphs").glob("tiny-llama_mbs1_seq64_tp1_*.json"))) == 1
     (summary,) = (tmp_path / "outputs" / "runs").glob("*/*/extract_summary.csv")
-    (row,) = csv.DictReader(summary.read_text().splitlines())
-    assert (row["layers"], row["parameters"]) == ("6", str(llama_parameters(4, 256, 8, 2, 512, 1000)))
+    rows = list(csv.DictReader(summary.read_text().splitlines()))
+    assert [row["tensor_parallel_width"] for row in rows] == ["1", "2"]  # the widths its 2 key/value heads allow
+    assert {(row["layers"], row["parameters"]) for row in rows} == {("6", str(llama_parameters(4, 256, 8, 2, 512, 1000)))}
     again = phaze("extract_graph", "model=custom", "model.config=tests.data.hf_llama:tiny", "cache_dir=cache",
                   cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert len(list((tmp_path / "cache" / "graphs").glob("tiny-llama_*.json"))) == 2  # another reference
+    assert len(list((tmp_path / "cache" / "graphs").glob("tiny-llama_*.json"))) == 4  # another reference, 2 widths
 
 
 def test_a_bad_factory_exits_2_with_one_line(tmp_path):
@@ -221,7 +222,7 @@ def test_a_bad_factory_exits_2_with_one_line(tmp_path):
 @pytest.mark.parametrize("reference, message", [
     ("bad.py:exits", "exits called sys.exit(3)"),
     ("bad.py:exits_without_a_code", "exits_without_a_code called sys.exit()"),
-    ("bad.py:exits_in_its_forward", "tracing the model with torch.fx: its forward called sys.exit('stop here')"),
+    ("bad.py:exits_in_its_forward", "exporting the model with torch.export: its forward called sys.exit('stop here')"),
     ("exits_on_import.py:build", "importing exits_on_import.py called sys.exit(0)"),
 ], ids=["in-the-factory", "without-a-code", "in-the-forward", "on-import"])
 def test_a_factory_that_calls_sys_exit_exits_2_with_one_line(tmp_path, reference, message):

@@ -1,0 +1,138 @@
+"""A model built by Hugging Face `transformers` itself from a `config.json`, for export.
+
+`build(path, sequence_length, blocks)` reads the file with `transformers.AutoConfig.for_model` (any
+`model_type` the installed transformers knows), cuts it to its first `blocks` blocks (and their
+`layer_types`), and builds `AutoModelForCausalLM.from_config` on the meta device: the family's own
+modules, parameters and forward, no weights. The model runs without a key/value cache and with the
+"eager" attention (the attention's products, mask and softmax as operators: what phaze prices and
+its kernels fuse, with the FLOPs of any other implementation).
+
+The training loss is the per-token cross-entropy of the logits, written as Megatron's vocabulary-
+parallel algorithm computes it (maximum, shifted exponentials, their sum, the target's logit), so that
+a tensor-parallel plan splits it over the vocabulary as Megatron does; the model's own loss (shifted
+labels, mean) differs from it by one shift and one mean, nothing a training step prices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+
+#: The attention implementation phaze exports: explicit products, mask and softmax.
+ATTENTION = "eager"
+
+
+def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log(Σ exp(z − max)) − (z[label] − max) per token (Megatron's algorithm on one rank)."""
+    shifted = logits - logits.amax(dim=-1).unsqueeze(-1)
+    log_total = shifted.exp().sum(dim=-1).log()
+    return log_total - shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+class CausalLMLoss(nn.Module):
+    """A `transformers` causal language model and its per-token loss: forward(input_ids, labels)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=input_ids, use_cache=False).logits
+        return per_token_cross_entropy(logits, labels)
+
+
+def is_config_file(reference: str) -> bool:
+    """Whether a model reference is a config.json path (a model `transformers` builds)."""
+    return reference.endswith(".json")
+
+
+def read_config(path: str | Path) -> dict:
+    """The JSON object of a config.json; ValueError naming what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"not JSON: {str(error).splitlines()[0][:120]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def model_types() -> tuple[str, ...]:
+    """The model types the installed `transformers` builds as causal language models."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return tuple(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+
+
+def knows(model_type: object) -> bool:
+    """Whether the installed `transformers` builds `model_type` as a causal language model."""
+    try:
+        return isinstance(model_type, str) and model_type in model_types()
+    except ImportError:
+        return False
+
+
+def digest(path: str | Path) -> str:
+    """SHA-1 of the file's bytes and of the transformers version that builds it."""
+    import transformers
+
+    return hashlib.sha1(Path(path).read_bytes() + transformers.__version__.encode()).hexdigest()
+
+
+def _config(path: str, blocks: int | None) -> object:
+    from transformers import AutoConfig
+
+    data = read_config(path)
+    model_type = data.pop("model_type", None)
+    if not knows(model_type):
+        raise ValueError(f"model_type: {model_type!r} is not a causal language model transformers builds; allowed: "
+                         f"{', '.join(model_types())}")
+    data.pop("quantization_config", None)  # a storage format of weights: training runs in bf16 / fp16
+    try:
+        config = AutoConfig.for_model(model_type, **data)
+    except (TypeError, ValueError, KeyError) as error:
+        raise ValueError(f"transformers cannot read it: {str(error).splitlines()[0][:200]}") from None
+    if not getattr(config, "_name_or_path", None):
+        config._name_or_path = Path(path).stem if Path(path).stem != "config" else Path(path).resolve().parent.name
+    if blocks is not None and blocks < config.num_hidden_layers:
+        config.num_hidden_layers = blocks
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:blocks]
+    return config
+
+
+@lru_cache(maxsize=8)
+def _built(path: str, file_digest: str, blocks: int | None) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    config = _config(path, blocks)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+    except Exception as error:  # the family's own code and checks
+        raise ValueError(f"transformers cannot build it: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                         ) from None
+    return CausalLMLoss(model.train())
+
+
+def build(path: str | Path, blocks: int | None = None) -> nn.Module:
+    """The model of the config.json at `path` on the meta device, cut to its first `blocks` blocks
+    (None: all), with its loss (`CausalLMLoss`); ValueError naming what is wrong."""
+    return _built(str(path), digest(path), blocks)
+
+
+def build_real(path: str | Path) -> nn.Module:
+    """The whole model of a (small) config.json with random weights on the CPU, with its loss: what
+    `graph_extract.verify` runs against its plan's ranks."""
+    from transformers import AutoModelForCausalLM
+
+    return CausalLMLoss(AutoModelForCausalLM.from_config(_config(str(path), None), attn_implementation=ATTENTION,
+                                                         dtype=torch.float32))
