@@ -77,14 +77,11 @@ def _kv_heads_allow(spec: ModelSpec, width: int) -> bool:
 
 def valid_tensor_parallel_widths(model: str | ModelSpec, maximum: int) -> tuple[int, ...]:
     """Powers of two up to `maximum` that divide the head count (and so the hidden and FFN sizes) and
-    that the key/value heads allow (an exported model's plan splits them, it does not replicate
-    them: the width divides them)."""
+    that the key/value heads allow."""
     spec = get_spec(model)
-    planned = is_exported(spec)
     widths, width = [], 1
     while width <= maximum:
-        kv_heads = spec.kv_heads % width == 0 if planned else _kv_heads_allow(spec, width)
-        if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0 and kv_heads:
+        if spec.num_heads % width == 0 and spec.ffn_hidden_size % width == 0 and _kv_heads_allow(spec, width):
             widths.append(width)
         width *= 2
     return tuple(widths)
@@ -103,10 +100,6 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
     if width & (width - 1):
         raise InputError(f"tensor_parallel_width: must be a power of two, got {width!r}")
     valid = valid_tensor_parallel_widths(spec, width)
-    if spec.num_heads % width == 0 and is_exported(spec) and spec.kv_heads % width:
-        raise InputError(f"tensor_parallel_width: {width} does not divide the {spec.kv_heads} key/value heads of "
-                         f"{spec.name} (a plan splits them, it does not replicate them); allowed: "
-                         f"{', '.join(map(str, valid))}")
     if spec.num_heads % width == 0 and not _kv_heads_allow(spec, width):
         raise InputError(
             f"tensor_parallel_width: {width} and the {spec.kv_heads} key/value heads of {spec.name} do not divide "
@@ -196,32 +189,37 @@ def _from_record(record: dict) -> ExtractedModel:
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
     traced = spec.with_overrides(num_layers=traced_blocks(spec))
-    if is_exported(spec):
+    if spec.factory is None or is_exported(spec):
         return _exported(spec, traced, micro_batch_size, sequence_length, width)
-    if spec.factory is None:
-        with torch.device("meta"):
-            model = TransformerModel(traced, sequence_length, width, micro_batch_size=micro_batch_size)
-        blocks, inputs = "layers", example_inputs(model, micro_batch_size, sequence_length)
-    else:
-        model, blocks = factory.build(spec.factory, sequence_length, width, traced.num_layers)
-        inputs = factory.model_inputs(model, micro_batch_size, sequence_length)
+    model, blocks = factory.build(spec.factory, sequence_length, width, traced.num_layers)
     try:
-        module = trace(model, inputs)
+        module = trace(model, factory.model_inputs(model, micro_batch_size, sequence_length))
     except SystemExit as stop:  # a factory's forward: the command would end without a word
-        if spec.factory is None:
-            raise
         raise ValueError(f"tracing the model with torch.fx: its forward called {factory.exit_call(stop)}") from None
-    return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks)
+    return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks, width)
 
 
 def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequence_length: int,
               width: int) -> ExtractedModel:
-    """Apply the model's plan at `width` to its one export (`graph_extract.export`)."""
-    model, blocks, graph = _export(spec.factory, factory.source_digest(spec.factory), micro_batch_size,
-                                   sequence_length, traced.num_layers)
+    """Apply the model's plan at `width` to its one export (`graph_extract.export`): the zoo's model
+    (its vocabulary padded for the width, Megatron's rule), a factory's or a config.json's."""
+    if spec.factory is None:
+        model, blocks, graph = _export_zoo(traced, micro_batch_size, sequence_length, spec.padded_vocab_size(width))
+    else:
+        model, blocks, graph = _export(spec.factory, factory.source_digest(spec.factory), micro_batch_size,
+                                       sequence_length, traced.num_layers)
     plan = read_plan(spec.plan) if spec.plan is not None else derived_plan(graph, blocks)
     module = apply_plan(graph, plan, width)
-    return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks)
+    return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks, 1)
+
+
+@lru_cache(maxsize=4)
+def _export_zoo(traced: ModelSpec, micro_batch_size: int, sequence_length: int,
+                padded_vocab: int) -> tuple[torch.nn.Module, str, torch.fx.GraphModule]:
+    """The zoo's model of `traced`'s blocks, unsharded, and its export, once per process and shape."""
+    with torch.device("meta"):
+        model = TransformerModel(traced, sequence_length, padded_vocab, micro_batch_size)
+    return model, "layers", export(model, example_inputs(model, micro_batch_size, sequence_length))
 
 
 @lru_cache(maxsize=4)
@@ -239,17 +237,18 @@ def _export(reference: str, digest: str, micro_batch_size: int, sequence_length:
 
 
 def _extracted(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequence_length: int, width: int,
-               model: torch.nn.Module, module: torch.fx.GraphModule, blocks: str) -> ExtractedModel:
-    """The graphs of rank 0's traced module, the blocks beyond the traced ones copied."""
+               model: torch.nn.Module, module: torch.fx.GraphModule, blocks: str, built_width: int) -> ExtractedModel:
+    """The graphs of rank 0's module `module` at `width`, the blocks beyond the traced ones copied;
+    `model` is the module built at `built_width` (1: unsharded) whose parameters are counted."""
     op_graph = to_op_graph(module, traced.num_layers, width, blocks)
     layer_graph = _named_layers(build_layer_graph(op_graph, TRAINING_DTYPE_BYTES), traced.num_layers)
     groups = find_repeat_groups(op_graph)
-    count, per_device = parameter_count(model, width), sum(weight_sizes(op_graph.nodes).values())
+    count, per_device = parameter_count(model, built_width), sum(weight_sizes(op_graph.nodes).values())
     extra = spec.num_layers - traced.num_layers
     if extra:
         last_block = sum(weight_sizes(node for node in op_graph.nodes if node.layer == traced.num_layers).values())
         op_graph, layer_graph, groups = _more_blocks(op_graph, layer_graph, groups, traced.num_layers, spec.num_layers)
-        count += extra * parameter_count(model.get_submodule(blocks)[-1], width)
+        count += extra * parameter_count(model.get_submodule(blocks)[-1], built_width)
         per_device += extra * last_block
     return ExtractedModel(spec, micro_batch_size, sequence_length, width, op_graph, layer_graph, groups, count,
                           per_device, count - _skipped_expert_parameters(spec, layer_graph))

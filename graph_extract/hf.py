@@ -7,10 +7,10 @@ modules, parameters and forward, no weights. The model runs without a key/value 
 "eager" attention (the attention's products, mask and softmax as operators: what phaze prices and
 its kernels fuse, with the FLOPs of any other implementation).
 
-The training loss is the per-token cross-entropy of the logits, written as Megatron's vocabulary-
-parallel algorithm computes it (maximum, shifted exponentials, their sum, the target's logit), so that
-a tensor-parallel plan splits it over the vocabulary as Megatron does; the model's own loss (shifted
-labels, mean) differs from it by one shift and one mean, nothing a training step prices.
+The training loss is the zoo's per-token cross-entropy of the logits
+(`transformer.per_token_cross_entropy`, in the order of Megatron's vocabulary-parallel algorithm),
+so that a tensor-parallel plan splits it over the vocabulary as Megatron does; the model's own loss
+(shifted labels, mean) differs from it by one shift and one mean, nothing a training step prices.
 """
 
 from __future__ import annotations
@@ -23,15 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from graph_extract.transformer import per_token_cross_entropy
+
 #: The attention implementation phaze exports: explicit products, mask and softmax.
 ATTENTION = "eager"
-
-
-def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log(Σ exp(z − max)) − (z[label] − max) per token (Megatron's algorithm on one rank)."""
-    shifted = logits - logits.amax(dim=-1).unsqueeze(-1)
-    log_total = shifted.exp().sum(dim=-1).log()
-    return log_total - shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
 class CausalLMLoss(nn.Module):

@@ -1,13 +1,17 @@
-"""Megatron-style tensor-parallel building blocks, as rank-0 (or rank-r) shards.
+"""The tensor-parallel collectives of a rank's graph, the routing plan of a mixture, and
+Megatron-style layers for a factory that builds its own shards.
 
-A shard is an ordinary module holding its slice of the weights. The collectives are plain
-functions that the tracer keeps as single leaf calls (`COLLECTIVES`); run on one shard they return
-their input, which has the right shape. `verify.py` runs all shards of a width side by side and
-replaces each collective by the real reduction, which proves the shards compute the model.
+The collectives are plain functions: the plan pass (`graph_extract.plan`) inserts them as calls in
+each rank's graph, and torch.fx keeps them as single leaf calls in a factory's shard
+(`COLLECTIVES`). Run on one rank they return their input, which has the right shape;
+`graph_extract.verify` runs the ranks side by side and replaces each by the real reduction.
 
-Every sharded parameter carries `partition_dim`, the dimension its full tensor is split along, and
-`replicas`, how many consecutive ranks hold the same slice (1, except the key/value heads of
-grouped-query attention when the width exceeds them: width / replicas slices).
+The layers (`ColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding`,
+`vocab_parallel_cross_entropy`) hold one rank's slice of the weights. Every sharded parameter
+carries `partition_dim`, the dimension its full tensor is split along, and `replicas`, how many
+consecutive ranks hold the same slice (1, except the key/value heads of grouped-query attention
+when the width exceeds them: width / replicas slices); the plan pass marks its ranks' parameters
+the same way.
 """
 
 from __future__ import annotations
@@ -18,12 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graph_extract.opgraph import EXPERT_TENSOR
-
 
 def all_reduce(x: torch.Tensor, group_size: int, reduce_op: str = "sum", group: str = "tensor") -> torch.Tensor:
     """All-reduce across the tensor-parallel group in the forward pass (identity in backward);
-    `group` "expert_tensor": the experts' own tensor-parallel group (`EXPERT_TENSOR`)."""
+    `group` "expert_tensor": the experts' own tensor-parallel group (`opgraph.EXPERT_TENSOR`)."""
     return x
 
 
@@ -47,8 +49,14 @@ def route(experts: torch.Tensor, num_experts: int, capacity: int) -> tuple[torch
     `experts` [tokens, k] are the chosen experts. Returns (source [num_experts · capacity]: the token
     in each slot, `tokens` for an empty one; slot [tokens · k]: each choice's slot, num_experts ·
     capacity for a dropped one). An expert fills its slots in token order. Traced as one operator
-    (integer bookkeeping, no floating-point work).
+    (integer bookkeeping, no floating-point work): a leaf of torch.fx, the custom operator
+    `phaze::route` of torch.export.
     """
+    return torch.ops.phaze.route(experts, num_experts, capacity)
+
+
+@torch.library.custom_op("phaze::route", mutates_args=())
+def _route(experts: torch.Tensor, num_experts: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     tokens, k = experts.shape
     chosen = experts.flatten()
     one_hot = F.one_hot(chosen, num_experts)
@@ -57,7 +65,13 @@ def route(experts: torch.Tensor, num_experts: int, capacity: int) -> tuple[torch
     slot = torch.where(position < capacity, chosen * capacity + position, empty)
     token = torch.arange(tokens * k, device=experts.device) // k
     source = torch.full((empty + 1,), tokens, device=experts.device).scatter(0, slot, token)
-    return source[:empty], slot
+    return source[:empty], slot.clone()
+
+
+@_route.register_fake
+def _(experts: torch.Tensor, num_experts: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, k = experts.shape
+    return experts.new_empty(num_experts * capacity), experts.new_empty(tokens * k)
 
 
 #: Calls the tracer keeps as single operators: the collectives and the routing plan.

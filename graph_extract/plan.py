@@ -19,7 +19,11 @@ The pass (`apply_plan`) walks the graph once in program order and gives every te
 (`Replicate`, `Shard(dim)`, `Partial(op)`) by these rules, rewriting each operator for one rank:
 
 * a split weight's product: `Replicate` in, `Shard(-1)` out (colwise); `Shard(-1)` in, `Partial`
-  out, all-reduced (rowwise; a bias added after the all-reduce);
+  out (rowwise; with a bias, all-reduced at once and the bias added);
+* a `Partial` sum stays partial through moves of its elements (views, pads, row picks), products
+  with a replicated factor and sums, and is all-reduced right after the last of them, before an
+  operator that needs it whole (Megatron's all-reduce after a row-parallel product, after a
+  mixture's combine);
 * the input of a colwise product, where it enters from `Replicate`: Megatron's
   `copy_to_tensor_parallel_region` (identity forward, all-reduce of the gradient backward), once per
   tensor and module;
@@ -29,7 +33,11 @@ The pass (`apply_plan`) walks the graph once in program order and gives every te
 * a lookup (`embedding`, `gather`) into a table split on the looked-up dimension: the indices outside
   the rank's range are masked, their rows zeroed, and the result all-reduced (Megatron's
   vocabulary-parallel embedding and cross-entropy);
-* a norm over a split dimension: its mean of squares all-reduced (a split RMSNorm).
+* a norm over a split dimension: its mean of squares all-reduced (a split RMSNorm);
+* a mixture's experts (grouped products of [experts, in, out] weights): an all-to-all over the
+  expert-parallel group after the row pick that dispatches their tokens and after their down
+  product (the identity at one rank), and their module's input copied into the experts' own
+  tensor-parallel group (`EXPERT_TENSOR`) instead of a copy per product.
 
 Anything else on a split tensor (a softmax over the split dimension, a product contracting a split
 dimension with a replicated one) is refused in one line naming the operator, its module and the
@@ -38,8 +46,9 @@ around it fuse with does not depend on the width.
 
 A fused projection (one weight for q, k and v, or for gate and up, cut into its parts by slices or a
 chunk of its output) is split as Megatron lays it out: each rank holds its share of every part, and
-the slices are rewritten to the rank's shares. Key/value heads are split, never replicated: the
-width must divide them.
+the slices are rewritten to the rank's shares. With more ranks than a product's heads (the
+key/value heads of grouped-query attention), each head is held by width / heads ranks, Megatron's
+rule.
 """
 
 from __future__ import annotations
@@ -60,7 +69,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from phaze_common.checks import InputError
 from graph_extract.export import annotate, getattr_path
 from graph_extract.opgraph import EXPERT_TENSOR
-from graph_extract.parallel import all_reduce, copy_to_tensor_parallel_region
+from graph_extract.parallel import all_reduce, all_to_all, copy_to_tensor_parallel_region
 
 COLWISE, ROWWISE = "colwise", "rowwise"
 #: The styles a plan names, and PyTorch's classes of them.
@@ -155,34 +164,43 @@ def derived_plan(module: fx.GraphModule, blocks: str) -> Plan:
     """Megatron's split found by structure, for any model whose blocks hold modules of weight products
     (attention, a feed-forward network, experts):
 
-    in each child module of a block with two or more weight products, the last product (the output
-    projection, the down projection) is rowwise and the products whose outputs reach its input are
-    colwise (a router's, which reaches it only through the routing, stays replicated); the token
-    embedding is rowwise (vocabulary-parallel) and the output projection after the blocks colwise
-    (its logits split over the vocabulary, the loss computed on them as Megatron's)."""
+    in each child module of a block, a weight product fed by others and feeding none (an output
+    projection, a down projection: of the attention, the MLP, the experts, the shared experts) is
+    rowwise, and the products whose outputs reach its input directly are colwise; those that reach
+    it only through another product (a latent attention's down projections, replicated as
+    Megatron-Core's MLA duplicates them) and a router (whose values reach only the routing) stay
+    replicated; the token
+    embedding (the largest table) is rowwise (vocabulary-parallel) and the product after the blocks
+    onto the vocabulary colwise (its logits split, the loss computed on them as Megatron's)."""
     parameters = dict(module.named_parameters(remove_duplicate=False))
     products: dict[str, list[tuple[fx.Node, str]]] = {}
     styles: dict[str, str] = {}
+    tables = [node.args[0] for node in module.graph.nodes
+              if node.target is aten.embedding.default and isinstance(node.args[0], fx.Node)]
+    vocabulary = max(tables, key=lambda table: _shape(table)[0]) if tables else None  # the token embedding
+    if vocabulary is not None:
+        styles[vocabulary.target.rpartition(".")[0]] = ROWWISE
+    after_blocks = False
     for node in module.graph.nodes:
-        if (owner := _weight_product(module, node, parameters)) is None:
-            if node.target is aten.embedding.default and isinstance(node.args[0], fx.Node):
-                styles.setdefault(node.args[0].target.rpartition(".")[0], ROWWISE)
-            continue
         path = node.meta.get("module_path", "")
+        after_blocks |= path.startswith(f"{blocks}.")
+        if (owner := _weight_product(module, node, parameters)) is None:
+            continue
         if path.startswith(f"{blocks}."):
             child = ".".join(path.split(".")[: len(blocks.split(".")) + 2])
             products.setdefault(child, []).append((node, owner))
-        elif any(style == ROWWISE for style in styles.values()):  # after the embedding: the head
-            styles[owner] = COLWISE
+        elif after_blocks and vocabulary is not None and _shape(node)[-1] == _shape(vocabulary)[0]:
+            styles[owner] = COLWISE  # the output projection over the vocabulary
     for found in products.values():
-        if len(found) < 2:
-            continue
-        last, owner = found[-1]
-        styles[owner] = ROWWISE
-        feeding = _ancestors(last)
-        for node, owner in found[:-1]:
-            if node in feeding:
-                styles.setdefault(owner, COLWISE)
+        ancestors = {node: _ancestors(node) for node, _ in found}
+        for last, owner in found:
+            feeding = {node for node, _ in found if node in ancestors[last]}
+            if not feeding or any(last in ancestors[other] for other, _ in found):
+                continue  # a router or a down projection: not a sink fed by products
+            styles[owner] = ROWWISE
+            for node, feeder in found:  # the last product on each path in (not a latent's down projection)
+                if node in feeding and not any(node in ancestors[other] for other in feeding - {node}):
+                    styles.setdefault(feeder, COLWISE)
     return Plan(styles=tuple(styles.items()))
 
 
@@ -239,6 +257,13 @@ class _Rank:
         self.copies: dict[tuple[fx.Node, str], fx.Node] = {}
         self.parameters = dict(module.named_parameters(remove_duplicate=False))
         self.parts = _fused_parts(module, plan, self.parameters)
+        self.experts = _expert_points(module, plan, self.parameters)
+        self.parameter_replicas = _kv_replicas(module, plan, width)
+        self.replicas: dict[fx.Node, int] = {}  # > 1: a Shard whose slices each of that many ranks hold
+        self.entry_copies: dict[fx.Node, fx.Node] = {}
+        self.pending_masks: dict[fx.Node, fx.Node | None] = {}  # a lookup's mask of the indices not the rank's
+        self.mask_shapes: dict[fx.Node, int] = {}  # the mask's dimensions
+        self.partial_group: dict[fx.Node, str] = {}
 
     # helpers -------------------------------------------------------------------------------------
     def fail(self, node: fx.Node, what: str) -> InputError:
@@ -264,11 +289,13 @@ class _Rank:
         if dim is not None:
             if not -full.dim() <= dim < full.dim():
                 raise InputError(f"plan: {target}: a parameter of {full.dim()} dimensions split on dimension {dim}")
-            if full.shape[dim] % self.width:
+            if full.shape[dim] % (self.width // self.parameter_replicas.get(target, 1)):
                 raise InputError(f"plan: {target}: its dimension {dim} of {full.shape[dim]} does not split over "
                                  f"{self.width} ranks")
+            replicas = self.parameter_replicas.get(target, 1)
+            slices, index = self.width // replicas, self.rank // replicas
             parts = self.parts.get(target, ((0, full.shape[dim]),))
-            value = torch.cat([value.narrow(dim, start + self.rank * (size // self.width), size // self.width)
+            value = torch.cat([value.narrow(dim, start + index * (size // slices), size // slices)
                                for start, size in parts], dim=dim)
         holder, name = self.root, target
         *parents, name = target.split(".")
@@ -282,7 +309,7 @@ class _Rank:
             parameter = nn.Parameter(value.detach().clone() if self.values is not None else torch.empty_like(value),
                                      requires_grad=False)
             parameter.partition_dim = dim  # type: ignore[attr-defined]
-            parameter.replicas = 1  # type: ignore[attr-defined]
+            parameter.replicas = self.parameter_replicas.get(target, 1)  # type: ignore[attr-defined]
             holder.register_parameter(name, parameter)
         else:
             holder.register_buffer(name, value)
@@ -301,14 +328,17 @@ class _Rank:
                 self.env[node] = self.graph.get_attr(node.target)
                 self.env[node].meta["module_path"] = node.meta.get("module_path", "")
                 self.placement[node] = REPLICATE if dim is None else Shard(dim)
+                self.replicas[node] = self.parameter_replicas.get(node.target, 1)
             elif node.op == "output":
                 self.graph.output(fx.map_arg(node.args[0], self.replicated))
             elif node.op == "call_function":
                 self.call(node)
             else:
                 raise self.fail(node, f"a {node.op} node")
-        built = fx.GraphModule(self.root, self.graph)
-        return built
+        for new in reversed(self.graph.nodes):  # views of indices replaced by their masked copies
+            if new.op == "call_function" and not new.users and new.target is aten.unsqueeze.default:
+                self.graph.erase_node(new)
+        return fx.GraphModule(self.root, self.graph)
 
     def replicated(self, node: fx.Node) -> fx.Node:
         placement = self.placement[node]
@@ -338,6 +368,25 @@ class _Rank:
         return dims
 
     def call(self, node: fx.Node) -> None:
+        self.operator(node)
+        if isinstance(self.placement.get(node), Shard) and node not in self.replicas:
+            self.replicas[node] = max((self.replicas.get(argument, 1) for argument in node.all_input_nodes
+                                       if isinstance(self.placement[argument], Shard)), default=1)
+        path = node.meta.get("module_path", "")
+        if node in self.experts.dispatches or node in self.experts.combines:  # tokens to and from their experts
+            self.env[node] = self.emit(all_to_all, (self.env[node],), {}, path)
+        if node in self.experts.entries:
+            self.entry_copies[node] = self.collective(copy_to_tensor_parallel_region, self.env[node],
+                                                      self.experts.entries[node], group=EXPERT_TENSOR)
+        if isinstance(self.placement.get(node), Partial) and any(not _keeps_partial(user, node) for user in node.users):
+            if (outside := self.pending_masks.get(node)) is not None:  # a lookup's rows of other ranks zeroed
+                if len(_shape(node)) > self.mask_shapes[node]:
+                    outside = self.unsqueezed(outside, path)
+                self.env[node] = self.emit(aten.masked_fill.Scalar, (self.env[node], outside, 0.0), {}, path)
+            self.env[node] = self.collective(all_reduce, self.env[node], path, group=self.partial_group[node])
+            self.placement[node] = REPLICATE
+
+    def operator(self, node: fx.Node) -> None:
         path = node.meta.get("module_path", "")
         target = node.target
         tensors = [argument for argument in node.all_input_nodes]
@@ -346,6 +395,8 @@ class _Rank:
         if target in (aten.linear.default, aten._grouped_mm.default) or (
                 target in (aten.matmul.default, aten.bmm.default) and _weight_product(self.module, node, self.parameters)):
             return self.product(node, path)
+        if any(isinstance(placement, Partial) for placement in shards.values()):
+            return self.partial(node, shards)
         if not shards and not any(isinstance(self.placement.get(a), tuple) for a in tensors):
             return self.copy(node, REPLICATE)
         if target is operator.getitem:
@@ -358,8 +409,15 @@ class _Rank:
         rule(self, node)
 
     def copy(self, node: fx.Node, placement: object, args: tuple | None = None, kwargs: dict | None = None) -> None:
-        new_args = fx.map_arg(node.args if args is None else args, lambda n: self.env[n])
-        new_kwargs = fx.map_arg(node.kwargs if kwargs is None else kwargs, lambda n: self.env[n])
+        path = node.meta.get("module_path", "")
+
+        def mapped(n: fx.Node) -> fx.Node:  # an original node's new node (the experts' copy of their
+            if n in self.entry_copies and self.experts.entries[n] == path:  # module's input); a new node
+                return self.entry_copies[n]
+            return self.env[n] if n in self.env else n
+
+        new_args = fx.map_arg(node.args if args is None else args, mapped)
+        new_kwargs = fx.map_arg(node.kwargs if kwargs is None else kwargs, mapped)
         self.env[node] = self.emit(node.target, new_args, new_kwargs, node.meta.get("module_path", ""))
         self.placement[node] = placement
 
@@ -377,7 +435,6 @@ class _Rank:
     # products ------------------------------------------------------------------------------------
     def product(self, node: fx.Node, path: str) -> None:
         source, weight = node.args[0], node.args[1]
-        placement = self.placement[weight]
         grouped = _shape(weight) and len(_shape(weight)) == 3
         group = EXPERT_TENSOR if grouped else "tensor"
         owner = weight.target.rpartition(".")[0]
@@ -386,11 +443,17 @@ class _Rank:
             if not isinstance(self.placement[source], Replicate):
                 raise self.fail(node, f"a colwise product of a {self.placement[source]} input")
             key = (source, path.rpartition(".")[0] if path == owner else path)
-            if key not in self.copies:
-                self.copies[key] = self.collective(copy_to_tensor_parallel_region, self.env[source], key[1], group=group)
-            args = (self.copies[key], *fx.map_arg(node.args[1:], lambda n: self.env[n]))
+            if grouped and node in self.experts.entered:  # the experts' module input was copied
+                entered = self.env[source]
+            else:
+                if key not in self.copies:
+                    self.copies[key] = self.collective(copy_to_tensor_parallel_region, self.env[source], key[1],
+                                                       group=group)
+                entered = self.copies[key]
+            args = (entered, *fx.map_arg(node.args[1:], lambda n: self.env[n]))
             self.env[node] = self.emit(node.target, args, fx.map_arg(node.kwargs, lambda n: self.env[n]), path)
             self.placement[node] = Shard(len(_shape(node)) - 1)
+            self.replicas[node] = self.replicas.get(weight, 1)
         elif style == ROWWISE:
             dim = self.placement[source].dim if isinstance(self.placement[source], Shard) else None
             if dim is None or _normal(dim, len(_shape(source))) != len(_shape(source)) - 1:
@@ -398,14 +461,26 @@ class _Rank:
             bias = node.args[2] if target_is_linear(node) and len(node.args) > 2 else None
             args = fx.map_arg(node.args[:2] if bias is not None else node.args, lambda n: self.env[n])
             product = self.emit(node.target, args, fx.map_arg(node.kwargs, lambda n: self.env[n]), path)
+            if bias is None:  # a Partial sum, all-reduced where it meets what needs it whole
+                self.env[node], self.placement[node], self.partial_group[node] = product, Partial(), group
+                return
             reduced = self.collective(all_reduce, product, path, group=group)
-            self.env[node] = reduced if bias is None else self.emit(aten.add.Tensor, (reduced, self.env[bias]), {},
-                                                                    path)
+            self.env[node] = self.emit(aten.add.Tensor, (reduced, self.env[bias]), {}, path)
             self.placement[node] = REPLICATE
         else:
             if any(not isinstance(self.placement.get(a), Replicate) for a in node.all_input_nodes):
                 raise self.fail(node, "a product of a replicated weight with a split input")
             self.copy(node, REPLICATE)
+
+    def partial(self, node: fx.Node, shards: Mapping[fx.Node, object]) -> None:
+        """An operator that keeps a Partial sum (`_keeps_partial`): the sum is still partial after it."""
+        partial = [argument for argument, placement in shards.items() if isinstance(placement, Partial)]
+        if len(shards) != 1 or not _keeps_partial(node, partial[0]):
+            raise self.fail(node, f"inputs {[str(placement) for placement in shards.values()]}")
+        self.copy(node, Partial())
+        self.partial_group[node] = self.partial_group[partial[0]]
+        self.pending_masks[node] = self.pending_masks.get(partial[0])
+        self.mask_shapes[node] = self.mask_shapes.get(partial[0])
 
     # element-wise and shape rules ----------------------------------------------------------------
     def pointwise(self, node: fx.Node) -> None:
@@ -439,9 +514,22 @@ class _Rank:
         while source.op == "call_function" and _RULES.get(
                 getattr(source.target, "_overloadpacket", None)) in (_view, _same, _unsqueeze, _index):
             source = source.args[0]
-        if source.op != "get_attr" or source.target not in self.parameters:
-            raise self.fail(node, f"a replicated operand {argument.name} spanning the split dimension")
-        raise _Resplit(source.target, _parameter_dim(source, argument, dim))
+        if source.op == "get_attr" and source.target in self.parameters:
+            raise _Resplit(source.target, _parameter_dim(source, argument, dim))
+        return self.localized(argument, dim)
+
+    def localized(self, argument: fx.Node, dim: int) -> fx.Node:
+        """A replicated activation as the rank's share along `dim` (no communication): an expansion
+        of a size-1 dimension expanded to the share, anything else sliced."""
+        path = argument.meta.get("module_path", "")
+        shape = list(_shape(argument))
+        share = shape[dim] // self.width
+        if argument.target is aten.expand.default and _shape(argument.args[0])[dim] == 1:
+            sizes = list(argument.args[1])
+            sizes[dim] = share
+            return self.emit(aten.expand.default, (self.env[argument.args[0]], sizes), {}, path)
+        return self.emit(aten.slice.Tensor, (self.env[argument], dim, self.rank * share, (self.rank + 1) * share),
+                         {}, path)
 
     def reduction(self, node: fx.Node) -> None:
         source, dim = self.single_shard(node)
@@ -486,25 +574,27 @@ class _Rank:
                 raise self.fail(node, f"an embedding table split on {placement}")
             return self.copy(node, placement)
         path = node.meta.get("module_path", "")
-        if self.width == 1:  # every index is the rank's: Megatron looks up without masks
-            self.env[node] = self.collective(all_reduce, self.emit(node.target, fx.map_arg(
-                node.args, lambda n: self.env[n]), {}, path), path)
-            self.placement[node] = REPLICATE
-            return
-        rows = _shape(table)[looked_up] // self.width
-        start, end = self.rank * rows, (self.rank + 1) * rows
-        local_ids = self.env[ids]
-        below = self.emit(aten.lt.Scalar, (local_ids, start), {}, path)
-        above = self.emit(aten.ge.Scalar, (local_ids, end), {}, path)
-        outside = self.emit(aten.bitwise_or.Tensor, (below, above), {}, path)
-        shifted = self.emit(aten.sub.Tensor, (local_ids, start), {}, path)
-        masked = self.emit(aten.masked_fill.Scalar, (shifted, outside, 0), {}, path)
-        args = (self.env[table], masked) if embedding else (self.env[table], node.args[1], masked)
-        rows_found = self.emit(node.target, (*args, *node.args[len(args):]), {}, path)
-        mask = self.emit(aten.unsqueeze.default, (outside, -1), {}, path) if embedding else outside
-        zeroed = self.emit(aten.masked_fill.Scalar, (rows_found, mask, 0.0), {}, path)
-        self.env[node] = self.collective(all_reduce, zeroed, path)
-        self.placement[node] = REPLICATE
+        unsqueeze = ids.target is aten.unsqueeze.default and _normal(ids.args[1], len(_shape(ids))) == len(
+            _shape(ids)) - 1
+        if unsqueeze:  # mask the indices before they gain the lookup's dimension
+            ids = ids.args[0]
+        local_ids, outside = self.env[ids], None
+        if self.width > 1:  # the indices outside the rank's rows look up its row 0, then are zeroed
+            rows = _shape(table)[looked_up] // self.width
+            start, end = self.rank * rows, (self.rank + 1) * rows
+            below = self.emit(aten.lt.Scalar, (local_ids, start), {}, path)
+            above = self.emit(aten.ge.Scalar, (local_ids, end), {}, path)
+            outside = self.emit(aten.bitwise_or.Tensor, (below, above), {}, path)
+            shifted = self.emit(aten.sub.Tensor, (local_ids, start), {}, path)
+            local_ids = self.emit(aten.masked_fill.Scalar, (shifted, outside, 0), {}, path)
+        index = self.unsqueezed(local_ids, path) if unsqueeze else local_ids
+        args = (self.env[table], index) if embedding else (self.env[table], node.args[1], index)
+        self.env[node] = self.emit(node.target, (*args, *node.args[len(args):]), {}, path)
+        self.placement[node], self.partial_group[node] = Partial(), "tensor"
+        self.pending_masks[node], self.mask_shapes[node] = outside, len(_shape(ids))
+
+    def unsqueezed(self, value: fx.Node, path: str) -> fx.Node:
+        return self.emit(aten.unsqueeze.default, (value, -1), {}, path)
 
     def norm(self, node: fx.Node) -> None:
         """rms_norm(x, shape, weight, eps) over a split last dimension: the mean of squares all-reduced."""
@@ -561,6 +651,91 @@ def _fused_parts(module: fx.GraphModule, plan: Plan, parameters: Mapping[str, nn
     return found
 
 
+#: Operators through which a Partial sum stays partial: moves and copies of its elements, and sums.
+_MOVES = {aten.view, aten.view_as, aten.reshape, aten._unsafe_view, aten.flatten, aten.unflatten, aten.pad,
+          aten.constant_pad_nd,
+          aten.transpose, aten.permute, aten.unsqueeze, aten.squeeze, aten.contiguous, aten.clone, aten.to,
+          aten._to_copy, aten.alias, aten._assert_tensor_metadata, aten.sum}
+
+
+def _keeps_partial(user: fx.Node, value: fx.Node) -> bool:
+    """Whether `user` of a Partial `value` gives a Partial sum of the same reduction: a move or copy of
+    its elements, a row pick by indices, a product with a replicated factor."""
+    packet = getattr(user.target, "_overloadpacket", None)
+    if packet in _MOVES:
+        return user.args[0] is value
+    if packet in (aten.index_select, aten.index):
+        return user.args[0] is value
+    if packet is aten.mul:
+        return sum(argument is value for argument in user.args) == 1
+    return False
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ExpertPoints:
+    """Where a mixture's tokens go to their experts and back (an all-to-all over the expert-parallel
+    group after each: the identity at one rank), and the module inputs the experts' split products
+    read (copied into the experts' tensor-parallel group, `EXPERT_TENSOR`, once, as Megatron's MoE
+    layer does), with the grouped products that read them."""
+
+    dispatches: frozenset[fx.Node]
+    combines: frozenset[fx.Node]
+    entries: Mapping[fx.Node, str]
+    entered: frozenset[fx.Node]
+
+
+def _expert_points(module: fx.GraphModule, plan: Plan, parameters: Mapping[str, nn.Parameter]) -> _ExpertPoints:
+    """The dispatch (the row pick that gathers a grouped product's tokens), the combine (the grouped
+    down product's output, or its flattening of the experts' dimension) and the module input of each
+    mixture (`_ExpertPoints`)."""
+    dispatches, combines, entries, entered = set(), set(), {}, set()
+    for node in module.graph.nodes:
+        owner = _weight_product(module, node, parameters)
+        if owner is None or len(_shape(node.args[1])) != 3:
+            continue
+        style = plan.parameter_style(owner)
+        if style == ROWWISE:
+            flattened = [user for user in node.users if user.target is aten.flatten.using_ints]
+            combines.add(flattened[0] if len(_shape(node)) == 3 and flattened else node)
+            continue
+        if style != COLWISE:
+            continue
+        child = node.meta.get("module_path", "")
+        source = node.args[0]
+        while isinstance(source, fx.Node) and source.op == "call_function":
+            packet = getattr(source.target, "_overloadpacket", None)
+            if packet in (aten.index_select, aten.index) and not dispatches & {source}:
+                dispatches.add(source)
+            if source.meta.get("module_path", "") != child or packet not in (
+                    _MOVES | {aten.index_select, aten.index}):
+                break
+            source = source.args[0]
+        if isinstance(source, fx.Node):
+            entries[source] = child
+            entered.add(node)
+    return _ExpertPoints(dispatches=frozenset(dispatches), combines=frozenset(combines), entries=entries,
+                         entered=frozenset(entered))
+
+
+def _kv_replicas(module: fx.GraphModule, plan: Plan, width: int) -> dict[str, int]:
+    """Ranks per slice of each colwise weight whose product's heads are fewer than the ranks (the
+    key/value heads of grouped-query attention at a width above them: each held by width / heads
+    ranks, Megatron's rule)."""
+    found: dict[str, int] = {}
+    for node in module.graph.nodes:
+        if node.target is not aten.linear.default or plan.parameter_style(node.args[1].target) != COLWISE:
+            continue
+        for user in node.users:
+            if getattr(user.target, "_overloadpacket", None) in (aten.unflatten, aten.view, aten.reshape) and \
+                    len(_shape(user)) == len(_shape(node)) + 1:
+                heads = _shape(user)[-2]
+                if heads < width and width % heads == 0:
+                    for argument in node.args[1:3]:
+                        if isinstance(argument, fx.Node):
+                            found[argument.target] = width // heads
+    return found
+
+
 class _Resplit(Exception):
     """A replicated parameter turned out to be split with an activation: start again with it split."""
 
@@ -581,11 +756,12 @@ def target_is_linear(node: fx.Node) -> bool:
     return node.target is aten.linear.default
 
 
-def _local_sizes(rank: _Rank, node: fx.Node, dim: int) -> list[int]:
-    sizes = list(_shape(node))
-    if sizes[dim] % rank.width:
+def _local_sizes(rank: _Rank, node: fx.Node, dim: int, replicas: int = 1) -> list[int]:
+    """The node's sizes on one rank, dimension `dim` split in width / `replicas` slices."""
+    sizes, slices = list(_shape(node)), rank.width // replicas
+    if sizes[dim] % slices:
         raise rank.fail(node, f"dimension {dim} of {sizes[dim]} does not split over {rank.width} ranks")
-    sizes[dim] //= rank.width
+    sizes[dim] //= slices
     return sizes
 
 
@@ -599,15 +775,20 @@ def _view(rank: _Rank, node: fx.Node) -> None:
     element offset; the sizes given become the rank's."""
     source, dim = rank.single_shard(node)
     before = math.prod(_shape(source)[:dim])
-    out = _shape(node)
+    out, replicas = _shape(node), rank.replicas.get(source, 1)
     if node.target._overloadpacket is aten.expand:
         after = dim + len(out) - len(_shape(source))
-    else:
-        after = next((j for j in range(len(out)) if math.prod(out[:j]) == before and out[j] > 1), None)
-        if after is None or (out[after] % rank.width):
-            raise rank.fail(node, f"a reshape of {Shard(dim)} to {list(out)}")
-    sizes = _local_sizes(rank, node, after)
-    rank.copy(node, Shard(after), args=(node.args[0], sizes, *node.args[2:]))
+        sizes = _local_sizes(rank, node, after, replicas)
+        if replicas > 1 and after + 1 < len(out) and _shape(source)[dim + 1] == 1 < out[after + 1]:
+            sizes[after + 1] //= replicas  # a replicated key/value head repeated for the rank's query heads
+            rank.replicas[node] = replicas
+        return rank.copy(node, Shard(after), args=(node.args[0], sizes, *node.args[2:]))
+    after = next((j for j in range(len(out)) if math.prod(out[:j]) == before and out[j] > 1), None)
+    if after is None or (out[after] % rank.width):
+        raise rank.fail(node, f"a reshape of {Shard(dim)} to {list(out)}")
+    if replicas > 1 and out[after] > _shape(source)[dim]:  # replicated heads merged with their repeats
+        rank.replicas[node], replicas = 1, 1
+    rank.copy(node, Shard(after), args=(node.args[0], _local_sizes(rank, node, after, replicas), *node.args[2:]))
 
 
 def _unflatten(rank: _Rank, node: fx.Node) -> None:
@@ -617,7 +798,7 @@ def _unflatten(rank: _Rank, node: fx.Node) -> None:
         return rank.copy(node, Shard(dim + len(node.args[2]) - 1))
     if at > dim:
         return rank.copy(node, Shard(dim))
-    sizes = _local_sizes(rank, node, at)
+    sizes = _local_sizes(rank, node, at, rank.replicas.get(source, 1))
     rank.copy(node, Shard(at), args=(node.args[0], node.args[1], sizes[at:at + len(node.args[2])]))
 
 
@@ -632,6 +813,8 @@ def _flatten(rank: _Rank, node: fx.Node) -> None:
         return rank.copy(node, Shard(dim - (end - start)))
     if dim != start:
         raise rank.fail(node, f"a flatten of {Shard(dim)} inside dimensions {start}-{end}")
+    if end > start:  # replicated key/value heads merged with their repeats: evenly split
+        rank.replicas[node] = 1
     rank.copy(node, Shard(start))
 
 
@@ -693,6 +876,15 @@ def _index(rank: _Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(dim + len(_shape(node)) - len(_shape(source))))
 
 
+def _select(rank: _Rank, node: fx.Node) -> None:
+    """x.select(dim, index) along another dimension than the split one."""
+    source, dim = rank.single_shard(node)
+    at = _normal(node.args[1], len(_shape(source)))
+    if at == dim:
+        raise rank.fail(node, "a pick along the split dimension")
+    rank.copy(node, Shard(dim - (at < dim)))
+
+
 def _chunk(rank: _Rank, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     chunks = node.args[1]
@@ -711,7 +903,7 @@ def _cat(rank: _Rank, node: fx.Node) -> None:
     for index, tensor in enumerate(tensors):
         if isinstance(rank.placement[tensor], Replicate) and _shape(tensor)[dim] > 1:
             args[index] = rank.split_operand(node, tensor, dim)
-    rank.copy(node, Shard(dim))
+    rank.copy(node, Shard(dim), args=(args, *node.args[1:]))
 
 
 def _matmul(rank: _Rank, node: fx.Node) -> None:
@@ -740,7 +932,7 @@ def _no_grad(rank: _Rank, node: fx.Node) -> None:
 _RULES = {
     aten.view: _view, aten.reshape: _view, aten._unsafe_view: _view, aten.expand: _view,
     aten.unflatten: _unflatten, aten.flatten: _flatten, aten.transpose: _transpose, aten.permute: _permute,
-    aten.unsqueeze: _unsqueeze, aten.squeeze: _squeeze, aten.slice: _slice, aten.chunk: _chunk,
+    aten.unsqueeze: _unsqueeze, aten.squeeze: _squeeze, aten.slice: _slice, aten.chunk: _chunk, aten.select: _select,
     aten.cat: _cat, aten.index: _index, aten.matmul: _matmul, aten.bmm: _matmul, aten.softmax: _softmax, aten._softmax: _softmax,
     **{op: _same for op in (aten.contiguous, aten.clone, aten.to, aten._to_copy, aten.type_as, aten.alias,
                             aten.detach, aten.dropout, aten._assert_tensor_metadata)},

@@ -165,7 +165,7 @@ _ATEN: dict[str, tuple[str, str]] = {
     "max": ("reduction", "amax"),
     "gather": ("index", "gather"),
     "index_select": ("index", "index_select"),
-    **{name: ("index", "route") for name in (
+    **{name: ("index", "route") for name in ("route",
         "index", "index_put", "index_put_", "scatter", "scatter_add", "index_add", "sort", "argsort", "histc",
         "bincount", "cumsum", "diff", "floor_divide", "remainder", "one_hot", "argmax", "nonzero")},
     **{name: ("shape", name) for name in (
@@ -282,7 +282,7 @@ def _attrs(module: fx.GraphModule, node: fx.Node, op: str) -> tuple[tuple[str, o
         attrs["p"] = module.get_submodule(node.target).p if node.op == "call_module" else node.args[1]
     elif op in ("softmax", "sum", "mean", "amax"):
         dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
-        attrs["dim"] = dim
+        attrs["dim"] = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim  # ATen's [d]
     return tuple(sorted(attrs.items()))
 
 

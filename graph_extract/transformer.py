@@ -1,8 +1,9 @@
 """One transformer implementation, configured by a ModelSpec, that builds every model of the zoo.
 
 The module tree decides the layers: `embedding`, `layers.<i>` (one per block) and `head`. Every
-model is built as the rank-`rank` shard of tensor-parallel width `width` (width 1 is the whole
-model), with activations laid out [batch, sequence, hidden].
+model is plain, unsharded PyTorch, with activations laid out [batch, sequence, hidden]; phaze
+exports it once and splits it over the tensor-parallel ranks by the plan derived by structure
+(`graph_extract.plan`: Megatron's split of attention, MLP, experts, embedding and loss).
 """
 
 from __future__ import annotations
@@ -13,18 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graph_extract.parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    EXPERT_TENSOR,
-    VocabParallelEmbedding,
-    all_reduce,
-    all_to_all,
-    copy_to_tensor_parallel_region,
-    route,
-    sharded_parameter,
-    vocab_parallel_cross_entropy,
-)
+from graph_extract.parallel import route
 from graph_extract.zoo import ModelSpec
 
 _ACTIVATIONS = {
@@ -47,7 +37,7 @@ def _dropout(spec: ModelSpec) -> nn.Dropout | None:
 def _alibi_bias(spec: ModelSpec, sequence_length: int, heads: int) -> torch.Tensor:
     """ALiBi's bias of the first `heads` heads, [heads, sequence, sequence]: slope_h · (j − i), the slopes
     the geometric sequence 2^(−8h/n) of Press et al. 2022 for n heads (n a power of two; otherwise the
-    next power's, as BLOOM does). Rank 0's heads: the values change no cost, only the shape does."""
+    next power's, as BLOOM does)."""
     n = 2 ** math.ceil(math.log2(spec.num_heads))
     slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / n) for h in range(heads)])
     positions = torch.arange(sequence_length, dtype=torch.float32)
@@ -62,6 +52,21 @@ def _rotary_tables(sequence_length: int, head_dim: int) -> tuple[torch.Tensor, t
     return angles.cos(), angles.sin()
 
 
+def per_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log(Σ exp(z − max)) − (z[label] − max) per token, in the order of Megatron's vocabulary-parallel
+    algorithm (maximum, shifted exponentials and their sum, the target's logit), which a plan's split
+    of the logits over the vocabulary turns into it."""
+    shifted = logits - logits.amax(dim=-1).unsqueeze(-1)
+    total = shifted.exp().sum(dim=-1)
+    target = shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return total.log() - target
+
+
+def _parameter(*shape: int, std: float = 0.02) -> nn.Parameter:
+    """A parameter drawn from N(0, std²) (nothing drawn on the meta device)."""
+    return nn.Parameter(nn.init.normal_(torch.empty(*shape), std=std))
+
+
 def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
     """Rotary positions on the last dimension (2·half wide): x·cos + (−x₂, x₁)·sin."""
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -69,25 +74,22 @@ def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: in
 
 
 class Embedding(nn.Module):
-    """Token (vocabulary-parallel), position and segment embeddings."""
+    """Token, position and segment embeddings."""
 
-    def __init__(self, spec: ModelSpec, sequence_length: int, width: int, rank: int, padded_vocab: int) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int, padded_vocab: int) -> None:
         super().__init__()
         dim = spec.embedding_projection or spec.hidden_size
-        self.word = VocabParallelEmbedding(padded_vocab, dim, width, rank)
+        self.word = nn.Embedding(padded_vocab, dim)
         self.project_in = nn.Linear(dim, spec.hidden_size, bias=False) if spec.embedding_projection else None
         self.position = None
         if spec.position_embedding == "learned":
             table = spec.max_position_embeddings + spec.position_offset
-            self.position = sharded_parameter(table, spec.hidden_size, partition_dim=None)
+            self.position = _parameter(table, spec.hidden_size)
             offset = spec.position_offset
             self.register_buffer("position_ids", torch.arange(offset, offset + sequence_length), persistent=False)
         self.token_type = None
         if spec.token_types:
-            self.token_type = sharded_parameter(spec.token_types, spec.hidden_size, partition_dim=None)
-        for table in (self.position, self.token_type):
-            if table is not None:
-                nn.init.normal_(table, std=0.02)
+            self.token_type = _parameter(spec.token_types, spec.hidden_size)
         self.norm = _norm(spec) if spec.embedding_norm else None
         self.dropout = _dropout(spec)
 
@@ -105,28 +107,23 @@ class Embedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head or grouped-query self-attention with the heads split over the tensor-parallel ranks.
+    """Multi-head or grouped-query self-attention. Each key/value head is repeated to its group's
+    query heads before the products (Megatron's and Llama's repeat_interleave); the plan splits the
+    heads, a key/value head held by the width / num_kv_heads ranks of its group when the width
+    exceeds them (Megatron's rule)."""
 
-    Grouped-query (Megatron's rule): at width t <= num_kv_heads each rank holds num_kv_heads / t
-    key/value heads; at t > num_kv_heads each rank holds the one head of its query heads' group,
-    replicated over t / num_kv_heads ranks. Each key/value head is repeated to its group's query
-    heads before the products (Megatron's and Llama's repeat_interleave).
-    """
-
-    def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int) -> None:
         super().__init__()
         h, self.head_dim, attention = spec.hidden_size, spec.head_dim, spec.attention_width
-        self.width, self.local_heads = width, spec.num_heads // width
-        kv_replicas = max(width // spec.kv_heads, 1)
-        self.local_kv_heads = spec.kv_heads * kv_replicas // width
+        self.heads, self.kv_heads = spec.num_heads, spec.kv_heads
         kv_size = spec.kv_heads * self.head_dim
         # Fused: rows ordered (head, q|k|v, head_dim), so a contiguous slice of rows is whole heads.
-        self.qkv = ColumnParallelLinear(h, 3 * attention, width, spec.bias) if spec.fused_qkv else None
+        self.qkv = nn.Linear(h, 3 * attention, spec.bias) if spec.fused_qkv else None
         if not spec.fused_qkv:
-            self.query = ColumnParallelLinear(h, attention, width, spec.bias)
-            self.key = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
-            self.value = ColumnParallelLinear(h, kv_size, width, spec.bias, kv_replicas)
-        self.dense = RowParallelLinear(attention, h, width, spec.bias)
+            self.query = nn.Linear(h, attention, spec.bias)
+            self.key = nn.Linear(h, kv_size, spec.bias)
+            self.value = nn.Linear(h, kv_size, spec.bias)
+        self.dense = nn.Linear(attention, h, spec.bias)
         self.query_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if spec.qk_norm else None
         self.key_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if spec.qk_norm else None
         self.dropout = _dropout(spec)
@@ -143,7 +140,7 @@ class SelfAttention(nn.Module):
         else:
             self.rotary_cos = None
         if spec.position_embedding == "alibi":
-            self.register_buffer("alibi_bias", _alibi_bias(spec, sequence_length, self.local_heads), persistent=False)
+            self.register_buffer("alibi_bias", _alibi_bias(spec, sequence_length, self.heads), persistent=False)
         else:
             self.alibi_bias = None
 
@@ -153,7 +150,7 @@ class SelfAttention(nn.Module):
 
     def _repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
         """[b, kv heads, s, d] -> [b, heads, s, d]: each key/value head once per query head of its group."""
-        group = self.local_heads // self.local_kv_heads
+        group = self.heads // self.kv_heads
         if group == 1:
             return x
         return x.unsqueeze(2).expand(-1, -1, group, -1, -1).flatten(1, 2)
@@ -162,14 +159,13 @@ class SelfAttention(nn.Module):
         return _rotate_half(x, self.rotary_cos, self.rotary_sin, self.head_dim // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_parallel_region(x, self.width)
         if self.qkv is not None:
-            qkv = self.qkv(x).unflatten(-1, (self.local_heads, 3, self.head_dim)).transpose(1, 2)
+            qkv = self.qkv(x).unflatten(-1, (self.heads, 3, self.head_dim)).transpose(1, 2)
             q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
         else:
-            q = self._heads(self.query(x), self.local_heads)
-            k = self._heads(self.key(x), self.local_kv_heads)
-            v = self._heads(self.value(x), self.local_kv_heads)
+            q = self._heads(self.query(x), self.heads)
+            k = self._heads(self.key(x), self.kv_heads)
+            v = self._heads(self.value(x), self.kv_heads)
         if self.query_norm is not None:  # each head's query and key, before the rotation (Qwen3)
             q, k = self.query_norm(q), self.key_norm(k)
         if self.rotary_cos is not None:
@@ -204,24 +200,24 @@ class LatentAttention(nn.Module):
     are scaled by 1/√(qk_nope + qk_rope). Training runs the full up-projections (the absorbed form
     is an inference device)."""
 
-    def __init__(self, spec: ModelSpec, sequence_length: int, width: int) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int) -> None:
         super().__init__()
         h, heads = spec.hidden_size, spec.num_heads
-        self.width, self.local_heads = width, heads // width
+        self.heads = heads
         self.nope, self.rope, self.value_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim
         self.latent = spec.kv_lora_rank
         query_width = heads * (self.nope + self.rope)
         if spec.q_lora_rank is None:
             self.query_down = self.query_norm = None
-            self.query_up = ColumnParallelLinear(h, query_width, width, False)
+            self.query_up = nn.Linear(h, query_width, bias=False)
         else:
             self.query_down = nn.Linear(h, spec.q_lora_rank, bias=False)
             self.query_norm = nn.RMSNorm(spec.q_lora_rank, eps=1e-6)
-            self.query_up = ColumnParallelLinear(spec.q_lora_rank, query_width, width, False)
+            self.query_up = nn.Linear(spec.q_lora_rank, query_width, bias=False)
         self.key_value_down = nn.Linear(h, self.latent + self.rope, bias=False)
         self.key_value_norm = nn.RMSNorm(self.latent, eps=1e-6)
-        self.key_value_up = ColumnParallelLinear(self.latent, heads * (self.nope + self.value_dim), width, False)
-        self.dense = RowParallelLinear(heads * self.value_dim, h, width, False)
+        self.key_value_up = nn.Linear(self.latent, heads * (self.nope + self.value_dim), bias=False)
+        self.dense = nn.Linear(heads * self.value_dim, h, bias=False)
         self.dropout = _dropout(spec)
         self.scale = 1.0 / math.sqrt(self.nope + self.rope)
         mask = torch.ones(sequence_length, sequence_length, dtype=torch.bool).triu(1)
@@ -231,20 +227,17 @@ class LatentAttention(nn.Module):
         self.register_buffer("rotary_sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.query_down is None:
-            q = self.query_up(copy_to_tensor_parallel_region(x, self.width))
-        else:
-            q = self.query_up(copy_to_tensor_parallel_region(self.query_norm(self.query_down(x)), self.width))
-        q = q.unflatten(-1, (self.local_heads, self.nope + self.rope)).transpose(1, 2)
+        q = self.query_up(x if self.query_down is None else self.query_norm(self.query_down(x)))
+        q = q.unflatten(-1, (self.heads, self.nope + self.rope)).transpose(1, 2)
         q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
         compressed = self.key_value_down(x)
         latent, k_rope = compressed[..., :self.latent], compressed[..., self.latent:]
-        kv = self.key_value_up(copy_to_tensor_parallel_region(self.key_value_norm(latent), self.width))
-        kv = kv.unflatten(-1, (self.local_heads, self.nope + self.value_dim)).transpose(1, 2)
+        kv = self.key_value_up(self.key_value_norm(latent))
+        kv = kv.unflatten(-1, (self.heads, self.nope + self.value_dim)).transpose(1, 2)
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
         k_rope = _rotate_half(k_rope.unsqueeze(1), self.rotary_cos, self.rotary_sin, self.rope // 2)
         q = torch.cat((q_nope, _rotate_half(q_rope, self.rotary_cos, self.rotary_sin, self.rope // 2)), dim=-1)
-        k = torch.cat((k_nope, k_rope.expand(-1, self.local_heads, -1, -1)), dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, self.heads, -1, -1)), dim=-1)
         return self.dense(_attend(q * self.scale, k, v, self.causal_mask, self.dropout))
 
 
@@ -259,18 +252,17 @@ def _activate(activation: str, up: torch.Tensor, gate: torch.Tensor | None) -> t
 
 
 class MLP(nn.Module):
-    """Feed-forward network: column-parallel up projection, activation, row-parallel down projection."""
+    """Feed-forward network: up projection (and gate), activation, down projection."""
 
-    def __init__(self, spec: ModelSpec, width: int, ffn_hidden_size: int | None = None) -> None:
+    def __init__(self, spec: ModelSpec, ffn_hidden_size: int | None = None) -> None:
         super().__init__()
         h, ffn = spec.hidden_size, ffn_hidden_size or spec.ffn_hidden_size
-        self.width, self.activation = width, spec.activation
-        self.up = ColumnParallelLinear(h, ffn, width, spec.bias)
-        self.gate = ColumnParallelLinear(h, ffn, width, spec.bias) if spec.activation == "swiglu" else None
-        self.down = RowParallelLinear(ffn, h, width, spec.bias)
+        self.activation = spec.activation
+        self.up = nn.Linear(h, ffn, spec.bias)
+        self.gate = nn.Linear(h, ffn, spec.bias) if spec.activation == "swiglu" else None
+        self.down = nn.Linear(ffn, h, spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_parallel_region(x, self.width)
         up, gate = self.up(x), self.gate(x) if self.gate is not None else None
         return self.down(_activate(self.activation, up, gate))
 
@@ -279,57 +271,52 @@ class MixtureOfExperts(nn.Module):
     """Top-k routed experts (Mixtral, Qwen3-MoE): a replicated router picks `experts_per_token` of
     `num_experts` feed-forward experts per token, with the top-k probabilities renormalised as
     weights; each expert takes at most `spec.expert_capacity(tokens)` tokens (in token order; the
-    others are dropped, GShard's rule). Dispatch and combine are all-to-alls over the expert-parallel
-    group. The experts are split over the tensor-parallel ranks like the dense MLP (gate/up by
-    columns, down by rows, one all-reduce after the combine; both collectives in the experts' own
-    group, `EXPERT_TENSOR`); every rank of width t holds all experts here: expert parallelism and the
-    experts' own tensor-parallel width are placement choices that divide them (`solver.layout`).
+    others are dropped, GShard's rule). The tokens are picked into each expert's slots (the
+    dispatch), multiplied by the experts' weights as grouped products, and picked back (the combine);
+    the plan puts the expert-parallel all-to-alls after both and splits the experts like the dense
+    MLP in their own tensor-parallel group (`graph_extract.plan`); expert parallelism and the experts'
+    own tensor-parallel width are placement choices that divide them (`solver.layout`).
     """
 
-    def __init__(self, spec: ModelSpec, tokens: int, width: int) -> None:
+    def __init__(self, spec: ModelSpec, tokens: int) -> None:
         super().__init__()
-        h, local_ffn, experts = spec.hidden_size, spec.expert_ffn_hidden_size // width, spec.num_experts
-        self.spec, self.width, self.activation = spec, width, spec.activation
+        h, ffn, experts = spec.hidden_size, spec.expert_ffn_hidden_size, spec.num_experts
+        self.spec, self.activation = spec, spec.activation
         self.capacity = spec.expert_capacity(tokens)
         self.router = nn.Linear(h, experts, bias=False)
-        self.up = sharded_parameter(experts, h, local_ffn, partition_dim=2)
-        self.gate = sharded_parameter(experts, h, local_ffn, partition_dim=2) if spec.activation == "swiglu" else None
-        self.down = sharded_parameter(experts, local_ffn, h, partition_dim=1)
-        for weight, fan_in in ((self.up, h), (self.gate, h), (self.down, spec.expert_ffn_hidden_size)):
-            if weight is not None:
-                nn.init.uniform_(weight, -1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in))
+        self.up = _parameter(experts, h, ffn, std=1.0 / math.sqrt(h))
+        self.gate = _parameter(experts, h, ffn, std=1.0 / math.sqrt(h)) if spec.activation == "swiglu" else None
+        self.down = _parameter(experts, ffn, h, std=1.0 / math.sqrt(ffn))
         shared = spec.shared_experts * spec.expert_ffn_hidden_size
-        self.shared = MLP(spec, width, shared) if shared else None
+        self.shared = MLP(spec, shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routed_in = copy_to_tensor_parallel_region(x, self.width, group=EXPERT_TENSOR)
-        tokens = routed_in.flatten(0, 1)
+        tokens = x.flatten(0, 1)
         chosen, experts = F.softmax(self.router(tokens), dim=-1).topk(self.spec.experts_per_token, dim=-1)
         weights = chosen / chosen.sum(dim=-1, keepdim=True)
         source, slot = route(experts, self.spec.num_experts, self.capacity)
-        dispatched = all_to_all(torch.index_select(F.pad(tokens, (0, 0, 0, 1)), 0, source))
+        dispatched = torch.index_select(F.pad(tokens, (0, 0, 0, 1)), 0, source)
         dispatched = dispatched.unflatten(0, (self.spec.num_experts, self.capacity))
         gate = torch.bmm(dispatched, self.gate) if self.gate is not None else None
         hidden = _activate(self.activation, torch.bmm(dispatched, self.up), gate)
-        returned = all_to_all(torch.bmm(hidden, self.down).flatten(0, 1))
+        returned = torch.bmm(hidden, self.down).flatten(0, 1)
         gathered = torch.index_select(F.pad(returned, (0, 0, 0, 1)), 0, slot)
         combined = (gathered.unflatten(0, (-1, self.spec.experts_per_token)) * weights.unsqueeze(-1)).sum(dim=1)
-        routed = all_reduce(combined.view_as(x), self.width, group=EXPERT_TENSOR)
+        routed = combined.view_as(x)
         return routed if self.shared is None else routed + self.shared(x)
 
 
 class Block(nn.Module):
     """One transformer block, pre- or post-norm."""
 
-    def __init__(self, spec: ModelSpec, sequence_length: int, width: int, micro_batch_size: int = 1,
-                 index: int = 0) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int, micro_batch_size: int = 1, index: int = 0) -> None:
         super().__init__()
         self.pre_norm = spec.norm_position == "pre"
         self.attention_norm, self.mlp_norm = _norm(spec), _norm(spec)
         attention = LatentAttention if spec.latent_attention else SelfAttention
-        self.attention = attention(spec, sequence_length, width)
+        self.attention = attention(spec, sequence_length)
         tokens = micro_batch_size * sequence_length
-        self.mlp = MixtureOfExperts(spec, tokens, width) if spec.is_moe_block(index) else MLP(spec, width)
+        self.mlp = MixtureOfExperts(spec, tokens) if spec.is_moe_block(index) else MLP(spec)
         self.attention_dropout, self.mlp_dropout = _dropout(spec), _dropout(spec)
 
     @staticmethod
@@ -345,31 +332,29 @@ class Block(nn.Module):
 
 
 class LanguageModelHead(nn.Module):
-    """Final norm, vocabulary-parallel logits (tied or own weights) and per-token cross-entropy."""
+    """Final norm, logits over the (padded) vocabulary (tied or own weights) and per-token
+    cross-entropy."""
 
-    def __init__(self, spec: ModelSpec, width: int, word: VocabParallelEmbedding, padded_vocab: int) -> None:
+    def __init__(self, spec: ModelSpec, word: nn.Embedding, padded_vocab: int) -> None:
         super().__init__()
         dim = spec.embedding_projection or spec.hidden_size
-        self.width, self.vocab_start, self.vocab_end = width, word.vocab_start, word.vocab_end
         self.norm = _norm(spec) if spec.final_norm else None
         self.project_out = nn.Linear(spec.hidden_size, dim, bias=False) if spec.embedding_projection else None
         if spec.tied_lm_head:
             self.weight = word.weight
         else:
-            self.weight = sharded_parameter(padded_vocab // width, dim, partition_dim=0)
-            nn.init.normal_(self.weight, std=0.02)
+            self.weight = _parameter(padded_vocab, dim)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.norm is not None:
             x = self.norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
-        logits = F.linear(copy_to_tensor_parallel_region(x, self.width), self.weight)
-        return vocab_parallel_cross_entropy(logits, labels, self.width, self.vocab_start, self.vocab_end)
+        return per_token_cross_entropy(F.linear(x, self.weight), labels)
 
 
 class Pooler(nn.Module):
-    """BERT pooler: tanh(W·h_[CLS] + b); replicated on every rank."""
+    """BERT pooler: tanh(W·h_[CLS] + b)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -382,15 +367,13 @@ class Pooler(nn.Module):
 class BertPretrainingHead(nn.Module):
     """Megatron BERT's heads: masked-LM (dense, gelu, norm, tied logits + bias) and sentence order."""
 
-    def __init__(self, spec: ModelSpec, width: int, word: VocabParallelEmbedding, padded_vocab: int) -> None:
+    def __init__(self, spec: ModelSpec, word: nn.Embedding, padded_vocab: int) -> None:
         super().__init__()
-        self.width, self.vocab_start, self.vocab_end = width, word.vocab_start, word.vocab_end
         self.final_norm = _norm(spec) if spec.final_norm else None
         self.transform = nn.Linear(spec.hidden_size, spec.hidden_size)
         self.transform_norm = _norm(spec)
         self.weight = word.weight
-        self.bias = sharded_parameter(padded_vocab // width, partition_dim=0)
-        nn.init.zeros_(self.bias)
+        self.bias = nn.Parameter(torch.zeros(padded_vocab))
         self.pooler = Pooler(spec)
         self.sentence_order = nn.Linear(spec.hidden_size, 2)
 
@@ -400,38 +383,30 @@ class BertPretrainingHead(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         hidden = self.transform_norm(F.gelu(self.transform(x)))
-        logits = F.linear(copy_to_tensor_parallel_region(hidden, self.width), self.weight, self.bias)
-        lm_loss = vocab_parallel_cross_entropy(logits, labels, self.width, self.vocab_start, self.vocab_end)
-        order_logits = self.sentence_order(self.pooler(x))
-        order_loss = vocab_parallel_cross_entropy(order_logits, sentence_order_labels, 1, 0, 2)
+        lm_loss = per_token_cross_entropy(F.linear(hidden, self.weight, self.bias), labels)
+        order_loss = per_token_cross_entropy(self.sentence_order(self.pooler(x)), sentence_order_labels)
         return lm_loss, order_loss
 
 
 class TransformerModel(nn.Module):
-    """The rank-`rank` shard of a zoo model at tensor-parallel width `width` (for a mixture of
-    experts, the experts' capacity is that of `micro_batch_size` sequences)."""
+    """A zoo model, whole: its vocabulary padded to `padded_vocab` rows (Megatron pads it for the
+    tensor-parallel width: `ModelSpec.padded_vocab_size`); for a mixture of experts, the experts'
+    capacity is that of `micro_batch_size` sequences."""
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        sequence_length: int,
-        width: int = 1,
-        rank: int = 0,
-        padded_vocab: int | None = None,
-        micro_batch_size: int = 1,
-    ) -> None:
+    def __init__(self, spec: ModelSpec, sequence_length: int, padded_vocab: int | None = None,
+                 micro_batch_size: int = 1) -> None:
         super().__init__()
         self.spec = spec
-        padded_vocab = padded_vocab or spec.padded_vocab_size(width)
-        self.embedding = Embedding(spec, sequence_length, width, rank, padded_vocab)
-        self.layers = nn.ModuleList(Block(spec, sequence_length, width, micro_batch_size, index)
+        padded_vocab = padded_vocab or spec.padded_vocab_size(1)
+        self.embedding = Embedding(spec, sequence_length, padded_vocab)
+        self.layers = nn.ModuleList(Block(spec, sequence_length, micro_batch_size, index)
                                     for index in range(spec.num_layers))
         if spec.head == "pooler":
             self.head: nn.Module = Pooler(spec)
         elif spec.head == "bert_pretraining":
-            self.head = BertPretrainingHead(spec, width, self.embedding.word, padded_vocab)
+            self.head = BertPretrainingHead(spec, self.embedding.word, padded_vocab)
         else:
-            self.head = LanguageModelHead(spec, width, self.embedding.word, padded_vocab)
+            self.head = LanguageModelHead(spec, self.embedding.word, padded_vocab)
 
     @property
     def input_names(self) -> tuple[str, ...]:

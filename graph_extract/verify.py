@@ -19,7 +19,6 @@ from graph_extract.export import export
 from graph_extract.extraction import is_exported
 from graph_extract.parallel import all_reduce
 from graph_extract.plan import Plan, apply_plan, derived_plan, read_plan
-from graph_extract.trace import trace
 from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
 
@@ -47,17 +46,6 @@ class VerificationResult:
     @property
     def passed(self) -> bool:
         return self.max_abs_error < self.tolerance
-
-
-@torch.no_grad()
-def load_shard(full: TransformerModel, shard: TransformerModel, width: int, rank: int) -> None:
-    """Copy into `shard` the slice of each parameter of `full` that rank `rank` holds."""
-    full_parameters = dict(full.named_parameters())
-    for name, parameter in shard.named_parameters():
-        dim = getattr(parameter, "partition_dim", None)
-        value = full_parameters[name]
-        replicas = getattr(parameter, "replicas", 1)
-        parameter.copy_(value if dim is None else value.chunk(width // replicas, dim=dim)[rank // replicas])
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
@@ -144,21 +132,8 @@ def verify_tensor_parallel(
                     qk_rope_head_dim=4, v_head_dim=8)
     spec = spec.with_overrides(**{**tiny, **overrides})
     sequence_length = spec.default_sequence_length
-    padded_vocab = spec.padded_vocab_size(width)
     torch.manual_seed(seed)
-    full = TransformerModel(spec, sequence_length, 1, 0, padded_vocab, MICRO_BATCH_SIZE).eval()
+    full = TransformerModel(spec, sequence_length, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
     inputs = example_inputs(full, micro_batch_size=MICRO_BATCH_SIZE, sequence_length=sequence_length, device="cpu", seed=seed)
-    shards = []
-    for rank in range(width):
-        shard = TransformerModel(spec, sequence_length, width, rank, padded_vocab, MICRO_BATCH_SIZE).eval()
-        load_shard(full, shard, width, rank)
-        shards.append(trace(shard, inputs))
-    with torch.no_grad():
-        expected = _outputs(full(**inputs))
-        per_shard = run_shards_in_lockstep(shards, list(inputs.values()))
-    error = max(
-        (got - want).abs().max().item()
-        for outputs in per_shard
-        for got, want in zip(_outputs(outputs), expected, strict=True)
-    )
+    error = verify_plan(full, inputs, None, width, "layers")
     return VerificationResult(spec.name, width, error, tolerance)

@@ -10,10 +10,11 @@ import torch
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.distributed.tensor.placement_types import Shard
 
-import phaze
-from graph_extract import extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
+import phaze.api
+from graph_extract import MODELS, extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
 from graph_extract.factory import factory_spec
 from graph_extract.plan import COLWISE, ROWWISE, Plan, read_plan
+from graph_extract.serialize import layer_graph_to_dict
 from phaze_common.checks import InputError
 from test_model_factory import assert_same_layers, llama_parameters
 
@@ -39,6 +40,42 @@ def transformers_parameters(path: Path) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
     return sum(parameter.numel() for parameter in model.parameters())
+
+
+# 0. the zoo, exported once and split by its derived plan ------------------------------------------
+
+ZOO_GRAPHS = json.loads((DATA / "zoo_layer_graphs.json").read_text())
+
+
+def layer_record(extracted) -> dict:
+    """The extraction as tests/data/zoo_layer_graphs.json records it: runs of equal layers, edges,
+    tied weights, parameter counts and repeat groups."""
+    layers = json.loads(json.dumps(layer_graph_to_dict(extracted.layer_graph)))
+    runs: list[dict] = []
+    for layer in layers["layers"]:
+        body = {key: value for key, value in layer.items() if key not in ("id", "name")}
+        if runs and runs[-1]["layer"] == body:
+            runs[-1]["ids"][1] = layer["id"]
+        else:
+            runs.append({"ids": [layer["id"], layer["id"]], "names": layer["name"], "layer": body})
+    return {"parameter_count": extracted.parameter_count, "parameters_per_device": extracted.parameters_per_device,
+            "active_parameter_count": extracted.active_parameter_count,
+            "repeat_groups": [list(group) for group in extracted.repeat_groups],
+            "sequence_length": extracted.sequence_length, "layers": runs, "edges": layers["edges"],
+            "tied": layers["tied"]}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_zoo_model_split_by_its_plan_has_the_megatron_shards_layer_graphs(name, tmp_path):
+    """At every width up to 8 (the mixtures' experts split in their own group, so every e and τ
+    reads the same graph), micro-batch 1 and the model's sequence: every layer (FLOPs, parameters,
+    activations kept by kind and their replicated shares, collectives and their bytes, recompute
+    modules), the edges, the parameter counts and the repeat groups equal those of the zoo's
+    Megatron shards traced by torch.fx (tests/data/zoo_layer_graphs.json)."""
+    widths = valid_tensor_parallel_widths(name, 8)
+    assert [key for key in ZOO_GRAPHS if key.startswith(f"{name}/")] == [f"{name}/t{width}" for width in widths]
+    for width in widths:
+        assert layer_record(extract(name, 1, None, width)) == ZOO_GRAPHS[f"{name}/t{width}"], width
 
 
 # 1. config.json files of families phaze has no code for ----------------------------------------
@@ -70,7 +107,7 @@ def test_the_published_config_names_the_model_and_reads_its_sequence_cap():
     spec = factory_spec(str(CONFIGS / "gpt-oss-20b" / "config.json"))
     assert (spec.name, spec.num_layers, spec.num_heads, spec.kv_heads, spec.kv_channels) == ("gpt-oss-20b", 24, 64, 8, 64)
     assert spec.default_sequence_length == 8192  # min(131,072 positions, 8192): not the 128-token window
-    assert valid_tensor_parallel_widths(spec, 16) == (1, 2, 4, 8)  # 8 key/value heads split, not replicated
+    assert valid_tensor_parallel_widths(spec, 128) == (1, 2, 4, 8, 16, 32, 64)  # above 8: a key/value head on 2+
 
 
 def test_the_blocks_form_a_chain_without_the_masks_every_stage_builds():

@@ -11,7 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 import graph_extract.extraction as extract_module
-import graph_extract.verify as verify_module
+import graph_extract.plan as plan_module
+import torch
+from graph_extract.export import getattr_path
 from phaze_common.checks import InputError
 from graph_extract.serialize import FORMAT_VERSION
 from graph_extract import ModelSpec, extract, get_spec, valid_tensor_parallel_widths, verify_tensor_parallel
@@ -112,17 +114,16 @@ def test_gqa_shards_compute_the_unsharded_model(t):
 def test_gqa_verification_fails_when_a_rank_holds_another_groups_head(monkeypatch):
     """Loading key/value head rank % 2 instead of rank // (t / 2) at t 4 gives rank 1 the second
     group's head for first-group queries: the check fails, so it covers the replicated heads."""
-    real = verify_module.load_shard
+    real = plan_module._Rank.local_parameter
 
-    def wrong_group(full, shard, width, rank):
-        real(full, shard, width, rank)
-        for name, parameter in shard.named_parameters():
-            if getattr(parameter, "replicas", 1) > 1:
-                value = dict(full.named_parameters())[name]
-                parameter.data.copy_(value.chunk(2, dim=0)[rank % 2])
+    def wrong_group(rank, target, dim):
+        real(rank, target, dim)
+        if rank.values is not None and rank.parameter_replicas.get(target, 1) > 1:
+            with torch.no_grad():
+                getattr_path(rank.root, target).copy_(rank.values[target].chunk(2, dim=0)[rank.rank % 2])
 
     assert verify_tensor_parallel(TOY, 4, num_kv_heads=2).passed
-    monkeypatch.setattr(verify_module, "load_shard", wrong_group)
+    monkeypatch.setattr(plan_module._Rank, "local_parameter", wrong_group)
     assert not verify_tensor_parallel(TOY, 4, num_kv_heads=2).passed
 
 

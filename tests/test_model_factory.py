@@ -179,9 +179,9 @@ def test_a_factory_model_keeps_its_shape_and_width():
     assert error("model=custom", f"model.config={LLAMA}:tiny", "+model.overrides.hidden_size=512") == (
         "model.overrides.hidden_size: a factory's model has its module's shape; allowed: name, num_layers, "
         "default_sequence_length")
-    assert error("model=custom", f"model.config={LLAMA}:tiny", "tensor_parallel_width=4") == (
-        "tensor_parallel_width: 4 does not divide the 2 key/value heads of tiny-llama (a plan splits them, it does "
-        "not replicate them); allowed: 1, 2")
+    assert error("model=custom", f"model.config={LLAMA}:tiny", "model.max_tensor_parallel_width=16",
+                 "tensor_parallel_width=16") == (
+        "tensor_parallel_width: 16 does not divide the 8 heads of tiny-llama; valid: 1, 2, 4, 8")
     assert error("model=gpt2", "+model.overrides.factory=x.py:f") == (
         "model.overrides.factory: set by model=custom model.config=MODULE:FUNCTION only")
 
@@ -203,12 +203,12 @@ def test_extract_graph_runs_a_factory_end_to_end(tmp_path):
     assert len(list((tmp_path / "cache" / "graphs").glob("tiny-llama_mbs1_seq64_tp1_*.json"))) == 1
     (summary,) = (tmp_path / "outputs" / "runs").glob("*/*/extract_summary.csv")
     rows = list(csv.DictReader(summary.read_text().splitlines()))
-    assert [row["tensor_parallel_width"] for row in rows] == ["1", "2"]  # the widths its 2 key/value heads allow
+    assert [row["tensor_parallel_width"] for row in rows] == ["1", "2", "4", "8"]  # the widths its 8 heads allow
     assert {(row["layers"], row["parameters"]) for row in rows} == {("6", str(llama_parameters(4, 256, 8, 2, 512, 1000)))}
     again = phaze("extract_graph", "model=custom", "model.config=tests.data.hf_llama:tiny", "cache_dir=cache",
                   cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert len(list((tmp_path / "cache" / "graphs").glob("tiny-llama_*.json"))) == 4  # another reference, 2 widths
+    assert len(list((tmp_path / "cache" / "graphs").glob("tiny-llama_*.json"))) == 8  # another reference, 4 widths
 
 
 def test_a_bad_factory_exits_2_with_one_line(tmp_path):

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import graph_extract.verify as verify_module
+import graph_extract.plan as plan_module
+from graph_extract.export import getattr_path
 from phaze_common.checks import InputError
 from graph_extract import KernelOptions, ModelSpec, extract, get_spec, verify_tensor_parallel
 from graph_extract.transformer import MixtureOfExperts
@@ -77,7 +78,7 @@ def reference_moe(block: MixtureOfExperts, x: torch.Tensor, capacity: int) -> to
 def test_the_moe_block_is_top_k_routing_with_capacity(capacity_factor):
     torch.manual_seed(0)
     spec = TOY.with_overrides(capacity_factor=capacity_factor)
-    block = MixtureOfExperts(spec, tokens=2 * 16, width=1)
+    block = MixtureOfExperts(spec, tokens=2 * 16)
     x = torch.randn(2, 16, spec.hidden_size)
     capacity = math.ceil(capacity_factor * 32 * 2 / 4)
     assert block.capacity == capacity
@@ -109,15 +110,16 @@ def test_moe_shards_compute_the_unsharded_model(t):
 
 
 def test_moe_verification_fails_when_a_rank_holds_another_experts_slice(monkeypatch):
-    original = verify_module.load_shard
+    original = plan_module._Rank.local_parameter
 
-    def swapped_experts(full, shard, width, rank):
-        original(full, shard, width, rank)
-        with torch.no_grad():
-            for layer in shard.layers:
-                layer.mlp.up.copy_(layer.mlp.up.roll(1, dims=0))  # expert e gets expert e-1's slice
+    def swapped_experts(rank, target, dim):
+        original(rank, target, dim)
+        if rank.values is not None and target.endswith("mlp.up"):
+            with torch.no_grad():
+                weight = getattr_path(rank.root, target)
+                weight.copy_(weight.roll(1, dims=0))  # expert e gets expert e-1's slice
 
-    monkeypatch.setattr(verify_module, "load_shard", swapped_experts)
+    monkeypatch.setattr(plan_module._Rank, "local_parameter", swapped_experts)
     assert not verify_tensor_parallel("mixtral-8x7b", 2).passed
 
 
