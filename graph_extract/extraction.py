@@ -1,4 +1,9 @@
-"""`extract`: model name -> traced shard graphs of one tensor-parallel width, with an on-disk cache."""
+"""`extract`: model name -> rank 0's graphs at one tensor-parallel width, with an on-disk cache.
+
+A model is exported once per micro-batch, sequence (and padded vocabulary) and split by its plan
+at each width (`graph_extract.export`, `graph_extract.plan`); a factory that builds its own shards
+is traced by torch.fx at each width (`graph_extract.trace`).
+"""
 
 from __future__ import annotations
 
@@ -328,7 +333,7 @@ def extract(
     cache_dir: str | Path | None = None,
     force: bool = False,
 ) -> ExtractedModel:
-    """Trace rank 0 of `model` at `tensor_parallel_width` on the meta device.
+    """Rank 0's graphs of `model` at `tensor_parallel_width`, built on the meta device.
 
     With `cache_dir`, a cached extraction is reused unless `force`; a damaged cache file is set aside
     and rebuilt, and a cache that cannot be written is done without. `sequence_length` defaults to

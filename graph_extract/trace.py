@@ -1,9 +1,12 @@
-"""torch.fx tracing with shape propagation, and the translation of fx nodes into an OpGraph.
+"""torch.fx tracing with shape propagation, and the translation of a traced or exported graph into
+an OpGraph.
 
 Tracing keeps torch.nn modules (Linear, LayerNorm, RMSNorm, Dropout, ...) and the tensor-parallel
 collectives as single nodes, records each node's module path, and propagates shapes with meta (or
-real) tensors. `to_op_graph` then turns every computing fx node into an OpNode; parameters, buffers
-and model inputs become attributes of the operators that read them.
+real) tensors. An exported graph (`graph_extract.export`) carries the same annotations on ATen
+operators (`_ATEN` names them in the same vocabulary). `to_op_graph` then turns every computing
+node into an OpNode; parameters, buffers and model inputs become attributes of the operators that
+read them.
 """
 
 from __future__ import annotations
