@@ -43,6 +43,8 @@ from graph_extract import hf
 from graph_extract.parallel import VocabParallelEmbedding
 from graph_extract.zoo import ModelSpec
 
+#: Hugging Face config keys of a mixture's routed experts (Mixtral and GPT-OSS, Qwen-MoE, DeepSeek).
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 #: The keywords phaze passes to a factory that takes them.
 KEYWORDS = ("sequence_length", "tensor_parallel_width", "rank")
 #: Longest default sequence [tokens] taken from config.max_position_embeddings (config.json's rule).
@@ -303,8 +305,10 @@ def factory_spec(reference: str) -> ModelSpec:
     heads); ffn_hidden_size: config.intermediate_size (default: the largest dimension of a block's
     parameters); max_position_embeddings: config.max_position_embeddings (default: the sequence_length
     default); default_sequence_length: the sequence_length default, else min(positions, 8192);
-    name: config.name_or_path's last part, else the function's name. Other fields keep their defaults
-    and are not read: the module decides the graph.
+    name: config.name_or_path's last part, else the function's name; kv_channels: config.head_dim
+    when it is not hidden / heads; num_experts and experts_per_token: config.num_local_experts (or
+    num_experts, n_routed_experts) and num_experts_per_tok, for expert parallelism and the active
+    parameters. Other fields keep their defaults and are not read: the module decides the graph.
     """
     sequence = default_sequence_length(reference)
     model = call_factory(reference, sequence if sequence is not None else MAX_DEFAULT_SEQUENCE_LENGTH)
@@ -327,6 +331,8 @@ def factory_spec(reference: str) -> ModelSpec:
     if heads % kv_heads:
         raise ValueError(f"config.num_key_value_heads: {kv_heads} does not divide num_attention_heads={heads}")
     head_dim = _config_value(config, "head_dim")
+    experts = next((value for key in EXPERT_COUNT_KEYS if isinstance(value := _config_value(config, key), int)
+                    and not isinstance(value, bool) and value > 1), None)
     return ModelSpec(
         name=_name(config, reference),
         num_layers=len(model.get_submodule(blocks)),
@@ -338,5 +344,7 @@ def factory_spec(reference: str) -> ModelSpec:
         default_sequence_length=sequence,
         num_kv_heads=None if kv_heads == heads else kv_heads,
         kv_channels=head_dim if isinstance(head_dim, int) and head_dim * heads != hidden else None,
+        num_experts=experts,
+        experts_per_token=_positive(config, "num_experts_per_tok") if experts else 2,
         factory=reference,
     )

@@ -103,9 +103,19 @@ def test_a_config_json_transformers_builds_is_predicted_at_t1_and_t4(name, tmp_p
     assert block_four.forward_flops * 4 == pytest.approx(block_one.forward_flops, rel=0.02)  # the products split
 
 
-def test_the_published_config_names_the_model_and_reads_its_sequence_cap():
+def test_the_published_config_names_the_model_and_reads_its_sequence_cap(tmp_path):
+    """GPT-OSS-20B's facts; its active parameters skip 28 of each block's 32 experts' weights
+    (gate_up 2880 x 5760, down 2880 x 2880), and it is predicted with its experts over 4 ranks."""
     spec = factory_spec(str(CONFIGS / "gpt-oss-20b" / "config.json"))
     assert (spec.name, spec.num_layers, spec.num_heads, spec.kv_heads, spec.kv_channels) == ("gpt-oss-20b", 24, 64, 8, 64)
+    assert (spec.num_experts, spec.experts_per_token) == (32, 4)
+    assert extract(spec, 1, 256, 1).active_parameter_count == FAMILIES["gpt-oss-20b"] - 24 * 28 * (
+        2880 * 5760 + 2880 * 2880)
+    keys = dict(model=str(CONFIGS / "gpt-oss-20b" / "config.json"), chip="h100_sxm", system="dgx_h100",
+                num_devices=64, global_batch_size=64, sequence_length=4096, pipeline_parallel_width=4,
+                tensor_parallel_width=1, data_parallel_width=16, cache_dir=str(tmp_path))
+    experts = phaze.api.run_prediction(phaze.api.settings("predict", expert_parallel_width=4, **keys)).step
+    assert experts.infeasible_reason is None and experts.breakdown["expert_parallel"] > 0
     assert spec.default_sequence_length == 8192  # min(131,072 positions, 8192): not the 128-token window
     assert valid_tensor_parallel_widths(spec, 128) == (1, 2, 4, 8, 16, 32, 64)  # above 8: a key/value head on 2+
 
