@@ -21,7 +21,6 @@ from phaze_common.files import atomic_write, read_cache_file
 from phaze_common.log import warn_once
 from graph_extract import factory
 from graph_extract.export import export
-from graph_extract.plan import apply_plan, derived_plan, plan_digest, read_plan
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
 from graph_extract.opgraph import OpGraph, weight_sizes
 from graph_extract.regions import attention_core, recompute_modules
@@ -153,6 +152,8 @@ def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence
     if spec.factory is not None:
         fields += (factory.source_digest(spec.factory),)
     if spec.plan is not None:
+        from graph_extract.plan import plan_digest  # torch.distributed.tensor: loaded when first needed
+
         fields += (plan_digest(spec.plan),)
     spec_hash = hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
     name = f"{spec.name}_mbs{micro_batch_size}_seq{sequence_length}_tp{width}_v{FORMAT_VERSION}_{spec_hash}.json"
@@ -208,6 +209,8 @@ def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequenc
               width: int) -> ExtractedModel:
     """Apply the model's plan at `width` to its one export (`graph_extract.export`): the zoo's model
     (its vocabulary padded for the width, Megatron's rule), a factory's or a config.json's."""
+    from graph_extract.plan import apply_plan, derived_plan, read_plan  # torch.distributed.tensor: loaded here
+
     if spec.factory is None:
         model, blocks, graph = _export_zoo(traced, micro_batch_size, sequence_length, spec.padded_vocab_size(width))
     else:

@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 from torch import fx, nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
 from phaze_common.checks import InputError
 from graph_extract.export import annotate, getattr_path
@@ -123,7 +123,7 @@ def read_plan(path: str | Path) -> Plan:
     try:
         return Plan.of(data)
     except InputError as error:
-        raise InputError(f"model.{path}: {error}".replace(f"model.{path}: plan: ", f"model.plan: {path}: ")) from None
+        raise InputError(f"model.plan: {path}: {str(error).removeprefix('plan: ')}") from None
 
 
 def plan_digest(path: str | Path) -> str:
@@ -147,7 +147,7 @@ def _style_name(pattern: object, style: object) -> str:
 
 # --- the plan derived by structure -------------------------------------------------------------
 
-def _weight_product(module: fx.GraphModule, node: fx.Node, parameters: Mapping[str, nn.Parameter]) -> str | None:
+def _weight_product(node: fx.Node, parameters: Mapping[str, nn.Parameter]) -> str | None:
     """What a plan names for the weight `node` multiplies: the module of a linear map, the parameter
     of a grouped expert product (one module holds several); None for another operator."""
     if node.op != "call_function" or node.target not in (aten.linear.default, aten._grouped_mm.default,
@@ -169,9 +169,9 @@ def derived_plan(module: fx.GraphModule, blocks: str) -> Plan:
     rowwise, and the products whose outputs reach its input directly are colwise; those that reach
     it only through another product (a latent attention's down projections, replicated as
     Megatron-Core's MLA duplicates them) and a router (whose values reach only the routing) stay
-    replicated; the token
-    embedding (the largest table) is rowwise (vocabulary-parallel) and the product after the blocks
-    onto the vocabulary colwise (its logits split, the loss computed on them as Megatron's)."""
+    replicated; the token embedding (the largest table) is rowwise (vocabulary-parallel) and the
+    product after the blocks onto the vocabulary colwise (its logits split, the loss computed on
+    them as Megatron's)."""
     parameters = dict(module.named_parameters(remove_duplicate=False))
     products: dict[str, list[tuple[fx.Node, str]]] = {}
     styles: dict[str, str] = {}
@@ -184,7 +184,7 @@ def derived_plan(module: fx.GraphModule, blocks: str) -> Plan:
     for node in module.graph.nodes:
         path = node.meta.get("module_path", "")
         after_blocks |= path.startswith(f"{blocks}.")
-        if (owner := _weight_product(module, node, parameters)) is None:
+        if (owner := _weight_product(node, parameters)) is None:
             continue
         if path.startswith(f"{blocks}."):
             child = ".".join(path.split(".")[: len(blocks.split(".")) + 2])
@@ -248,8 +248,9 @@ class _Rank:
     """One rank's graph under construction: each original node's new node and placement."""
 
     def __init__(self, module: fx.GraphModule, plan: Plan, width: int, rank: int,
-                 values: Mapping[str, torch.Tensor] | None) -> None:
+                 values: Mapping[str, torch.Tensor] | None, resplit: Mapping[str, int]) -> None:
         self.module, self.plan, self.width, self.rank, self.values = module, plan, width, rank, values
+        self.resplit = resplit  # parameters found split with an activation, and their split dimension
         self.graph = fx.Graph()
         self.root = nn.Module()
         self.env: dict[fx.Node, fx.Node] = {}
@@ -279,25 +280,22 @@ class _Rank:
         kwargs = {} if group == "tensor" else {"group": group}
         return self.emit(target, (value, self.width, *extra), kwargs, path)
 
-    def shard_of(self, argument: object) -> Placement | None:
-        return self.placement.get(argument) if isinstance(argument, fx.Node) else None
-
     def local_parameter(self, target: str, dim: int | None) -> None:
         """Register the rank's share of parameter or buffer `target` (split on `dim`, or whole)."""
         full = getattr_path(self.module, target)
         value = full if self.values is None or isinstance(full, nn.Module) else self.values[target]
+        replicas = self.parameter_replicas.get(target, 1)
         if dim is not None:
+            slices, index = self.width // replicas, self.rank // replicas
             if not -full.dim() <= dim < full.dim():
                 raise InputError(f"plan: {target}: a parameter of {full.dim()} dimensions split on dimension {dim}")
-            if full.shape[dim] % (self.width // self.parameter_replicas.get(target, 1)):
+            if full.shape[dim] % slices:
                 raise InputError(f"plan: {target}: its dimension {dim} of {full.shape[dim]} does not split over "
                                  f"{self.width} ranks")
-            replicas = self.parameter_replicas.get(target, 1)
-            slices, index = self.width // replicas, self.rank // replicas
             parts = self.parts.get(target, ((0, full.shape[dim]),))
             value = torch.cat([value.narrow(dim, start + index * (size // slices), size // slices)
                                for start, size in parts], dim=dim)
-        holder, name = self.root, target
+        holder = self.root
         *parents, name = target.split(".")
         for part in parents:
             if not hasattr(holder, part):
@@ -309,7 +307,7 @@ class _Rank:
             parameter = nn.Parameter(value.detach().clone() if self.values is not None else torch.empty_like(value),
                                      requires_grad=False)
             parameter.partition_dim = dim  # type: ignore[attr-defined]
-            parameter.replicas = self.parameter_replicas.get(target, 1)  # type: ignore[attr-defined]
+            parameter.replicas = replicas  # type: ignore[attr-defined]
             holder.register_parameter(name, parameter)
         else:
             holder.register_buffer(name, value)
@@ -365,7 +363,7 @@ class _Rank:
                     node.target is aten.embedding.default and node.args[0].target == name
                     for node in self.module.graph.nodes if node.op == "call_function")
                 dims[name] = 0 if style == COLWISE or embedding else 1
-        return dims
+        return {**dims, **self.resplit}
 
     def call(self, node: fx.Node) -> None:
         self.operator(node)
@@ -393,7 +391,7 @@ class _Rank:
         shards = {argument: self.placement[argument] for argument in tensors
                   if not isinstance(self.placement[argument], Replicate)}
         if target in (aten.linear.default, aten._grouped_mm.default) or (
-                target in (aten.matmul.default, aten.bmm.default) and _weight_product(self.module, node, self.parameters)):
+                target in (aten.matmul.default, aten.bmm.default) and _weight_product(node, self.parameters)):
             return self.product(node, path)
         if any(isinstance(placement, Partial) for placement in shards.values()):
             return self.partial(node, shards)
@@ -690,7 +688,7 @@ def _expert_points(module: fx.GraphModule, plan: Plan, parameters: Mapping[str, 
     mixture (`_ExpertPoints`)."""
     dispatches, combines, entries, entered = set(), set(), {}, set()
     for node in module.graph.nodes:
-        owner = _weight_product(module, node, parameters)
+        owner = _weight_product(node, parameters)
         if owner is None or len(_shape(node.args[1])) != 3:
             continue
         style = plan.parameter_style(owner)
@@ -951,11 +949,8 @@ def apply_plan(module: fx.GraphModule, plan: Plan, width: int, rank: int = 0,
     so that the rank graphs run (`graph_extract.verify`)."""
     resplit: dict[str, int] = {}
     while True:
-        builder = _Rank(module, plan, width, rank, values)
-        original = builder._parameter_dims
-        builder._parameter_dims = lambda: {**original(), **resplit}  # type: ignore[method-assign]
         try:
-            built = builder.run()
+            built = _Rank(module, plan, width, rank, values, resplit).run()
             break
         except _Resplit as found:
             if found.target in resplit:

@@ -13,7 +13,6 @@ from phaze_common.checks import InputError, is_integer, positive_integer
 from graph_extract import ModelSpec, get_spec
 from graph_extract.extraction import is_exported
 from graph_extract.factory import is_factory_reference
-from graph_extract.plan import read_plan
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
 from phaze.custom_model import NAME_PATTERN, built_by_transformers, folder_error, read_factory, read_model_file
 from solver.layout import Layout, MegatronSplit
@@ -104,6 +103,8 @@ def model_spec(model: Mapping, sequence_length: object = None) -> ModelSpec:
 
 def _plan_file(plan: object, spec: ModelSpec) -> str:
     """`model.plan`, checked: a readable YAML plan of a model phaze exports."""
+    from graph_extract.plan import read_plan  # torch.distributed.tensor: loaded when a plan is given
+
     if not is_exported(spec):
         raise InputError("model.plan: only for a model phaze exports (model=custom with a factory that takes no "
                          "tensor_parallel_width, or a config.json transformers builds); allowed: null")

@@ -3,6 +3,9 @@ code for (built by transformers), a plain PyTorch module with a torchtitan-style
 by structure, and each plan's ranks run on real tensors against the unsharded model."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +104,21 @@ def test_a_config_json_transformers_builds_is_predicted_at_t1_and_t4(name, tmp_p
                                                      **keys).spec), 1, 4096, width) for width in (1, 4))
     block_one, block_four = one.layer_graph.layers[1], four.layer_graph.layers[1]
     assert block_four.forward_flops * 4 == pytest.approx(block_one.forward_flops, rel=0.02)  # the products split
+
+
+def test_phaze_predict_writes_a_config_jsons_parameters(tmp_path):
+    """From the command line at t = 4: prediction.json's parameters are transformers' count."""
+    path = CONFIGS / "Qwen2.5-7B" / "config.json"
+    run = subprocess.run([sys.executable, "-m", "phaze", "predict", "model=custom", f"model.config={path}",
+                          "chip=h100_sxm", "system=dgx_h100", "num_devices=64", "global_batch_size=64",
+                          "sequence_length=4096", "tensor_parallel_width=4", "pipeline_parallel_width=4",
+                          "data_parallel_width=4", f"cache_dir={tmp_path / 'cache'}",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(DATA.parents[1])})
+    assert run.returncode == 0, run.stderr
+    record = json.loads((tmp_path / "run" / "prediction.json").read_text())
+    assert record["parameters"]["total"] == transformers_parameters(path) == FAMILIES["Qwen2.5-7B"]
+    assert "Qwen2.5-7B (7.62B parameters)" in run.stdout.splitlines()[0]
 
 
 def test_the_published_config_names_the_model_and_reads_its_sequence_cap(tmp_path):
