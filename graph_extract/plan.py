@@ -347,9 +347,11 @@ class _Rank:
     def _parameter_dims(self) -> dict[str, int]:
         """Each planned parameter's split dimension (colwise: the output features; rowwise: the input
         features, an embedding's rows)."""
+        tables = {node.args[0].target for node in self.module.graph.nodes  # looked up by an embedding
+                  if node.target is aten.embedding.default and isinstance(node.args[0], fx.Node)}
         dims: dict[str, int] = {}
         for name, parameter in self.parameters.items():
-            owner, _, leaf = name.rpartition(".")
+            leaf = name.rpartition(".")[2]
             style = self.plan.parameter_style(name)
             if style is None or (self.plan.style(name) is None and parameter.dim() == 3):
                 continue
@@ -359,10 +361,7 @@ class _Rank:
                 if style == COLWISE:
                     dims[name] = 0
             else:
-                embedding = isinstance(getattr_path(self.module, owner) if owner else None, nn.Embedding) or any(
-                    node.target is aten.embedding.default and node.args[0].target == name
-                    for node in self.module.graph.nodes if node.op == "call_function")
-                dims[name] = 0 if style == COLWISE or embedding else 1
+                dims[name] = 0 if style == COLWISE or name in tables else 1
         return {**dims, **self.resplit}
 
     def call(self, node: fx.Node) -> None:

@@ -375,11 +375,10 @@ def built_by_transformers(path: Path) -> bool:
     if path.suffix.lower() not in JSON_SUFFIXES or not path.is_file():
         return False
     try:
-        config = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except (ValueError, RecursionError):
+        model_type = hf.read_config(path).get("model_type")
+    except ValueError:  # not a JSON object: phaze's reader says what is wrong with it
         return False
-    return isinstance(config, dict) and config.get("model_type") not in HF_MODEL_TYPES and hf.knows(
-        config.get("model_type"))
+    return model_type not in HF_MODEL_TYPES and hf.knows(model_type)
 
 
 def read_factory(reference: str) -> ModelSpec:
