@@ -14,7 +14,7 @@ from phaze import interrupt, rundir
 def main() -> None:
     interrupt.install()
     try:
-        with interrupt.held():  # torch, ortools and highspy abort or swallow a signal while they load
+        with interrupt.exits_at_once():  # torch, ortools and highspy abort or swallow a signal while they load
             from phaze.cli import main as command
         command()
         code = 0
@@ -49,7 +49,7 @@ def stopped(stop: KeyboardInterrupt) -> int:
     """One line; status 130."""
     interrupt.ignore()
     where = f": {stop}" if str(stop) else ""
-    print(f"phaze: interrupted{where}; rerun the same command to resume from the caches", file=sys.stderr)
+    print(interrupt.LINE.format(where=where), file=sys.stderr)
     return interrupt.EXIT_CODE
 
 

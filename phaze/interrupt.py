@@ -3,6 +3,7 @@ arrives meanwhile, and `phaze` then exits 130 with one line (phaze/cli.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,6 +11,8 @@ from contextlib import contextmanager
 #: The exit status of an interrupted run (128 + SIGINT, as a shell reports a Ctrl-C).
 EXIT_CODE = 130
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The one line an interrupted command ends with.
+LINE = "phaze: interrupted{where}; rerun the same command to resume from the caches"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -74,3 +77,26 @@ def held(raise_after: bool = True) -> Iterator[list[int]]:
             signal.signal(number, handler)
     if arrived and raise_after:
         raise KeyboardInterrupt
+
+
+@contextmanager
+def exits_at_once() -> Iterator[None]:
+    """Run the block (loading phaze's modules, before anything is written) with SIGINT and SIGTERM
+    ending the process at once with the one line and status 130. torch, ortools and highspy abort,
+    fail or swallow a KeyboardInterrupt raised while they load, and holding the signal until they
+    have loaded makes a Ctrl-C wait for the whole import (seconds on a loaded machine); an exit
+    without exit functions runs none of their half-set-up finalizers. A SIGINT the parent ignores
+    stays ignored."""
+    def leave(signum: int, frame: object) -> None:
+        os.write(2, (LINE.format(where="") + "\n").encode())
+        os._exit(EXIT_CODE)
+
+    previous = {number: signal.getsignal(number) for number in SIGNALS}
+    for number, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(number, leave)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
