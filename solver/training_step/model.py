@@ -80,6 +80,14 @@ from solver.training_step.options import (GATHER_COPY_PASSES, GATHER_HOST_TIME, 
 #: What keeps a device busy each micro-batch (`TrainingStep.busy`): compute, recomputation and the
 #: blocking collectives, summed in this order.
 BUSY_TERMS = ("compute", "recompute", "tensor_parallel", "expert_parallel", "context_parallel")
+#: The fields of `StageTerms` that sum their layers' values, and the per-layer values each sums.
+SUMMED_TERMS = {"compute": "compute", "recompute": "recompute", "tensor_parallel": "tensor_parallel",
+                "tensor_parallel_hidden": "tensor_parallel_hidden", "context_parallel": "context_parallel",
+                "context_parallel_hidden": "context_parallel_hidden", "expert_parallel": "expert_parallel",
+                "expert_parallel_hidden": "expert_parallel_hidden", "forward": "forward", "backward": "backward",
+                "parameters": "parameters", "expert_parameters": "expert_parameters",
+                "matrix_parameters": "matrix_parameters", "held_activations": "held", "gathers": "gathers",
+                "regathers": "regathers", "regathered": "regathered"}
 #: The terms of `StepResult.breakdown`, in the order they happen.
 BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
                   "sharded_data_parallel", "bubble", "pipeline_transfer", "data_parallel_sync", "optimizer")
@@ -287,13 +295,19 @@ def list_collective_overhead(members: int, collectives, size, copy_passes: int, 
                     0.0)
 
 
-def stage_sum(members: np.ndarray, values) -> np.ndarray:
-    """Σ values over each stage's layers (members[v, k]: position v in stage k), in position order,
-    so that one stage gets the same floating-point sum however many stages are costed at once."""
-    total = np.zeros(members.shape[1])
-    for v, value in enumerate(values):
-        total = total + np.where(members[v], value, 0.0)
+def ordered_sum(members: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Σ values over each stage's layers: values[i, v] summed over the positions v of stage k
+    (members[v, k]) in position order, for each row i, so that one stage gets the same
+    floating-point sum however many stages are costed at once."""
+    total = np.zeros((values.shape[0], members.shape[1]))
+    for v in range(members.shape[0]):
+        total = total + np.where(members[v], values[:, v : v + 1], 0.0)
     return total
+
+
+def stage_sum(members: np.ndarray, values) -> np.ndarray:
+    """`ordered_sum` of one row of per-layer values."""
+    return ordered_sum(members, np.asarray(values, float)[None, :])[0]
 
 
 def per_device(values: np.ndarray, stages: int) -> np.ndarray:
@@ -554,51 +568,11 @@ class TrainingStep:
     # Stages, vectorised: the DP costs every candidate stage with these.
 
     def partition_terms(self, chunks: tuple[tuple[int, ...], ...]) -> StageTerms:
-        """`stage_terms` of chunks that split the layers (each position in one chunk), summed the same
-        way (each chunk's values in position order, so the sums are the same to the last bit)."""
-        n, count = self.graph.n, len(chunks)
-        chunk_of = np.empty(n, dtype=np.int64)
+        """`stage_terms` of chunks that split the layers (each position in one chunk)."""
+        members = np.zeros((self.graph.n, len(chunks)), bool)
         for index, chunk in enumerate(chunks):
-            chunk_of[list(chunk)] = index
-        values = self._layers
-
-        def summed(name: str) -> np.ndarray:
-            return np.bincount(chunk_of, weights=values[name], minlength=count)
-
-        crossing = [(source, dest, size) for source, dest, size in self.graph.edges
-                    if chunk_of[source] != chunk_of[dest]]
-        ends = np.array([chunk_of[node] for source, dest, _ in crossing for node in (dest, source)], dtype=np.int64)
-        sizes = np.array([size * self.token_share / self.width for _, _, size in crossing for _ in (0, 1)], float)
-        working, largest = np.zeros(count), np.zeros(count)
-        np.maximum.at(working, chunk_of, values["working"])
-        np.maximum.at(largest, chunk_of, values["parameters"])
-        parameters = summed("parameters")
-        for first, second, shared in self.graph.tied:
-            if chunk_of[first] == chunk_of[second]:
-                parameters[chunk_of[first]] -= shared
-        return StageTerms(
-            compute=summed("compute"),
-            recompute=summed("recompute"),
-            tensor_parallel=summed("tensor_parallel"),
-            tensor_parallel_hidden=summed("tensor_parallel_hidden"),
-            context_parallel=summed("context_parallel"),
-            context_parallel_hidden=summed("context_parallel_hidden"),
-            expert_parallel=summed("expert_parallel"),
-            expert_parallel_hidden=summed("expert_parallel_hidden"),
-            forward=summed("forward"),
-            backward=summed("backward"),
-            transfer_bytes=np.bincount(ends, weights=sizes, minlength=count) if len(ends) else np.zeros(count),
-            transfer_messages=np.bincount(ends, minlength=count).astype(float),
-            parameters=parameters,
-            expert_parameters=summed("expert_parameters"),
-            matrix_parameters=summed("matrix_parameters"),
-            held_activations=summed("held"),
-            working_activations=working,
-            largest_parameters=largest,
-            gathers=summed("gathers"),
-            regathers=summed("regathers"),
-            regathered=summed("regathered"),
-        )
+            members[list(chunk), index] = True
+        return self.stage_terms(members)
 
     @cached_property
     def terms_key(self) -> tuple:
@@ -606,41 +580,37 @@ class TrainingStep:
         and mode) have equal terms."""
         return self.graph, self.token_share, tuple(values.tobytes() for values in self._layers.values())
 
+    @cached_property
+    def _summed(self) -> np.ndarray:
+        """The per-layer values `stage_terms` sums, a row per name of SUMMED_TERMS."""
+        return np.array([self._layers[name] for name in SUMMED_TERMS.values()], float)
+
+    @cached_property
+    def _edge_bytes(self) -> np.ndarray:
+        """The bytes each edge carries to or from one device per micro-batch."""
+        return np.array([size * self.token_share / self.width for _, _, size in self.graph.edges], float)
+
     def stage_terms(self, members: np.ndarray) -> StageTerms:
-        """The terms of the stages given by `members[v, k]` (position v in stage k)."""
+        """The terms of the stages given by `members[v, k]` (position v in stage k). Each stage's sums
+        run in position order (edges: in edge order), so a stage gets the same floating-point sum
+        however many stages are costed at once."""
+        members = np.asarray(members, bool)
         values = self._layers
-        transfer_bytes = np.zeros(members.shape[1])
-        messages = np.zeros(members.shape[1])
-        for source, dest, size in self.graph.edges:
-            crossing = members[dest] != members[source]  # into one stage, out of the other
-            transfer_bytes = transfer_bytes + np.where(crossing, size * self.token_share / self.width, 0.0)
-            messages = messages + crossing
-        parameters = stage_sum(members, values["parameters"])
+        summed = ordered_sum(members, self._summed)
+        edges = self.graph.edges
+        if edges:
+            sources, dests = (np.array([edge[i] for edge in edges], dtype=np.int64) for i in (0, 1))
+            crossing = members[dests] != members[sources]  # into one stage, out of the other
+            transfer_bytes = np.cumsum(np.where(crossing, self._edge_bytes[:, None], 0.0), axis=0)[-1]
+            messages = crossing.sum(axis=0).astype(float)
+        else:
+            transfer_bytes = messages = np.zeros(members.shape[1])
+        terms = dict(zip(SUMMED_TERMS, summed))
         for first, second, shared in self.graph.tied:
-            parameters = parameters - np.where(members[first] & members[second], shared, 0.0)
-        return StageTerms(
-            compute=stage_sum(members, values["compute"]),
-            recompute=stage_sum(members, values["recompute"]),
-            tensor_parallel=stage_sum(members, values["tensor_parallel"]),
-            tensor_parallel_hidden=stage_sum(members, values["tensor_parallel_hidden"]),
-            context_parallel=stage_sum(members, values["context_parallel"]),
-            context_parallel_hidden=stage_sum(members, values["context_parallel_hidden"]),
-            expert_parallel=stage_sum(members, values["expert_parallel"]),
-            expert_parallel_hidden=stage_sum(members, values["expert_parallel_hidden"]),
-            forward=stage_sum(members, values["forward"]),
-            backward=stage_sum(members, values["backward"]),
-            transfer_bytes=transfer_bytes,
-            transfer_messages=messages,
-            parameters=parameters,
-            expert_parameters=stage_sum(members, values["expert_parameters"]),
-            matrix_parameters=stage_sum(members, values["matrix_parameters"]),
-            held_activations=stage_sum(members, values["held"]),
-            working_activations=stage_max(members, values["working"]),
-            largest_parameters=stage_max(members, values["parameters"]),
-            gathers=stage_sum(members, values["gathers"]),
-            regathers=stage_sum(members, values["regathers"]),
-            regathered=stage_sum(members, values["regathered"]),
-        )
+            terms["parameters"] = terms["parameters"] - np.where(members[first] & members[second], shared, 0.0)
+        return StageTerms(**terms, transfer_bytes=transfer_bytes, transfer_messages=messages,
+                          working_activations=stage_max(members, values["working"]),
+                          largest_parameters=stage_max(members, values["parameters"]))
 
     def pipeline_tier(self, stages: int, degree: int) -> int:
         """The tier of the slowest link between consecutive stages."""
