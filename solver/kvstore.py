@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
-from contextlib import closing, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +35,11 @@ def _unchanged(value: Any) -> Any:
 class KeyValueStore:
     """Rows (key TEXT, value JSON) of one table of an SQLite file; each write is one transaction.
 
+    Each process and thread keeps one connection to the file while it is the same file (same
+    device and inode). Writes are not synced to disk (`PRAGMA synchronous=OFF`): a process that dies
+    leaves the file sound (the rollback journal is written), and the file an operating-system crash
+    may damage is a cache, set aside and rebuilt as below.
+
     The file is checked on open (PRAGMA quick_check). A damaged file, found then or by any later
     statement, is set aside (`phaze_common.files.set_aside`) and a fresh one started; a file or
     table deleted meanwhile is created again. When the file cannot be read or written (a read-only
@@ -47,7 +53,28 @@ class KeyValueStore:
         self.path, self.table, self.lock_timeout = Path(path), table, lock_timeout
         self._create_table = f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
         self._usable = True  # False once a damaged file could not be set aside
+        self._connections: dict[tuple[int, int], tuple[sqlite3.Connection, tuple[int, int] | None]] = {}
         self._run(self._check, writing=True)
+
+    def _connection(self, identity: tuple[int, int] | None) -> sqlite3.Connection:
+        """This process's and thread's connection to the file `identity` names (a new one for another
+        file: the path was set aside, deleted or replaced meanwhile)."""
+        owner = (os.getpid(), threading.get_ident())
+        held = self._connections.get(owner)
+        if held is not None and identity is not None and held[1] == identity:
+            return held[0]
+        self._drop(owner)
+        db = self._connect()
+        db.execute("PRAGMA synchronous=OFF")
+        self._connections[owner] = (db, file_identity(self.path))
+        return db
+
+    def _drop(self, owner: tuple[int, int] | None = None) -> None:
+        """Close this process's and thread's connection, if any."""
+        held = self._connections.pop(owner or (os.getpid(), threading.get_ident()), None)
+        if held is not None:
+            with suppress(sqlite3.Error):
+                held[0].close()
 
     def _connect(self) -> sqlite3.Connection:
         """A connection to the file; a missing one (new, or deleted meanwhile) is first created empty
@@ -74,12 +101,15 @@ class KeyValueStore:
                 return None
             identity = file_identity(self.path)
             try:
-                with closing(self._connect()) as db, db:
+                db = self._connection(identity)
+                with db:
                     db.execute(self._create_table)
                     return operation(db)
             except _Damaged as error:
+                self._drop()
                 problem = str(error)
             except sqlite3.DatabaseError as error:
+                self._drop()
                 if isinstance(error, sqlite3.ProgrammingError):
                     raise  # a misuse of the module, not a problem of the file
                 if getattr(error, "sqlite_errorcode", None) not in DAMAGE_CODES:
