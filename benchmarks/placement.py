@@ -95,13 +95,19 @@ def gpt3(width: int) -> StepGraph:
     block = 24 * s * h * h * (1 + s / (6 * h)) / flops / width
     head = 2 * s * h * v / flops / width
     tensor = (2 * sbh,) if width > 1 else ()
-    embedding = StepLayer(0, 1e-4, 2e-4, 0.0, v * h / width, sbh, sbh, forward_collective_bytes=tensor)
+    embedding = StepLayer(id=0, forward=1e-4, backward=2e-4, attention_core_forward=0.0, parameters=v * h / width,
+                          activation_bytes=sbh, replicated_activation_bytes=sbh, forward_collective_bytes=tensor)
     saved = sbh * (10 + 24 / width) + 5 * a * s * s / width  # Korthikanti et al., bytes per block
-    blocks = [StepLayer(i, block, 2 * block, 0.06 * block, 12 * h * h / width, saved, 10 * sbh, 5 * a * s * s / width,
-                        2 * sbh, 2 * sbh, True, tensor * 2, tensor * 2)
+    blocks = [StepLayer(id=i, forward=block, backward=2 * block, attention_core_forward=0.06 * block,
+                        parameters=12 * h * h / width, activation_bytes=saved, replicated_activation_bytes=10 * sbh,
+                        attention_core_activation_bytes=5 * a * s * s / width, input_bytes=2 * sbh,
+                        replicated_input_bytes=2 * sbh, is_block=True, forward_collective_bytes=tensor * 2,
+                        backward_collective_bytes=tensor * 2)
               for i in range(1, 97)]
-    final = StepLayer(97, head, 2 * head, 0.0, v * h / width, 4 * sbh + 2 * s * v / width, 4 * sbh, 0.0, 2 * sbh,
-                      2 * sbh, False, (), tensor)
+    final = StepLayer(id=97, forward=head, backward=2 * head, attention_core_forward=0.0, parameters=v * h / width,
+                      activation_bytes=4 * sbh + 2 * s * v / width, replicated_activation_bytes=4 * sbh,
+                      attention_core_activation_bytes=0.0, input_bytes=2 * sbh, replicated_input_bytes=2 * sbh,
+                      is_block=False, forward_collective_bytes=(), backward_collective_bytes=tensor)
     layers = (embedding, *blocks, final)
     return StepGraph(width, layers, tuple((i, i + 1, 2.0 * sbh) for i in range(len(layers) - 1)))
 

@@ -209,7 +209,8 @@ def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequenc
               width: int) -> ExtractedModel:
     """Apply the model's plan at `width` to its one export (`graph_extract.export`): the zoo's model
     (its vocabulary padded for the width, Megatron's rule), a factory's or a config.json's."""
-    from graph_extract.plan import apply_plan, derived_plan, read_plan  # torch.distributed.tensor: loaded here
+    from graph_extract.plan import derived_plan, read_plan  # torch.distributed.tensor: loaded here
+    from graph_extract.plan_pass import apply_plan
 
     if spec.factory is None:
         model, blocks, graph = _export_zoo(traced, micro_batch_size, sequence_length, spec.padded_vocab_size(width))

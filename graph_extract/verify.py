@@ -18,7 +18,8 @@ from graph_extract import factory, hf
 from graph_extract.export import export
 from graph_extract.extraction import is_exported
 from graph_extract.parallel import all_reduce
-from graph_extract.plan import Plan, apply_plan, derived_plan, read_plan
+from graph_extract.plan import Plan, derived_plan, read_plan
+from graph_extract.plan_pass import apply_plan
 from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
 

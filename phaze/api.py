@@ -38,7 +38,7 @@ from phaze_common.progress import Progress
 from graph_extract import ExtractedModel, ModelSpec, extract
 from phaze.config_keys import CUSTOM_MODEL, config_key_error, config_schema, model_name_error, system_name_error
 from phaze.settings import Settings, settings_from_config, unread_key_error
-from solver.codesign import chip_costs
+from solver.search import chip_costs
 from solver.layer_costs import step_graphs
 from solver.predict import Prediction, flops_per_micro_batch, megatron_placement, prediction
 from solver.step_models import TrainingStepModel

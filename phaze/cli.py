@@ -289,6 +289,8 @@ def _run(cfg: DictConfig) -> None:
         run(settings)
         sweep.SWEEP.jobs += multirun
     except Exception as error:  # a sweep goes on; its summary lists the job
+        if interrupt.received():  # the signal a library (torch's export) turned into another error
+            raise KeyboardInterrupt from error
         if not multirun:
             if isinstance(error, Infeasible):
                 _fail(f"hbm_size: {error}")

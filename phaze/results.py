@@ -13,7 +13,7 @@ import pandas as pd
 from phaze_common.files import atomic_write
 from phaze_hardware import AcceleratorConfig, KnownChip
 from solver import pareto
-from solver.codesign import CandidateOutcome
+from solver.search import CandidateOutcome
 from solver.evaluate import Evaluation
 from solver.layout import Layout
 from solver.question import Axes, Question

@@ -25,7 +25,7 @@ from phaze_hardware import KNOWN_CHIPS, AcceleratorConfig
 from phaze import interrupt, plots, results
 from phaze.extracted import extract_all
 from phaze.settings import Settings
-from solver.codesign import (
+from solver.search import (
     CandidateOutcome,
     Resources,
     Search,

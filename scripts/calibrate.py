@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from phaze_common.files import user_cache_dir  # noqa: E402
 from phaze_hardware import cluster as system_cluster  # noqa: E402
 from phaze_hardware import known_chip  # noqa: E402
-from phaze.validate import case, prediction  # noqa: E402
+from phaze.validation.cases import case, prediction  # noqa: E402
 
 #: The chip's fractions fitted per precision; then the link tiers' (--links).
 CHIP_NAMES = {"16-bit": ("matrix_efficiency", "memory_efficiency"), "fp8": ("fp8_matrix_efficiency",)}

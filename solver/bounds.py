@@ -17,7 +17,7 @@ from estimator import CandidateSpace, EstimateTable
 from estimator.work import expert_split_graph
 from estimator.workload import prepare_layer
 from graph_extract import KernelOptions
-from solver.layer_costs import DIRECTIONS, LayerCost, expert_groups, step_graphs
+from solver.layer_costs import DIRECTIONS, SCHEDULE_FIGURES, LayerCost, expert_groups, step_graphs
 from solver.question import Axes, Question
 from solver.step_models import step_model
 
@@ -68,8 +68,9 @@ class GroupBounds:
         for group, forward, backward, core in zip(self.groups, self.forward[:, index], self.backward[:, index],
                                                   self.attention_core[:, index]):
             # the weight products take at most the whole layer: the most an overlap could hide
-            cost = LayerCost(float(forward), float(backward), float(core), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-                             float(forward), float(backward))
+            cost = LayerCost(forward=float(forward), backward=float(backward), attention_core_forward=float(core),
+                             **dict.fromkeys(SCHEDULE_FIGURES, 0.0), matrix_forward=float(forward),
+                             matrix_backward=float(backward))
             costs.update(dict.fromkeys(group, cost))
         return costs
 

@@ -13,7 +13,7 @@ from solver.layer_costs import LayerCosts, step_graphs
 from solver.placement import PlacementResult
 from solver.question import Axes, Question
 from solver.step_models import step_model
-from solver.training_step.model import StepGraph
+from solver.training_step.records import StepGraph
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from graph_extract.trace import TRAINING_DTYPE_BYTES
 from phaze_hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
 from solver.training_step.memory import recomputed_modules
-from solver.training_step.model import StepGraph, StepLayer
+from solver.training_step.records import StepGraph, StepLayer
 
 DIRECTIONS = ("forward", "backward")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerCost:
     """One layer of one shard on one accelerator, per micro-batch [s, J].
 
@@ -66,6 +66,14 @@ class LayerCost:
         return ((self.attention_core_forward if "core_attn" in modules else 0.0)
                 + sum(seconds for name, seconds in self.module_forward if name in modules))
 
+    def record(self) -> dict:
+        """Its fields by name, as JSON stores them (what `dataclasses.asdict` gives, without its deep copy)."""
+        return {name: getattr(self, name) for name in _COST_FIELDS}
+
+
+_COST_FIELDS = tuple(item.name for item in dataclasses.fields(LayerCost))
+#: What a layer's schedules tell besides its times (none for a roofline or a bound: zero).
+SCHEDULE_FIGURES = ("energy", "tc_busy", "vc_busy", "tc_peak", "vc_peak", "gap")
 
 #: width -> layer id -> cost
 LayerCosts = dict[int, dict[int, LayerCost]]
@@ -74,7 +82,7 @@ LayerCosts = dict[int, dict[int, LayerCost]]
 Scheduler = Callable[[ScheduleProblem], ScheduleResult]
 
 #: Costs of a layer that takes no time (the graph facts alone).
-NO_COST = LayerCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+NO_COST = LayerCost(forward=0.0, backward=0.0, attention_core_forward=0.0, **dict.fromkeys(SCHEDULE_FIGURES, 0.0))
 
 
 def schedule_problem(fused: FusedLayer, accelerator: AcceleratorConfig) -> ScheduleProblem:
@@ -205,9 +213,11 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
                 split = tuple((s, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
                               for s in expert_splits(experts, width)
                               for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, s),))
-            cost = LayerCost(times.forward, times.backward, times.attention_core_forward, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-                             times.matrix_forward, times.matrix_backward, times.attention_forward,
-                             times.attention_backward, split, times.module_forward)
+            cost = LayerCost(forward=times.forward, backward=times.backward,
+                             attention_core_forward=times.attention_core_forward, **dict.fromkeys(SCHEDULE_FIGURES, 0.0),
+                             matrix_forward=times.matrix_forward, matrix_backward=times.matrix_backward,
+                             attention_forward=times.attention_forward, attention_backward=times.attention_backward,
+                             expert_parallel_times=split, module_forward=times.module_forward)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
 

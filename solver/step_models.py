@@ -22,6 +22,7 @@ from solver.placement.original_baseline import baseline_stages
 from solver.placement.original_dp import place_original
 from solver.question import Axes, Question
 from solver.training_step import RECOMPUTE_MODES, Device, StepGraph, TrainingStep, original
+from solver.training_step.over_chips import time_lower_bound
 
 
 class StepModel(Protocol):
@@ -128,7 +129,7 @@ class TrainingStepModel:
         for sharding in axes.shardings(question):
             for shard in (shard for shard in axes.shards() if shard.tensor_parallel_width == width):
                 step = self.step(question, axes.at(recompute="none"), graphs[width], hbm_bandwidth, shard, sharding)
-                time = np.minimum(time, step.time_lower_bound(work, data_parallel_widths(step.fit_rules(), shard)))
+                time = np.minimum(time, time_lower_bound(step, work, data_parallel_widths(step.fit_rules(), shard)))
         return time
 
 

@@ -24,7 +24,7 @@ layers). The options are listed in the order that breaks ties (the smaller die, 
 one first: `system_design`), in both strategies. `exhaustive` evaluates every candidate of every
 option.
 
-Objectives (each bounded by a weight × the throughput bound, `codesign.Objective`):
+Objectives (each bounded by a weight × the throughput bound, `solver.search.Objective`):
   throughput         samples/s
   tokens_per_dollar  tokens/s per dollar of chips (chip cost × devices): exact weight
   tokens_per_joule   tokens per joule of the step: the layers' energy (the estimator's MACs and
@@ -56,7 +56,7 @@ from phaze_hardware.offchip import MOST_STACKS, Memory, ScaleUp, hbm_generations
 from phaze_hardware.power import power_model
 from phaze_hardware.torus import Torus
 from solver import strategies
-from solver.codesign import CandidateOutcome, Objective, Resources, Search, SearchContext
+from solver.search import CandidateOutcome, Objective, Resources, Search, SearchContext
 from solver.evaluate import Evaluation
 
 SYSTEM_SPACE = arch_config("system_space.yaml")

@@ -10,7 +10,8 @@ from estimator import layer_workload
 from estimator.workload import prepare_layer
 from solver.bounds import lower_bounds, optimistic_throughputs
 from phaze.settings import settings_from_config
-from solver.codesign import Resources, accelerator_costs, evaluate_candidates, refined_throughputs
+from solver.search.outcomes import accelerator_costs, evaluate_candidates, refined_throughputs
+from solver.search.resources import Resources
 from solver.layer_costs import core_problem, schedule_problem
 from solver.schedule import Op, ScheduleProblem, lower_bound
 

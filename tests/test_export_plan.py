@@ -180,7 +180,7 @@ def test_a_plan_that_does_not_compose_is_refused_at_the_operator():
     """o_proj colwise takes the heads' split output (Shard on the features) where it needs it whole."""
     from graph_extract.export import export
     from graph_extract.factory import model_inputs
-    from graph_extract.plan import apply_plan
+    from graph_extract.plan_pass import apply_plan
     from tests.data.hf_llama import tiny
 
     plan = Plan(styles=(("model.layers.*.self_attn.o_proj", COLWISE), *read_plan(LLAMA_PLAN).styles))

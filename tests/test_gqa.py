@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import graph_extract.extraction as extract_module
-import graph_extract.plan as plan_module
+import graph_extract.plan_pass as plan_module
 import torch
 from graph_extract.export import getattr_path
 from phaze_common.checks import InputError
@@ -114,7 +114,7 @@ def test_gqa_shards_compute_the_unsharded_model(t):
 def test_gqa_verification_fails_when_a_rank_holds_another_groups_head(monkeypatch):
     """Loading key/value head rank % 2 instead of rank // (t / 2) at t 4 gives rank 1 the second
     group's head for first-group queries: the check fails, so it covers the replicated heads."""
-    real = plan_module._Rank.local_parameter
+    real = plan_module.Rank.local_parameter
 
     def wrong_group(rank, target, dim):
         real(rank, target, dim)
@@ -123,7 +123,7 @@ def test_gqa_verification_fails_when_a_rank_holds_another_groups_head(monkeypatc
                 getattr_path(rank.root, target).copy_(rank.values[target].chunk(2, dim=0)[rank.rank % 2])
 
     assert verify_tensor_parallel(TOY, 4, num_kv_heads=2).passed
-    monkeypatch.setattr(plan_module._Rank, "local_parameter", wrong_group)
+    monkeypatch.setattr(plan_module.Rank, "local_parameter", wrong_group)
     assert not verify_tensor_parallel(TOY, 4, num_kv_heads=2).passed
 
 

@@ -68,3 +68,34 @@ def test_the_original_step_model_refuses_what_it_has_no_cost_for(keys, line):
     with pytest.raises(InputError) as refused:
         _original(**keys)
     assert str(refused.value) == line
+
+
+#: The largest module and the largest class, in lines, any package holds (small modules that say what
+#: they hold).
+MODULE_LINES, CLASS_LINES = 500, 300
+
+
+def test_modules_and_classes_are_small():
+    found = []
+    for path in _modules():
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            found.append(f"{path.relative_to(REPOSITORY)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_LINES:
+                found.append(f"{path.relative_to(REPOSITORY)}: class {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    assert not found, found
+
+
+def test_only_the_command_line_imports_a_command_mode():
+    """The library (`phaze.api`, `phaze.search_run`, ...) never imports `phaze.modes`: a mode is the
+    command line's presentation of what the library computes."""
+    found = []
+    for path in _modules():
+        if path.relative_to(REPOSITORY).parts[:2] in (("phaze", "modes"), ("phaze", "cli.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(REPOSITORY)}:{node.lineno}" for name in names if name.startswith("phaze.modes")]
+    assert not found, found

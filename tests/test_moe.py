@@ -11,19 +11,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import graph_extract.plan as plan_module
+import graph_extract.plan_pass as plan_module
 from graph_extract.export import getattr_path
 from phaze_common.checks import InputError
 from graph_extract import KernelOptions, ModelSpec, extract, get_spec, verify_tensor_parallel
 from graph_extract.transformer import MixtureOfExperts
 from phaze_hardware import Cluster, Group
 from phaze.cli import check_command_line
-from phaze.validate import case, prediction
+from phaze.validation.cases import case, prediction
 from solver.layout import Layout, MegatronSplit, data_parallel_widths
 from solver.placement.best import best_placement, state_space
 from solver.placement.capped import place_capped
 from solver.placement.layouts import megatron_chunks
 from solver.training_step import Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
+from solver.training_step.over_chips import time_lower_bound
 from tests.test_placement_training import partitions, random_steps
 from tests.test_validate_llama import RUNS
 
@@ -110,7 +111,7 @@ def test_moe_shards_compute_the_unsharded_model(t):
 
 
 def test_moe_verification_fails_when_a_rank_holds_another_experts_slice(monkeypatch):
-    original = plan_module._Rank.local_parameter
+    original = plan_module.Rank.local_parameter
 
     def swapped_experts(rank, target, dim):
         original(rank, target, dim)
@@ -119,7 +120,7 @@ def test_moe_verification_fails_when_a_rank_holds_another_experts_slice(monkeypa
                 weight = getattr_path(rank.root, target)
                 weight.copy_(weight.roll(1, dims=0))  # expert e gets expert e-1's slice
 
-    monkeypatch.setattr(plan_module._Rank, "local_parameter", swapped_experts)
+    monkeypatch.setattr(plan_module.Rank, "local_parameter", swapped_experts)
     assert not verify_tensor_parallel("mixtral-8x7b", 2).passed
 
 
@@ -138,7 +139,7 @@ def test_all_to_all_by_hand():
 def moe_graph(width: int = 1) -> StepGraph:
     """Embedding (dense), two MoE blocks (half their parameters experts', two all-to-alls), head."""
     def layer(i, block):
-        return StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=4e6,
+        return StepLayer(id=i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=4e6,
                          activation_bytes=1e6, is_block=block, expert_parameters=2e6 if block else 0.0,
                          all_to_all_bytes=(8e6, 8e6) if block else ())
     return StepGraph(width, tuple(layer(i, 0 < i < 3) for i in range(4)), ((0, 1, 1e6), (1, 2, 1e6), (2, 3, 1e6)))
@@ -229,7 +230,7 @@ def test_search_lower_bound_holds_for_every_expert_width():
             compute = np.array([layer.forward + layer.backward for layer in moe.graph.layers])
             found = place_capped(moe, state_space(moe))
             if found:
-                bound = moe.time_lower_bound(compute, data_parallel_widths(moe.fit_rules(), moe.shard))
+                bound = time_lower_bound(moe, compute, data_parallel_widths(moe.fit_rules(), moe.shard))
                 assert bound <= found[1].time_per_batch * (1 + 1e-12)
 
 
@@ -275,7 +276,8 @@ def test_megatron_layout_counting_the_embedding_and_the_loss_as_blocks():
     """Megatron's --account-for-embedding/loss-in-pipeline-split (Qwen3-235B's 94 blocks on 8 x 4
     chunks): 4 blocks + 2 on 3 stages are [embedding, b1] [b2, b3] [b4, head]; on 6 chunks the
     first holds the embedding alone."""
-    graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 5) for i in range(6)),
+    graph = StepGraph(1, tuple(StepLayer(id=i, forward=1.0, backward=1.0, attention_core_forward=0.0, parameters=1.0,
+                                          activation_bytes=1.0, is_block=0 < i < 5) for i in range(6)),
                       tuple((i, i + 1, 1.0) for i in range(5)))
     assert megatron_chunks(graph, 3) is None
     assert megatron_chunks(graph, 3, split=MegatronSplit(True)) == ((0, 1), (2, 3), (4, 5))
@@ -488,7 +490,7 @@ def test_expert_products_read_one_eth_of_the_weights_at_expert_width_e():
     for e, forward in ((1, block.forward), (4, block.expert_parallel_times[-1][1])):
         step = TrainingStep(graphs[1], cluster, TrainingOptions(), KernelOptions(True), Device(1e12, 1e12), 8, "none",
                             Layout(1, expert_parallel_width=e))
-        assert step._layers["forward"][1] == pytest.approx(forward)
+        assert step.layer_values["forward"][1] == pytest.approx(forward)
 
 
 def etp_graph() -> StepGraph:
@@ -565,13 +567,15 @@ def test_megatron_uneven_first_and_last_stages_and_the_published_baselines():
     a rest that does not split is None. The zoo's mixtures give their published layouts as the fixed
     baseline (v, e, τ, the split), one line for a bad key."""
     from phaze.model_config import fixed_megatron as configured
-    graph = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 7) for i in range(8)),
+    graph = StepGraph(1, tuple(StepLayer(id=i, forward=1.0, backward=1.0, attention_core_forward=0.0, parameters=1.0,
+                                          activation_bytes=1.0, is_block=0 < i < 7) for i in range(8)),
                       tuple((i, i + 1, 1.0) for i in range(7)))
     assert megatron_chunks(graph, 3, split=MegatronSplit(first_stage_blocks=1, last_stage_blocks=2)) == (
         (0, 1), (2, 3, 4), (5, 6, 7))
     assert megatron_chunks(graph, 4, split=MegatronSplit(first_stage_blocks=1, last_stage_blocks=2)) is None  # 3 / 2
     assert megatron_chunks(graph, 2, 2, split=MegatronSplit(first_stage_blocks=2)) is None  # v = 1 only
-    deepseek = StepGraph(1, tuple(StepLayer(i, 1.0, 1.0, 0.0, 1.0, 1.0, is_block=0 < i < 62) for i in range(63)),
+    deepseek = StepGraph(1, tuple(StepLayer(id=i, forward=1.0, backward=1.0, attention_core_forward=0.0, parameters=1.0,
+                                          activation_bytes=1.0, is_block=0 < i < 62) for i in range(63)),
                          tuple((i, i + 1, 1.0) for i in range(62)))
     chunks = megatron_chunks(deepseek, 16, split=MegatronSplit(first_stage_blocks=4, last_stage_blocks=1))
     assert [len(chunk) for chunk in chunks] == [5] + [4] * 14 + [2]  # the embedding and the head at the ends
@@ -620,7 +624,7 @@ def test_megatrons_2025_flop_count_gives_the_modelzoo_rows_published_tflops():
     s/2h)·(64·128/h) + 8·1536·3/2 / h + V/(2Lh)] = 1.2418e18 FLOPs; over the published seconds on 256
     GPUs it gives each row's published TFLOP/s (245, 276, 276, 200, 167) within 0.6 %. The long-context
     rows recompute the norms and whole MoE layers (--recompute-modules layernorm moe), as they state."""
-    from phaze.validate import megatron_model_flops
+    from phaze.validation.flops import megatron_model_flops
     h, s, layers = 4096, 4096, 94
     by_hand = 12 * 2048 * s * layers * h * h * ((1 + 4 / 64 + s / (2 * h)) * 64 * 128 / h + 8 * 1536 * 1.5 / h
                                                 + 151936 / (2 * layers * h))

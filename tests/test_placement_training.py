@@ -29,7 +29,7 @@ def random_graph(rng: random.Random, layers: int, width: int, chain: bool, scale
         edges = sorted({(i, j) for i in range(layers) for j in range(i + 1, layers) if rng.random() < 0.4}
                        | {(i, i + 2) for i in range(layers - 2)})
     return StepGraph(width, tuple(
-        StepLayer(i, forward=float(rng.randint(1, 4)) / width, backward=float(rng.randint(1, 8)) / width,
+        StepLayer(id=i, forward=float(rng.randint(1, 4)) / width, backward=float(rng.randint(1, 8)) / width,
                   attention_core_forward=float(rng.randint(0, 1)) / width, parameters=scale["parameters"][i] / width,
                   activation_bytes=scale["activations"][i] / width, replicated_activation_bytes=scale["activations"][i] / 8,
                   attention_core_activation_bytes=scale["activations"][i] / 4 / width, input_bytes=2e6,

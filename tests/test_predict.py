@@ -15,12 +15,12 @@ from estimator.roofline import layer_times, op_seconds, waves
 from estimator.work import Gemm
 from graph_extract import KernelOptions, extract, get_spec
 from phaze_hardware import KNOWN_CHIPS, cluster, known_chip
-from phaze.validate import case, prediction, sharded_or_context_parallel, validate
+from phaze.validation.cases import case, prediction, sharded_or_context_parallel, validate
 from solver.layer_costs import roofline_costs, step_graphs
 from solver.layout import Layout
 from solver.predict import Prediction, predict
 from solver.question import Axes, Question
-from solver.training_step import model as step_model
+from solver.training_step import data_parallel as step_model
 from solver.training_step.options import LIST_MEMBER_HOST_TIME
 
 REPOSITORY = Path(__file__).resolve().parents[1]

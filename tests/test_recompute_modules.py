@@ -15,7 +15,7 @@ from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.layergraph import RecomputedModule
 from graph_extract.regions import recompute_modules
 from phaze_hardware import Cluster
-from phaze.validate import case, stated_modules
+from phaze.validation.cases import case, stated_modules
 from solver.layout import Layout
 from solver.question import Axes
 from solver.training_step import (Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep,
@@ -85,8 +85,9 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
     assert {extracted.op_graph.nodes[i].op for i in ids["moe_act"]} == {"silu", "mul"}
     # memory: what each mode keeps of the dense block (sequence parallelism divides the norms' by t)
     kernels = KernelOptions(sequence_parallel=True)
-    step_layer = StepLayer(1, 0, 0, 0, 0, dense.fused_attention_activation_bytes,
-                           dense.replicated_activation_bytes, is_block=True,
+    step_layer = StepLayer(id=1, forward=0, backward=0, attention_core_forward=0, parameters=0,
+                           activation_bytes=dense.fused_attention_activation_bytes,
+                           replicated_activation_bytes=dense.replicated_activation_bytes, is_block=True,
                            fused_attention_activation_bytes=dense.fused_attention_activation_bytes,
                            recompute_modules=dense.recompute_modules)
     none = held_activations([step_layer], "none", t, kernels)[0][0]
@@ -127,7 +128,7 @@ def module_graph() -> StepGraph:
                RecomputedModule("moe_act", 1e5))
 
     def layer(i, block):
-        return StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=4e6,
+        return StepLayer(id=i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=4e6,
                          activation_bytes=1e6, is_block=block, expert_parameters=2e6 if block else 0.0,
                          all_to_all_bytes=(8e6, 8e6) if block else (),
                          expert_parallel_times=((2.0, 0.8, 1.6, 0.0, 0.0),) if block else (),
@@ -191,7 +192,8 @@ def test_the_published_runs_state_their_modules():
 def test_a_layers_recomputed_forward_by_mode():
     """What each mode re-runs of a layer's costs (the utilisation's busy time counts it)."""
     from solver.layer_costs import LayerCost
-    cost = LayerCost(2.0, 4.0, 0.25, 0, 0, 0, 0, 0, 0, module_forward=(("layernorm", 0.1), ("moe", 1.5),
+    cost = LayerCost(forward=2.0, backward=4.0, attention_core_forward=0.25, energy=0, tc_busy=0, vc_busy=0, tc_peak=0,
+                     vc_peak=0, gap=0, module_forward=(("layernorm", 0.1), ("moe", 1.5),
                                                                         ("moe_act", 0.2)))
     assert [cost.recomputed(mode) for mode in ("none", "selective", "full", "layernorm+moe", "core_attn+moe_act")] == [
         0.0, 0.25, 2.0, 0.1 + 1.5, 0.25 + 0.2]

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
-import solver.codesign as codesign
+import solver.search.driver as driver
 from phaze import results
 from phaze.search_run import execute
 from phaze.settings import settings_from_config
@@ -37,7 +37,7 @@ def real_runs(tmp_path_factory):
     for name in ("complete", "interrupted", "failed", "a100"):
         (root / name).mkdir()
     execute(settings(cache, "candidate_sample=4", "micro_batch_size=[1,2]"), root / "complete")
-    real, calls = codesign.evaluate_candidates, []
+    real, calls = driver.evaluate_candidates, []
 
     def interrupt_on_second_batch(*arguments):
         calls.append(arguments)
@@ -45,11 +45,11 @@ def real_runs(tmp_path_factory):
             raise KeyboardInterrupt
         return real(*arguments)
 
-    codesign.evaluate_candidates = interrupt_on_second_batch
+    driver.evaluate_candidates = interrupt_on_second_batch
     try:
         execute(settings(cache, "search=exhaustive", "candidate_sample=24"), root / "interrupted")
     finally:
-        codesign.evaluate_candidates = real
+        driver.evaluate_candidates = real
     # what a job of a -m sweep that failed leaves
     results.write_best(root / "failed", {"model": "megatrongpt3", "error": FAILED, "per_setting": [], "complete": False})
     execute(settings(cache, "chip=a100_80gb", "system=dgx_a100"), root / "a100")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import solver.codesign as codesign
+import solver.search.driver as driver
 from phaze import results
 from phaze.search_run import execute
 from tests.conftest import TINY
@@ -43,7 +43,7 @@ def test_bounded_agrees_with_exhaustive_and_evaluates_fewer(run_in):
 
 
 def test_interrupted_run_leaves_complete_files_and_resumes(run_in, monkeypatch):
-    real = codesign.evaluate_candidates
+    real = driver.evaluate_candidates
     calls = []
 
     def interrupt_on_third_batch(*arguments):
@@ -52,7 +52,7 @@ def test_interrupted_run_leaves_complete_files_and_resumes(run_in, monkeypatch):
             raise KeyboardInterrupt
         return real(*arguments)
 
-    monkeypatch.setattr(codesign, "evaluate_candidates", interrupt_on_third_batch)
+    monkeypatch.setattr(driver, "evaluate_candidates", interrupt_on_third_batch)
     partial, directory = run_in("interrupted", "search=exhaustive", "candidate_sample=40")
     assert partial["complete"] is False
     best, table = results.read_run(directory)
@@ -62,7 +62,7 @@ def test_interrupted_run_leaves_complete_files_and_resumes(run_in, monkeypatch):
     assert len(table) == 3 * len(evaluated)  # recomputation none, selective and full
     assert (directory / "results.csv").read_text().count("\n") == len(table) + 1
 
-    monkeypatch.setattr(codesign, "evaluate_candidates", real)
+    monkeypatch.setattr(driver, "evaluate_candidates", real)
     resumed, directory = run_in("resumed", "search=exhaustive", "candidate_sample=40")
     assert resumed["complete"] is True and resumed["architectures_evaluated"] == 40
     again = results.read_run(directory)[1].set_index(["candidate_index", "placement.recompute"])

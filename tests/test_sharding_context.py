@@ -19,7 +19,8 @@ from solver.placement.best import best_placement, step_floor
 from solver.placement.layouts import megatron_chunks
 from solver.training_step import SHARDINGS, Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep
 from solver.training_step.memory import in_flight
-from solver.training_step.model import blocking_gathers, list_collective_overhead
+from solver.training_step.data_parallel import list_collective_overhead
+from solver.training_step.layer_terms import blocking_gathers
 from solver.training_step.options import GATHER_COPY_PASSES, GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME
 from tests.test_placement_training import brute_force, partitions, random_steps
 
@@ -34,7 +35,7 @@ def two_nodes() -> Cluster:
 
 def fsdp_step(**options) -> TrainingStep:
     """2 blocks of 1e9 parameters (forward 0.05 s, backward 0.1 s each), t = 1, 8 micro-batches."""
-    layers = tuple(StepLayer(i, forward=0.05, backward=0.1, attention_core_forward=0.0, parameters=1e9,
+    layers = tuple(StepLayer(id=i, forward=0.05, backward=0.1, attention_core_forward=0.0, parameters=1e9,
                              activation_bytes=1e6, is_block=True) for i in range(2))
     graph = StepGraph(1, layers, ((0, 1, 1e6),))
     return TrainingStep(graph, two_nodes(), TrainingOptions(**options), KernelOptions(), Device(1e12, 1e12), 8,
@@ -110,7 +111,7 @@ def test_zero2_reduce_scatters_every_micro_batch():
 def ring_step(width: int, bandwidth: float = 10e9) -> TrainingStep:
     """One block on one node of 8 (`bandwidth` per link), t = 1, c = `width`: forward 1 s (0.4 of it
     attention), backward 2 s (1.0 attention), K and V of the whole sequence 8e9 bytes."""
-    layer = StepLayer(0, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6,
+    layer = StepLayer(id=0, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6,
                       activation_bytes=8e9, is_block=True, attention_forward=0.4, attention_backward=1.0,
                       key_value_bytes=8e9)
     cluster = Cluster.build("node", 8, 8, [dict(name="nvlink", bandwidth=bandwidth)])
@@ -220,7 +221,8 @@ def test_a_layers_weight_tensors_are_traced_in_the_order_its_forward_reads_them(
 
 def gpt_block(h: int) -> StepLayer:
     tensors = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h)
-    return StepLayer(0, 1.0, 2.0, 0.0, parameters=float(sum(tensors)), activation_bytes=0.0, is_block=True,
+    return StepLayer(id=0, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=float(sum(tensors)),
+                     activation_bytes=0.0, is_block=True,
                      parameter_tensors=tensors)
 
 
@@ -240,7 +242,7 @@ def test_deepspeeds_gathers_and_regathers_by_hand():
 def blocking_step(sharding: str, recompute: str) -> TrainingStep:
     """`fsdp_step`'s two blocks, each of two gathered tensors (5e8 and 4.9995e8 elements) and a kept
     one (5e4), on the toy with latencies: NVLink 1e-5 s a step, InfiniBand 1e-4."""
-    layers = tuple(StepLayer(i, forward=0.05, backward=0.1, attention_core_forward=0.0, parameters=1e9,
+    layers = tuple(StepLayer(id=i, forward=0.05, backward=0.1, attention_core_forward=0.0, parameters=1e9,
                              activation_bytes=1e6, is_block=True, parameter_tensors=(5e8, 4.9995e8, 5e4))
                    for i in range(2))
     cluster = Cluster.build("toy", 4, 2, [dict(name="nvlink", bandwidth=INTRA, latency=1e-5),

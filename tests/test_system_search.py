@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_module
 from phaze import report, results
 from phaze.settings import settings_from_config
 from phaze.search_run import execute
-from solver.codesign import Resources, evaluate_accelerator
+from solver.search.outcomes import evaluate_accelerator
+from solver.search.resources import Resources
 from solver.system_search import SystemSearch, chip_figures
 from tests.test_cli import phaze
 

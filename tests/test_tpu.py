@@ -15,7 +15,8 @@ from estimator.workload import default_table, layer_workload
 from graph_extract import KernelOptions, ModelSpec, extract
 from phaze_hardware import KNOWN_CHIPS, SYSTEMS, named_accelerator
 from phaze_hardware.cluster import Group
-from phaze.validate import case, maxtext_model_flops
+from phaze.validation.cases import case
+from phaze.validation.flops import maxtext_model_flops
 
 RUNS = {run["run_id"]: run for run in json.loads(
     (Path(__file__).resolve().parents[1] / "arch_configs" / "calibration" / "runs.json").read_text())}

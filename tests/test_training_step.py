@@ -13,6 +13,7 @@ from graph_extract import KernelOptions, extract, get_spec
 from phaze_hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.layouts import megatron_chunks
+from solver.training_step.over_chips import time_lower_bound
 from solver.training_step import (
     Device,
     ModelState,
@@ -96,9 +97,10 @@ def test_model_state_per_parameter():
 def test_fp8_weights_have_two_8_bit_copies_and_a_tied_weight_is_held_once():
     """FP8 on Hopper: each weight of an FP8 product also held row-wise and transposed in 8 bits (2 bytes
     a parameter); a weight read by two layers of one stage (a tied embedding) held once."""
-    layers = (StepLayer(0, 1.0, 1.0, 0.0, parameters=3e6, activation_bytes=0.0),
-              StepLayer(1, 1.0, 1.0, 0.0, parameters=5e6, activation_bytes=0.0, is_block=True, matrix_parameters=4e6),
-              StepLayer(2, 1.0, 1.0, 0.0, parameters=3.5e6, activation_bytes=0.0))
+    layers = (StepLayer(id=0, forward=1.0, backward=1.0, attention_core_forward=0.0, parameters=3e6, activation_bytes=0.0),
+              StepLayer(id=1, forward=1.0, backward=1.0, attention_core_forward=0.0, parameters=5e6, activation_bytes=0.0,
+                        is_block=True, matrix_parameters=4e6),
+              StepLayer(id=2, forward=1.0, backward=1.0, attention_core_forward=0.0, parameters=3.5e6, activation_bytes=0.0))
     graph = StepGraph(1, layers, ((0, 1, 1.0), (1, 2, 1.0)), tied=((0, 2, 3e6),))
     cluster = Cluster.build("flat", 8, 8, [dict(bandwidth=1e9)])
     for precision, copies in (("bf16", 0.0), ("fp8", 2 * 4e6)):
@@ -124,7 +126,7 @@ def test_micro_batches_in_flight():
 
 def small_step(recompute: str = "none") -> TrainingStep:
     """4 equal blocks in a chain on one 1 GB/s tier, t = 1, 8 micro-batches per batch."""
-    layers = tuple(StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=1e6,
+    layers = tuple(StepLayer(id=i, forward=1.0, backward=2.0, attention_core_forward=0.25, parameters=1e6,
                              activation_bytes=1e6, attention_core_activation_bytes=3e5, input_bytes=2e5,
                              is_block=True) for i in range(4))
     graph = StepGraph(1, layers, tuple((i, i + 1, 1e6) for i in range(3)))
@@ -178,7 +180,7 @@ def overlap_step(**training) -> TrainingStep:
     """2 blocks on t = 2 whose tensor-parallel collectives (1 MB forward, 2 MB backward, at 1 GB/s:
     all-reduce over 2 = 1 ms and 2 ms) may hide behind weight products of 0.4 ms forward and 5 ms
     backward; 1e6 parameters each, sharded Adam over d = 2 on a 1 GB/s link."""
-    layers = tuple(StepLayer(i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6,
+    layers = tuple(StepLayer(id=i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6,
                              activation_bytes=0.0, is_block=True, forward_collective_bytes=(1e6,),
                              backward_collective_bytes=(2e6,), matrix_forward=4e-4, matrix_backward=5e-3)
                    for i in range(2))
@@ -243,7 +245,7 @@ def random_step(rng: random.Random, recompute: str, layers: int) -> TrainingStep
     width = rng.choice([1, 2, 4])
     kinds = [False] + [True] * (layers - 2) + [False]
     graph = StepGraph(width, tuple(
-        StepLayer(i, forward=rng.uniform(0.1, 2), backward=rng.uniform(0.2, 4), attention_core_forward=rng.uniform(0, 0.3),
+        StepLayer(id=i, forward=rng.uniform(0.1, 2), backward=rng.uniform(0.2, 4), attention_core_forward=rng.uniform(0, 0.3),
                   parameters=rng.uniform(1e5, 1e7), activation_bytes=rng.uniform(1e5, 1e7),
                   replicated_activation_bytes=rng.uniform(0, 1e5), attention_core_activation_bytes=rng.uniform(0, 1e5),
                   input_bytes=rng.uniform(0, 1e6), replicated_input_bytes=0.0, is_block=block,
@@ -285,7 +287,7 @@ def test_search_bound_never_exceeds_the_model(seed):
         none = TrainingStep(step.graph, step.cluster, step.training, step.kernels, step.device, step.micro_batches,
                             "none", step.shard)
         compute = np.array([layer.forward + layer.backward for layer in step.graph.layers])
-        bound = float(none.time_lower_bound(compute, data_parallel_widths(step.fit_rules(), step.shard)))
+        bound = float(time_lower_bound(none, compute, data_parallel_widths(step.fit_rules(), step.shard)))
         for placement in placements(step):  # over the 30 seeds, about 4,000 of them fit
             result = step.price(placement)
             if result.feasible:

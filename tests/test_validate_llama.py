@@ -17,7 +17,7 @@ from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.attention import attention_kernels, causal_fraction
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
 from phaze_hardware import known_chip
-from phaze.validate import case, sharded_or_context_parallel, validate
+from phaze.validation.cases import case, sharded_or_context_parallel, validate
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"

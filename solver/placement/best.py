@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from solver.layout import Layout, MegatronSplit
-from solver.training_step.model import Placement, StepResult, TrainingStep
+from solver.training_step.model import TrainingStep
+from solver.training_step.records import Placement, StepResult
 
 from .candidates import StateSpace, chain_space, downset_space
 from .capped import place_capped, plain_layouts

@@ -28,7 +28,8 @@ from functools import lru_cache
 import numpy as np
 
 from solver.layout import FitRules, Layout, layouts
-from solver.training_step.model import Placement, StageTerms, StepResult, TrainingStep
+from solver.training_step.model import TrainingStep
+from solver.training_step.records import Placement, StageTerms, StepResult
 
 from .candidates import DeviceModel, StateSpace
 from .dp import INFTY, StageTable, backtrace, fill_tables
@@ -78,15 +79,15 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
     depth_cap = min(int(space.sizes[-1]), step.cluster.num_devices // step.stage_devices)
     scenarios, columns = [], {}
     loads, feasible, keys = [], [], []
-    by_parameters = step.tail_keys_are_parameters()
+    by_parameters = step.data_parallel.tail_keys_are_parameters()
     for degree, most_stages in plain_layouts(step).items():
         if step.time_floor(degree, np.arange(1, most_stages + 1)).min() >= upper_bound:
             continue  # no pipeline of this width can beat the bound
         fits = step.deepest_position(terms, degree, depth_cap)
         if not fits.any():
             continue
-        key = terms.parameters if by_parameters else sum(step.tail(terms, degree))
-        sharded = step.sharded_traffic(terms, degree)[0]  # the same on every tier
+        key = terms.parameters if by_parameters else sum(step.data_parallel.tail(terms, degree))
+        sharded = step.data_parallel.sharded_traffic(terms, degree)[0]  # the same on every tier
         for tier, fewest, most in step.pipeline_tier_depths(degree, most_stages):
             load = step.load(terms, tier) + sharded
             signature = (fits.tobytes(), load.tobytes(), key.tobytes())
@@ -131,7 +132,7 @@ class _CapSearch:
         """The tail charged to a placement whose stages' keys are at most `caps` (elementwise)."""
         if not self.by_parameters:
             return caps
-        return self.step.tail_time(caps, scenario.degree)
+        return self.step.data_parallel.tail_time(caps, scenario.degree)
 
     def pipelines(self, scenario: Scenario, values: np.ndarray) -> np.ndarray:
         """(m + p − 1)·Q over the scenario's depths p for DP values `values[p]` (∞ where no split)."""

@@ -13,7 +13,9 @@ import numpy as np
 
 from solver.layout import FitRules, Layout, MegatronSplit, layouts
 from solver.training_step.memory import in_flight
-from solver.training_step.model import Placement, StageTerms, StepGraph, StepResult, TrainingStep, per_device
+from solver.training_step.model import TrainingStep
+from solver.training_step.records import Placement, StageTerms, StepGraph, StepResult
+from solver.training_step.stages import per_device
 
 from .candidates import StateSpace
 

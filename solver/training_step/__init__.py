@@ -18,7 +18,8 @@ from solver.training_step.memory import (
                                         recompute_mode,
                                         recomputed_modules,
 )
-from solver.training_step.model import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult, TrainingStep
+from solver.training_step.model import TrainingStep
+from solver.training_step.records import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult
 from solver.training_step.options import (DISPATCH_SMS, EXPERT_DISPATCHES, SHARDED_COLLECTIVES, SHARDINGS,
                                           TrainingOptions)
 

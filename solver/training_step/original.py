@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.training_step.model import StepResult, stage_sum
+from solver.training_step.records import StepResult
+from solver.training_step.stages import stage_sum
 
 OPTIMIZERS = ("SGD", "Adam")
 

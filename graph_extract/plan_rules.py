@@ -1,0 +1,320 @@
+"""The operator rules of the plan pass (`graph_extract.plan_pass`): for an operator with a split
+input, its output's placement and the rank's operator (sizes rewritten to the rank's share, a
+reduction or a norm over the split dimension completed by an all-reduce, a lookup into a split
+table masked and all-reduced). Each rule is a function of the rank's graph under construction and
+the original node (module docstring of `graph_extract.plan`)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import fx
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+from graph_extract.parallel import all_reduce
+from graph_extract.plan import REPLICATE, _normal, _shape
+
+if TYPE_CHECKING:
+    from graph_extract.plan_pass import Rank
+
+aten = torch.ops.aten
+
+
+class Resplit(Exception):
+    """A replicated parameter turned out to be split with an activation: start again with it split."""
+
+    def __init__(self, target: str, dim: int) -> None:
+        super().__init__(target)
+        self.target, self.dim = target, dim
+
+
+def parameter_dim(parameter: fx.Node, argument: fx.Node, dim: int) -> int:
+    """The parameter's dimension that becomes `dim` of `argument` through views and row picks: the one
+    of the same size, else the one aligned from the end."""
+    shape, seen = _shape(parameter), _shape(argument)
+    same = [index for index, size in enumerate(shape) if size == seen[dim]]
+    return same[0] if len(same) == 1 else len(shape) - (len(seen) - dim)
+
+
+def _local_sizes(rank: Rank, node: fx.Node, dim: int, replicas: int = 1) -> list[int]:
+    """The node's sizes on one rank, dimension `dim` split in width / `replicas` slices."""
+    sizes, slices = list(_shape(node)), rank.width // replicas
+    if sizes[dim] % slices:
+        raise rank.fail(node, f"dimension {dim} of {sizes[dim]} does not split over {rank.width} ranks")
+    sizes[dim] //= slices
+    return sizes
+
+
+def _same(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    rank.copy(node, Shard(dim + len(_shape(node)) - len(_shape(source))))
+
+
+def _view(rank: Rank, node: fx.Node) -> None:
+    """view / reshape / expand: the split dimension is the output dimension that starts at the same
+    element offset; the sizes given become the rank's."""
+    source, dim = rank.single_shard(node)
+    before = math.prod(_shape(source)[:dim])
+    out, replicas = _shape(node), rank.replicas.get(source, 1)
+    if node.target._overloadpacket is aten.expand:
+        after = dim + len(out) - len(_shape(source))
+        sizes = _local_sizes(rank, node, after, replicas)
+        if replicas > 1 and after + 1 < len(out) and _shape(source)[dim + 1] == 1 < out[after + 1]:
+            sizes[after + 1] //= replicas  # a replicated key/value head repeated for the rank's query heads
+            rank.replicas[node] = replicas
+        return rank.copy(node, Shard(after), args=(node.args[0], sizes, *node.args[2:]))
+    after = next((j for j in range(len(out)) if math.prod(out[:j]) == before and out[j] > 1), None)
+    if after is None or (out[after] % rank.width):
+        raise rank.fail(node, f"a reshape of {Shard(dim)} to {list(out)}")
+    if replicas > 1 and out[after] > _shape(source)[dim]:  # replicated heads merged with their repeats
+        rank.replicas[node], replicas = 1, 1
+    rank.copy(node, Shard(after), args=(node.args[0], _local_sizes(rank, node, after, replicas), *node.args[2:]))
+
+
+def _unflatten(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    at = _normal(node.args[1], len(_shape(source)))
+    if at < dim:
+        return rank.copy(node, Shard(dim + len(node.args[2]) - 1))
+    if at > dim:
+        return rank.copy(node, Shard(dim))
+    sizes = _local_sizes(rank, node, at, rank.replicas.get(source, 1))
+    rank.copy(node, Shard(at), args=(node.args[0], node.args[1], sizes[at:at + len(node.args[2])]))
+
+
+def _flatten(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    length = len(_shape(source))
+    start = _normal(node.args[1] if len(node.args) > 1 else 0, length)
+    end = _normal(node.args[2] if len(node.args) > 2 else -1, length)
+    if dim < start:
+        return rank.copy(node, Shard(dim))
+    if dim > end:
+        return rank.copy(node, Shard(dim - (end - start)))
+    if dim != start:
+        raise rank.fail(node, f"a flatten of {Shard(dim)} inside dimensions {start}-{end}")
+    if end > start:  # replicated key/value heads merged with their repeats: evenly split
+        rank.replicas[node] = 1
+    rank.copy(node, Shard(start))
+
+
+def _transpose(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    length = len(_shape(source))
+    a, b = _normal(node.args[1], length), _normal(node.args[2], length)
+    rank.copy(node, Shard(b if dim == a else a if dim == b else dim))
+
+
+def _permute(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    order = [_normal(d, len(_shape(source))) for d in node.args[1]]
+    rank.copy(node, Shard(order.index(dim)))
+
+
+def _unsqueeze(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    at = _normal(node.args[1], len(_shape(node)))
+    rank.copy(node, Shard(dim + 1 if at <= dim else dim))
+
+
+def _squeeze(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    shape = _shape(source)
+    dims = node.args[1] if len(node.args) > 1 else [d for d, size in enumerate(shape) if size == 1]
+    dims = [dims] if isinstance(dims, int) else dims
+    removed = [_normal(d, len(shape)) for d in dims if shape[_normal(d, len(shape))] == 1]
+    rank.copy(node, Shard(dim - sum(1 for d in removed if d < dim)))
+
+
+def _slice(rank: Rank, node: fx.Node) -> None:
+    """A slice along the split dimension is the rank's share of each part (a fused projection)."""
+    source, dim = rank.single_shard(node)
+    at = _normal(node.args[1] if len(node.args) > 1 else 0, len(_shape(source)))
+    if at != dim:
+        return rank.copy(node, Shard(dim))
+    size = _shape(source)[dim]
+    start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+    end = min(node.args[3] if len(node.args) > 3 and node.args[3] is not None else size, size)
+    step = node.args[4] if len(node.args) > 4 else 1
+    if step > 1 and start < step and end == size:  # an interleaved part: every step-th of the rank's
+        return rank.copy(node, Shard(dim))
+    if start % rank.width or end % rank.width:
+        raise rank.fail(node, f"a slice {start}:{end} of a dimension split over {rank.width} ranks")
+    rank.copy(node, Shard(dim), args=(node.args[0], at, start // rank.width, end // rank.width, step))
+
+
+def _index(rank: Rank, node: fx.Node) -> None:
+    """tensor[indices] (rows picked by replicated indices) of a tensor split on a later dimension."""
+    source, indices = node.args[0], node.args[1]
+    placement = rank.placement[source]
+    if any(index is not None and not isinstance(rank.placement[index], Replicate) for index in indices) or \
+            not isinstance(placement, Shard):
+        raise rank.fail(node, "an indexing by split indices")
+    dim = _normal(placement.dim, len(_shape(source)))
+    if dim < len(indices):
+        raise rank.fail(node, f"an indexing along the split dimension {dim}")
+    rank.copy(node, Shard(dim + len(_shape(node)) - len(_shape(source))))
+
+
+def _select(rank: Rank, node: fx.Node) -> None:
+    """x.select(dim, index) along another dimension than the split one."""
+    source, dim = rank.single_shard(node)
+    at = _normal(node.args[1], len(_shape(source)))
+    if at == dim:
+        raise rank.fail(node, "a pick along the split dimension")
+    rank.copy(node, Shard(dim - (at < dim)))
+
+
+def _chunk(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    chunks = node.args[1]
+    rank.copy(node, tuple(Shard(dim) for _ in range(chunks)))
+
+
+def _cat(rank: Rank, node: fx.Node) -> None:
+    tensors = node.args[0]
+    length = len(_shape(node))
+    at = _normal(node.args[1] if len(node.args) > 1 else 0, length)
+    dims = {_normal(rank.placement[t].dim, length) for t in tensors if isinstance(rank.placement[t], Shard)}
+    if len(dims) != 1 or at in dims:
+        raise rank.fail(node, f"a concatenation of {[str(rank.placement[t]) for t in tensors]} on {at}")
+    dim = dims.pop()
+    args = list(tensors)
+    for index, tensor in enumerate(tensors):
+        if isinstance(rank.placement[tensor], Replicate) and _shape(tensor)[dim] > 1:
+            args[index] = rank.split_operand(node, tensor, dim)
+    rank.copy(node, Shard(dim), args=(args, *node.args[1:]))
+
+
+def _matmul(rank: Rank, node: fx.Node) -> None:
+    """A product of activations split on a batch dimension (the heads) is split there."""
+    a, b = node.args[0], node.args[1]
+    pa, pb = rank.placement[a], rank.placement[b]
+    la, lb, lo = len(_shape(a)), len(_shape(b)), len(_shape(node))
+    if isinstance(pa, Shard) and isinstance(pb, Shard):
+        da, db = _normal(pa.dim, la) + lo - la, _normal(pb.dim, lb) + lo - lb
+        if da == db and da < lo - 2:
+            return rank.copy(node, Shard(da))
+    raise rank.fail(node, f"a product of {pa} and {pb} activations")
+
+
+def _softmax(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    if _normal(node.args[1], len(_shape(source))) == dim:
+        raise rank.fail(node, "a softmax over the split dimension")
+    rank.copy(node, Shard(dim))
+
+
+def _no_grad(rank: Rank, node: fx.Node) -> None:
+    raise rank.fail(node, "a no-grad region reading a split tensor")
+
+
+def reduction(rank: Rank, node: fx.Node) -> None:
+    source, dim = rank.single_shard(node)
+    ndim = len(_shape(source))
+    reduced = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    reduced = [reduced] if isinstance(reduced, int) else list(reduced or range(ndim))
+    keep = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+    if dim not in {_normal(d, ndim) for d in reduced}:
+        after = dim - sum(1 for d in reduced if _normal(d, ndim) < dim) * (not keep)
+        return rank.copy(node, Shard(after))
+    name = node.target._overloadpacket.__name__
+    if name not in ("amax", "sum", "mean"):
+        raise rank.fail(node, f"a {name} over the split dimension")
+    path = node.meta.get("module_path", "")
+    rank.copy(node, REPLICATE)
+    if name == "mean":  # the mean of the ranks' means
+        rank.env[node] = rank.emit(aten.div.Scalar, (rank.env[node], rank.width), {}, path)
+    rank.env[node] = rank.collective(all_reduce, rank.env[node], path, "max" if name == "amax" else "sum")
+
+
+def values_and_indices(rank: Rank, node: fx.Node) -> None:
+    """max(x, dim) / topk(x, k, dim): both outputs split as the input, the dimension not the split one."""
+    source, dim = rank.single_shard(node)
+    ndim = len(_shape(source))
+    reduced = _normal(node.args[1] if node.target._overloadpacket is aten.max else (
+        node.args[2] if len(node.args) > 2 else -1), ndim)
+    keep = node.target._overloadpacket is aten.topk or (len(node.args) > 2 and bool(node.args[2]))
+    if reduced == dim:
+        raise rank.fail(node, "a maximum over the split dimension")
+    after = dim if keep or reduced > dim else dim - 1
+    rank.copy(node, (Shard(after), Shard(after)))
+
+
+def lookup(rank: Rank, node: fx.Node) -> None:
+    """embedding(table, ids) or gather(source, dim, ids) into a table split on the looked-up dimension."""
+    embedding = node.target is aten.embedding.default
+    table, ids = (node.args[0], node.args[1]) if embedding else (node.args[0], node.args[2])
+    placement = rank.placement[table]
+    looked_up = 0 if embedding else _normal(node.args[1], len(_shape(table)))
+    if not isinstance(rank.placement[ids], Replicate) or not isinstance(placement, Shard):
+        raise rank.fail(node, f"a lookup of {rank.placement[ids]} indices")
+    if _normal(placement.dim, len(_shape(table))) != looked_up:
+        if embedding:
+            raise rank.fail(node, f"an embedding table split on {placement}")
+        return rank.copy(node, placement)
+    path = node.meta.get("module_path", "")
+    unsqueeze = ids.target is aten.unsqueeze.default and _normal(ids.args[1], len(_shape(ids))) == len(
+        _shape(ids)) - 1
+    if unsqueeze:  # mask the indices before they gain the lookup's dimension
+        ids = ids.args[0]
+    local_ids, outside = rank.env[ids], None
+    if rank.width > 1:  # the indices outside the rank's rows look up its row 0, then are zeroed
+        rows = _shape(table)[looked_up] // rank.width
+        start, end = rank.rank * rows, (rank.rank + 1) * rows
+        below = rank.emit(aten.lt.Scalar, (local_ids, start), {}, path)
+        above = rank.emit(aten.ge.Scalar, (local_ids, end), {}, path)
+        outside = rank.emit(aten.bitwise_or.Tensor, (below, above), {}, path)
+        shifted = rank.emit(aten.sub.Tensor, (local_ids, start), {}, path)
+        local_ids = rank.emit(aten.masked_fill.Scalar, (shifted, outside, 0), {}, path)
+    index = rank.unsqueezed(local_ids, path) if unsqueeze else local_ids
+    args = (rank.env[table], index) if embedding else (rank.env[table], node.args[1], index)
+    rank.env[node] = rank.emit(node.target, (*args, *node.args[len(args):]), {}, path)
+    rank.placement[node], rank.partial_group[node] = Partial(), "tensor"
+    rank.pending_masks[node], rank.mask_shapes[node] = outside, len(_shape(ids))
+
+
+def norm(rank: Rank, node: fx.Node) -> None:
+    """rms_norm(x, shape, weight, eps) over a split last dimension: the mean of squares all-reduced."""
+    source, dim = rank.single_shard(node)
+    ndim = len(_shape(source))
+    if node.target is not aten.rms_norm.default or dim != ndim - 1:
+        if dim < ndim - len(node.args[1]):
+            return rank.copy(node, Shard(dim))
+        raise rank.fail(node, "a layer norm over the split dimension")
+    path = node.meta.get("module_path", "")
+    x = rank.env[source]
+    size = _shape(source)[-1]
+    squares = rank.emit(aten.pow.Tensor_Scalar, (x, 2), {}, path)
+    total = rank.emit(aten.sum.dim_IntList, (squares, [-1], True), {}, path)
+    total = rank.collective(all_reduce, total, path, "sum")
+    eps = node.args[3] if len(node.args) > 3 and node.args[3] is not None else torch.finfo(torch.float32).eps
+    mean = rank.emit(aten.div.Scalar, (total, size), {}, path)
+    scale = rank.emit(aten.rsqrt.default, (rank.emit(aten.add.Scalar, (mean, eps), {}, path),), {}, path)
+    out = rank.emit(aten.mul.Tensor, (x, scale), {}, path)
+    weight = node.args[2] if len(node.args) > 2 else None
+    if weight is not None:
+        if not isinstance(rank.placement[weight], Shard):
+            raise Resplit(weight.target, 0)
+        out = rank.emit(aten.mul.Tensor, (out, rank.env[weight]), {}, path)
+    rank.env[node] = out
+    rank.placement[node] = Shard(dim)
+
+
+#: The rules an operator's overload packet follows (an operator without one: pointwise, or refused).
+RULES = {
+    aten.view: _view, aten.reshape: _view, aten._unsafe_view: _view, aten.expand: _view,
+    aten.unflatten: _unflatten, aten.flatten: _flatten, aten.transpose: _transpose, aten.permute: _permute,
+    aten.unsqueeze: _unsqueeze, aten.squeeze: _squeeze, aten.slice: _slice, aten.chunk: _chunk, aten.select: _select,
+    aten.cat: _cat, aten.index: _index, aten.matmul: _matmul, aten.bmm: _matmul, aten.softmax: _softmax, aten._softmax: _softmax,
+    **{op: _same for op in (aten.contiguous, aten.clone, aten.to, aten._to_copy, aten.type_as, aten.alias,
+                            aten.detach, aten.dropout, aten._assert_tensor_metadata)},
+    aten.max: values_and_indices, aten.topk: values_and_indices,
+    aten.amax: reduction, aten.sum: reduction, aten.mean: reduction,
+    aten.embedding: lookup, aten.gather: lookup,
+    aten.rms_norm: norm, aten.layer_norm: norm,
+}
+#: The rules through which a split operand is still a view of its parameter (`Rank.split_operand`).
+VIEWS = frozenset({_view, _same, _unsqueeze, _index})

@@ -1,0 +1,190 @@
+"""The co-design search of one question at one micro-batch size: the strategies run over the
+candidates, each candidate evaluated once for every HBM size, in parallel and through the caches."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from solver import strategies
+from solver.bounds import optimistic_throughputs
+from solver.evaluate import Evaluation
+from solver.ray_pool import RayPool
+from solver.search.outcomes import (CandidateOutcome, RefinedBound, refined_bound, evaluate_accelerator, evaluate_candidates,
+                                    refined_throughputs)
+from solver.search.resources import Resources
+from solver.workers import WorkerPool
+
+STRATEGIES = ("bounded", "exhaustive", "phaze")
+#: Candidates handed to each worker at a time (amortises the inter-process round trip).
+BATCH_PER_WORKER = 8
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a search maximises when it is not the throughput (`solver.system_search`): the value of a
+    candidate's best evaluation (`value(index, evaluation)`), and per candidate of the space a weight
+    such that weight × a throughput bound bounds the value (exact for tokens per dollar; for tokens
+    per joule with the step's dynamic energy taken as zero)."""
+
+    weights: np.ndarray
+    value: Callable[[int, Evaluation], float]
+
+
+class Search:
+    """Runs the strategies of one context over its candidates, for each HBM size of the axes.
+
+    Every candidate evaluated for one HBM size is evaluated for all of them (the schedules are
+    shared; only the placement differs), and `on_outcome` sees each outcome once, as it arrives.
+    What the caches hold (evaluations, refined bounds) is read here; only the rest goes to the
+    `pool`'s worker processes (each with its own Resources) or Ray actors (`Resources.without_files`:
+    the driver stores what they computed), or is computed here without one.
+    Candidates whose lower-bound costs are equal share one refined bound.
+    `objective` (default: the throughput), `floor` (a value found in another part of a larger
+    search: candidates that cannot reach it are not looked at) and `optimistic` (the candidates'
+    level-0 bounds, computed already) serve the system space's search.
+    """
+
+    def __init__(
+        self,
+        resources: Resources,
+        pool: WorkerPool | RayPool | None = None,
+        on_outcome: Callable[[CandidateOutcome], None] = lambda outcome: None,
+        candidates: Sequence[int] | None = None,
+        objective: Objective | None = None,
+        floor: float = 0.0,
+        optimistic: np.ndarray | None = None,
+    ) -> None:
+        self.resources, self.pool, self.on_outcome = resources, pool, on_outcome
+        self.objective, self.floor = objective, floor
+        self.context = resources.context
+        self.space = resources.space
+        self.candidates = list(range(len(self.space))) if candidates is None else list(candidates)
+        self.outcomes: dict[int, CandidateOutcome] = {}
+        self._refined: dict[tuple[int, int], float] = {}
+        self._bounds: dict[str, RefinedBound] = {}  # refined bound by bound key
+        self._best: dict[int, float] = {}  # the highest throughput found so far, per HBM size
+        self._provisional: dict[tuple[int, int], float] = {}  # the last provisional bound of a candidate
+        self._refined_columns: dict[int, tuple[list[np.ndarray], list[float]]] = {}  # per HBM size
+        self._optimistic = optimistic  # level-0 bounds of the candidates (in their order), once computed
+
+    @property
+    def workers(self) -> int:
+        return self.pool.processes if self.pool is not None else 1
+
+    def _map(self, function: Callable, indices: list[int], *arguments) -> list:
+        """function(resources, chunk, *arguments) over chunks of `indices`, on the workers if any."""
+        if self.pool is None or len(indices) == 1:
+            return function(self.resources, indices, *arguments)
+        step = self.pool.processes
+        chunks = [indices[i::step] for i in range(step) if indices[i::step]]
+        results = self.pool.map(self.context, function, chunks, *arguments)
+        by_index = {index: value for chunk, values in zip(chunks, results) for index, value in zip(chunk, values)}
+        return [by_index[index] for index in indices]
+
+    def _evaluate(self, hbm_bytes: int, positions: list[int]) -> list[float]:
+        indices = [self.candidates[p] for p in positions]
+        missing = [i for i in dict.fromkeys(indices) if i not in self.outcomes]
+        stored = [evaluate_accelerator(self.resources, self.space[i], i, compute=False) for i in missing]
+        computed = iter(self._map(evaluate_candidates, [i for i, o in zip(missing, stored) if o is None])
+                        if None in stored else ())
+        for outcome in stored:
+            outcome = outcome or next(computed)
+            self.outcomes[outcome.index] = outcome
+            for hbm in outcome.evaluations:
+                self._best[hbm] = max(self._best.get(hbm, 0.0), outcome.best(hbm).throughput)
+            self.on_outcome(outcome)
+        if self.objective is not None:
+            return [self.objective.value(i, self.outcomes[i].best(hbm_bytes)) for i in indices]
+        return [self.outcomes[i].best(hbm_bytes).throughput for i in indices]
+
+    def _usable(self, bound: RefinedBound | None, best: float) -> bool:
+        """A refined bound settles a candidate when exact, or when cut and below the best found."""
+        return bound is not None and (bound.exact or bound.value < best)
+
+    def _dominated(self, hbm_bytes: int, index: int) -> float:
+        """A bound from the refined ones: a candidate whose lower-bound costs are nowhere below a
+        refined candidate's has no higher refined bound (a step's time never falls as a layer's cost
+        grows), so the least such bound bounds it too (math.inf without one)."""
+        columns, values = self._refined_columns.get(hbm_bytes, ([], []))
+        if not values:
+            return math.inf
+        dominating = np.all(np.array(columns) <= self.resources.bound_column(index), axis=1)
+        return float(np.array(values)[dominating].min()) if dominating.any() else math.inf
+
+    def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float | strategies.Provisional]:
+        """Refined bounds: from memory or the cache when they settle the candidate; else, when a
+        refined candidate dominates it with a lower bound than its last, that bound, provisionally;
+        else the placement search on its lower-bound costs (once per distinct costs)."""
+        store = self.resources.placement_bounds
+        # the cut is in throughput: with another objective every refined bound is exact
+        best = 0.0 if self.objective is not None else max(self._best.get(hbm_bytes, 0.0), self.floor)
+        optimistic = self.optimistic()
+        provisional: dict[int, strategies.Provisional] = {}
+        keys: dict[int, str] = {}
+        todo: dict[str, int] = {}  # bound key -> the candidate it is computed on
+        for position in positions:
+            index = self.candidates[position]
+            if (index, hbm_bytes) in self._refined:
+                continue
+            key = keys[index] = self.resources.bound_key(index, hbm_bytes)
+            if self._usable(self._bounds.get(key), best):
+                continue
+            stored = store.get(key, refined_bound)
+            if self._usable(stored, best):
+                self._bounds[key] = stored
+                continue
+            dominated = self._dominated(hbm_bytes, index)
+            last = self._provisional.get((index, hbm_bytes), float(optimistic[position]))
+            if dominated < last:
+                provisional[index] = strategies.Provisional(dominated)
+                self._provisional[index, hbm_bytes] = dominated
+                del keys[index]
+            else:
+                todo.setdefault(key, index)
+        if todo:
+            for key, bound in zip(todo, self._map(refined_throughputs, list(todo.values()), hbm_bytes, best)):
+                store.put(key, dataclasses.asdict(bound))
+                self._bounds[key] = bound
+        columns, values = self._refined_columns.setdefault(hbm_bytes, ([], []))
+        for index, key in keys.items():
+            self._refined[index, hbm_bytes] = self._bounds[key].value
+            columns.append(self.resources.bound_column(index))
+            values.append(self._bounds[key].value)
+        return [provisional.get(i) or self._refined[i, hbm_bytes] for i in (self.candidates[p] for p in positions)]
+
+    def optimistic(self) -> np.ndarray:
+        """Level-0 throughput bounds of the candidates (the same for every HBM size)."""
+        if self._optimistic is None:
+            res = self.resources
+            every = self.candidates == list(range(len(self.space)))
+            self._optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, self.space, res.group_bounds(),
+                                                      None if every else np.asarray(self.candidates))
+        return self._optimistic
+
+    def run(self, strategy: str, hbm_bytes: int) -> strategies.SearchResult:
+        """The best candidate for one HBM size; result indices are positions in `candidates`."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"search: unknown {strategy!r}; valid: {', '.join(STRATEGIES)}")
+        evaluate = partial(self._evaluate, hbm_bytes)
+        batch_size = BATCH_PER_WORKER * self.workers
+        areas = self.space.area[self.candidates]
+        if strategy == "exhaustive":
+            return strategies.exhaustive(len(self.candidates), evaluate, batch_size, areas)
+        if strategy == "phaze":
+            return strategies.phaze_sweep(areas, evaluate)
+        optimistic, refine = self.optimistic(), partial(self._refine, hbm_bytes)
+        if self.objective is not None:
+            weights = self.objective.weights[self.candidates]
+            optimistic = optimistic * weights
+
+            def refine(positions: list[int], bare: Callable = refine) -> list:
+                return [strategies.Provisional(value.value * weights[p]) if isinstance(value, strategies.Provisional)
+                        else value * weights[p] for p, value in zip(positions, bare(positions))]
+
+        return strategies.bounded(optimistic, [refine], evaluate, batch_size, areas, self.floor)

@@ -1,0 +1,157 @@
+"""What evaluating candidates needs in one process (the driver, a worker process, a Ray actor): the
+graphs, the candidate space, the estimate table and the caches, built once and passed explicitly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from estimator import CandidateSpace, EstimateTable, candidate_space
+from graph_extract import ExtractedModel, extract
+from solver.bounds import GroupBounds, group_bounds
+from solver.kvstore import KeyValueStore
+from solver.question import Axes, Question
+from solver.ray_pool import RayPool
+from solver.schedule import ScheduleCache
+from solver.schedule.cache import SCHEDULES_TABLE
+from solver.search.keys import SearchContext
+from solver.workers import WorkerPool
+
+#: Where a run's candidates are evaluated: local worker processes, or Ray actors.
+EXECUTORS = ("local", "ray")
+#: The tables of evaluations.sqlite by Resources field.
+EVALUATION_TABLES = {"costs": "layer_costs", "placements": "placements", "placement_bounds": "placement_bounds"}
+#: Placements remembered per process (identical layer costs share one placement search).
+PLACEMENT_MEMO_SIZE = 4096
+
+
+@dataclass
+class Resources:
+    """The graphs, candidate space, estimate table and caches of a context, built once by the process
+    that holds them (the driver, or a worker: `Resources.build` is the workers' constructor; a Ray
+    actor's are `Resources.without_files`, built by the driver)."""
+
+    context: SearchContext
+    graphs: dict[int, ExtractedModel]
+    space: CandidateSpace
+    table: EstimateTable
+    schedules: ScheduleCache
+    costs: KeyValueStore
+    placements: KeyValueStore  # an accelerator's evaluations, per HBM size
+    placement_bounds: KeyValueStore  # refined throughput bounds, by the bounds' content
+    memo: dict = field(default_factory=dict)  # placements of identical layer costs, in this process
+    recorded: dict[str, RecordingStore] = field(default_factory=dict)  # a worker without files: its caches by name
+    _bounds: dict[int, GroupBounds] | None = None
+
+    @classmethod
+    def build(cls, context: SearchContext) -> Resources:
+        space = candidate_space(context.template, context.area_budget)
+        table = EstimateTable(context.template, space.tc_cores, context.cache_dir / "estimates")
+        schedules = ScheduleCache(context.cache_dir / "schedules.sqlite")
+        return cls(context, _graphs(context), space, table, schedules, *_evaluation_stores(context).values())
+
+    @classmethod
+    def without_files(cls, context: SearchContext) -> Resources:
+        """For a worker that has no cache folder (a Ray worker): the graphs of this process's cache,
+        estimates computed where needed, and caches that only record what the worker computes
+        (`cache_writes` takes it; the driver stores it)."""
+        space = candidate_space(context.template, context.area_budget)
+        recorded = {name: RecordingStore() for name in ("schedules", *EVALUATION_TABLES)}
+        return cls(context, _graphs(context), space, EstimateTable(context.template, space.tc_cores),
+                   ScheduleCache(store=recorded["schedules"]), recorded["costs"], recorded["placements"],
+                   recorded["placement_bounds"], recorded=recorded)
+
+    @property
+    def question(self) -> Question:
+        return self.context.question
+
+    @property
+    def axes(self) -> Axes:
+        return self.context.axes
+
+    def placement_memo(self) -> dict:
+        """The placement memo, emptied when it grows past PLACEMENT_MEMO_SIZE."""
+        if len(self.memo) > PLACEMENT_MEMO_SIZE:
+            self.memo.clear()
+        return self.memo
+
+    def group_bounds(self) -> dict[int, GroupBounds]:
+        """The schedule lower bounds of every width's repeat groups on every candidate (computed once)."""
+        if self._bounds is None:
+            self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
+                                                self.axes.expert_splits(width))
+                            for width, graphs in self.graphs.items()}
+        return self._bounds
+
+    def bound_column(self, index: int) -> np.ndarray:
+        """Candidate `index`'s lower-bound costs of every width (`GroupBounds.column`), in one vector."""
+        return np.concatenate([bounds.column(index) for _, bounds in sorted(self.group_bounds().items())])
+
+    def bound_key(self, index: int, memory: int) -> str:
+        """The key of candidate `index`'s refined bound: its lower-bound costs, the placement's context."""
+        key = self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()
+        return hashlib.sha256(key).hexdigest()
+
+
+def _graphs(context: SearchContext) -> dict[int, ExtractedModel]:
+    """The question's layer graphs per tensor-parallel width, from the cache or traced (and cached)."""
+    question, axes = context.question, context.axes
+    return {width: extract(question.model, axes.micro_batch_size, question.sequence_length, width,
+                           cache_dir=context.cache_dir)
+            for width in axes.tensor_parallel_widths}
+
+
+def _evaluation_stores(context: SearchContext) -> dict[str, KeyValueStore]:
+    """The caches of evaluations.sqlite by Resources field."""
+    path = context.cache_dir / "evaluations.sqlite"
+    return {name: KeyValueStore(path, table) for name, table in EVALUATION_TABLES.items()}
+
+
+class RecordingStore:
+    """A cache of a worker without files: every lookup misses (the driver looked up what it holds
+    before handing out the work) and every value stored waits, as JSON, for `take`."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[str, str]] = []
+
+    def get(self, key: str, decode: Callable[[Any], Any] = lambda value: value) -> None:
+        return None
+
+    def put(self, key: str, value: Any) -> None:
+        self._waiting.append((key, json.dumps(value)))
+
+    def take(self) -> list[tuple[str, str]]:
+        """The (key, JSON value) pairs stored since the last call."""
+        taken, self._waiting = self._waiting, []
+        return taken
+
+
+def cache_writes(resources: Resources) -> list[tuple[str, str, str]]:
+    """What a worker built by `Resources.without_files` stored since the last call: (cache, key, JSON)."""
+    return [(name, key, value) for name, store in resources.recorded.items() for key, value in store.take()]
+
+
+def share_with_workers(context: SearchContext) -> tuple[Resources, Callable[[list[tuple[str, str, str]]], None]]:
+    """For workers without the cache folder: their Resources (`Resources.without_files`) and, in
+    this process, the function that stores what they computed (`cache_writes`) in this cache."""
+    stores = {"schedules": KeyValueStore(context.cache_dir / "schedules.sqlite", SCHEDULES_TABLE),
+              **_evaluation_stores(context)}
+
+    def store(writes: list[tuple[str, str, str]]) -> None:
+        for name, key, value in writes:
+            stores[name].put(key, json.loads(value))
+
+    return Resources.without_files(context), store
+
+
+def worker_pool(executor: str, n_jobs: int, ray_address: str | None = None) -> WorkerPool | RayPool | None:
+    """The workers of a run's candidate evaluations: local processes (none for one job), or Ray actors
+    (a private local Ray when `ray_address` is None; `n_jobs` -1: the cluster's CPUs)."""
+    if executor == "ray":
+        return RayPool(share_with_workers, cache_writes, n_jobs, ray_address)
+    return WorkerPool(Resources.build, n_jobs) if n_jobs > 1 else None

@@ -1,0 +1,84 @@
+"""Stages, vectorised: sums of per-layer values over the layers of many candidate stages at once,
+each stage's in position order (so a stage gets the same floating-point sum however many stages
+are costed together), and chunks summed per pipeline device."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solver.training_step.records import SUMMED_TERMS, StageTerms, StepGraph
+
+def ordered_sum(members: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Σ values over each stage's layers: values[i, v] summed over the positions v of stage k
+    (members[v, k]) in position order, for each row i, so that one stage gets the same
+    floating-point sum however many stages are costed at once."""
+    total = np.zeros((values.shape[0], members.shape[1]))
+    for v in range(members.shape[0]):
+        total = total + np.where(members[v], values[:, v : v + 1], 0.0)
+    return total
+
+
+def stage_sum(members: np.ndarray, values) -> np.ndarray:
+    """`ordered_sum` of one row of per-layer values."""
+    return ordered_sum(members, np.asarray(values, float)[None, :])[0]
+
+
+def per_device(values: np.ndarray, stages: int) -> np.ndarray:
+    """Chunk values (last axis, first to last) summed per pipeline device, chunk j on device j mod
+    `stages`, in chunk order (with one chunk per device, the values themselves)."""
+    result = values[..., :stages]
+    for start in range(stages, values.shape[-1], stages):
+        result = result + values[..., start : start + stages]
+    return result
+
+
+def stage_max(members: np.ndarray, values) -> np.ndarray:
+    total = np.zeros(members.shape[1])
+    for v, value in enumerate(values):
+        total = np.maximum(total, np.where(members[v], value, 0.0))
+    return total
+
+
+def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndarray, edge_bytes: np.ndarray,
+                members: np.ndarray) -> StageTerms:
+    """The terms of the stages given by `members[v, k]` (position v in stage k): `summed` holds the
+    per-layer `values` of SUMMED_TERMS a row each, `edge_bytes` the bytes each of the graph's edges
+    carries to or from one device. Each stage's sums run in position order (edges: in edge order)."""
+    members = np.asarray(members, bool)
+    edges = graph.edges
+    if edges:
+        sources, dests = (np.array([edge[i] for edge in edges], dtype=np.int64) for i in (0, 1))
+        crossing = members[dests] != members[sources]  # into one stage, out of the other
+        transfer_bytes = np.cumsum(np.where(crossing, edge_bytes[:, None], 0.0), axis=0)[-1]
+        messages = crossing.sum(axis=0).astype(float)
+    else:
+        transfer_bytes = messages = np.zeros(members.shape[1])
+    terms = dict(zip(SUMMED_TERMS, ordered_sum(members, summed)))
+    for first, second, shared in graph.tied:
+        terms["parameters"] = terms["parameters"] - np.where(members[first] & members[second], shared, 0.0)
+    return StageTerms(**terms, transfer_bytes=transfer_bytes, transfer_messages=messages,
+                      working_activations=stage_max(members, values["working"]),
+                      largest_parameters=stage_max(members, values["parameters"]))
+
+
+def chunk_members(count: int, chunks: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """members[v, k]: position v (of `count`) in chunk k."""
+    members = np.zeros((count, len(chunks)), bool)
+    for index, chunk in enumerate(chunks):
+        members[list(chunk), index] = True
+    return members
+
+
+def device_terms(chunk_terms: StageTerms, stages: int) -> StageTerms:
+    """Each pipeline device's terms: its chunks' (chunk j on device j mod p) summed in chunk order;
+    its working memory and largest layer the largest of its chunks'."""
+    names = list(StageTerms.__dataclass_fields__)
+    values = np.array([getattr(chunk_terms, name) for name in names], float)
+    if values.shape[1] == stages:
+        summed = values
+    else:  # a running sum over the chunks of each device, in chunk order: per_device's
+        summed = np.cumsum(values.reshape(len(names), -1, stages), axis=1)[:, -1]
+    fields = dict(zip(names, summed))
+    fields["working_activations"] = chunk_terms.working_activations.reshape(-1, stages).max(axis=0)
+    fields["largest_parameters"] = chunk_terms.largest_parameters.reshape(-1, stages).max(axis=0)
+    return StageTerms(**fields)
