@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass
 
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
@@ -232,9 +233,23 @@ def expert_shaped(node: OpNode, split: float) -> OpNode:
     return dataclasses.replace(node, gemm=GemmDims(round(gemm.batch / split), math.ceil(gemm.m * split), gemm.k, gemm.n))
 
 
+#: Expert splits made in this process: (graph id, split) -> (the graph, weakly; its split), so that one
+#: split of one graph is one object (what the estimate table's prepared layers are kept by).
+_SPLITS: dict[tuple[int, float], tuple[weakref.ref, OpGraph]] = {}
+#: Splits kept at most (of graphs still alive or not): the cache is emptied beyond.
+SPLITS_KEPT = 256
+
+
 def expert_split_graph(graph: OpGraph, split: float) -> OpGraph:
     """`graph` with its grouped expert products as a device split `split` more ways runs them
-    (`expert_shaped`)."""
+    (`expert_shaped`): the same object for the same graph and split."""
     if split == 1:
         return graph
-    return dataclasses.replace(graph, nodes=tuple(expert_shaped(node, split) for node in graph.nodes))
+    found = _SPLITS.get((id(graph), split))
+    if found is not None and found[0]() is graph:
+        return found[1]
+    if len(_SPLITS) >= SPLITS_KEPT:
+        _SPLITS.clear()
+    made = dataclasses.replace(graph, nodes=tuple(expert_shaped(node, split) for node in graph.nodes))
+    _SPLITS[id(graph), split] = (weakref.ref(graph), made)
+    return made

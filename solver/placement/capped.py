@@ -127,12 +127,17 @@ class _CapSearch:
         self.depths = [max(s.most for s in scenarios if s.column == c) for c in range(classes)]
         self.evaluated: list[dict[int, np.ndarray]] = [{} for _ in range(classes)]  # cap index -> Q[s]
         self.best = _Best()
+        self._charges: dict[tuple[int, int], np.ndarray] = {}
 
-    def charge(self, scenario: Scenario, caps):
-        """The tail charged to a placement whose stages' keys are at most `caps` (elementwise)."""
+    def charges(self, c: int, scenario: Scenario) -> np.ndarray:
+        """The tail charged to a placement whose stages' keys are at most each cap of class c."""
         if not self.by_parameters:
-            return caps
-        return self.step.data_parallel.tail_time(caps, scenario.degree)
+            return self.caps[c]
+        found = self._charges.get((c, scenario.degree))
+        if found is None:
+            found = self._charges[c, scenario.degree] = self.step.data_parallel.tail_time(self.caps[c],
+                                                                                          scenario.degree)
+        return found
 
     def pipelines(self, scenario: Scenario, values: np.ndarray) -> np.ndarray:
         """(m + p − 1)·Q over the scenario's depths p for DP values `values[p]` (∞ where no split)."""
@@ -156,7 +161,7 @@ class _CapSearch:
             floor = np.full(len(between), np.inf)
             for scenario in (s for s in self.scenarios if s.column == c):
                 fastest = self.pipelines(scenario, done[high]).min(initial=np.inf)
-                floor = np.minimum(floor, fastest + self.charge(scenario, caps[between]))
+                floor = np.minimum(floor, fastest + self.charges(c, scenario)[between])
             alive.extend(between[floor < self.bound()].tolist())
         return sorted(alive)
 
@@ -192,7 +197,7 @@ class _CapSearch:
             self.evaluated[c][index] = values[:, x]
             cap = self.caps[c][index]
             for scenario in (s for s in self.scenarios if s.column == c):
-                times = self.pipelines(scenario, values[:, x]) + float(self.charge(scenario, cap))
+                times = self.pipelines(scenario, values[:, x]) + float(self.charges(c, scenario)[index])
                 if not times.size or not times.min() < np.inf:
                     continue
                 s = int(np.argmin(times))

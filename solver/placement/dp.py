@@ -62,14 +62,15 @@ def fill_tables(space: StateSpace, stages: StageTable, depth_cap: int, model: De
         for group in kinds:
             if not len(group):
                 continue
-            source = table[space.rest[group], :depth]  # [pairs, s - 1, column, x]
+            source = table[space.rest[group], :depth]  # [pairs, s - 1, column, x], a copy
             if model.mixed and stages.devices[group[0]] == 1:
                 source = source[:, :, one_more]
-            loads = np.repeat(stages.load_inner[group][:, None, None, :], depth, axis=1)
-            loads[:, 0] = stages.load_last[group][:, None, :]
-            candidate = np.maximum(source, loads)
+            last = np.maximum(source[:, 0], stages.load_last[group][:, None, :])
+            candidate = np.maximum(source, stages.load_inner[group][:, None, None, :], out=source)
+            candidate[:, 0] = last
             fits = np.arange(depth)[None, :, None, None] < stages.feasible[group][:, None, None, :]
-            np.minimum(best, np.where(fits, candidate, INFTY).min(axis=0), out=best)
+            np.copyto(candidate, INFTY, where=~fits)
+            np.minimum(best, candidate.min(axis=0), out=best)
     return table
 
 

@@ -8,10 +8,32 @@ import numpy as np
 
 from solver.training_step.records import SUMMED_TERMS, StageTerms, StepGraph
 
+
+def runs(members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first, end) positions of each stage when every stage is a non-empty run of consecutive
+    positions (a chain's stages), else None."""
+    count, stages = members.shape
+    if not stages or not count:
+        return None
+    sizes = members.sum(axis=0)
+    first = members.argmax(axis=0)
+    end = count - members[::-1].argmax(axis=0)
+    return (first, end) if (sizes > 0).all() and (sizes == end - first).all() else None
+
+
 def ordered_sum(members: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Σ values over each stage's layers: values[i, v] summed over the positions v of stage k
     (members[v, k]) in position order, for each row i, so that one stage gets the same
-    floating-point sum however many stages are costed at once."""
+    floating-point sum however many stages are costed at once. Stages that are runs of consecutive
+    positions take the sums of every run, each extended one position at a time (the same additions
+    in the same order, over n² runs instead of n × stages entries)."""
+    found = runs(members)
+    if found is not None:
+        count = members.shape[0]
+        table = np.zeros((values.shape[0], count, count + 1))  # [row, first, end]
+        for end in range(1, count + 1):
+            table[:, :end, end] = table[:, :end, end - 1] + values[:, end - 1 : end]
+        return table[:, found[0], found[1]]
     total = np.zeros((values.shape[0], members.shape[1]))
     for v in range(members.shape[0]):
         total = total + np.where(members[v], values[:, v : v + 1], 0.0)
@@ -33,6 +55,15 @@ def per_device(values: np.ndarray, stages: int) -> np.ndarray:
 
 
 def stage_max(members: np.ndarray, values) -> np.ndarray:
+    """The largest value (at least 0) over each stage's layers."""
+    values = np.asarray(values, float)
+    found = runs(members)
+    if found is not None:
+        count = members.shape[0]
+        table = np.zeros((count, count + 1))  # [first, end]
+        for end in range(1, count + 1):
+            table[:end, end] = np.maximum(table[:end, end - 1], values[end - 1])
+        return table[found[0], found[1]]
     total = np.zeros(members.shape[1])
     for v, value in enumerate(values):
         total = np.maximum(total, np.where(members[v], value, 0.0))
