@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -348,8 +349,10 @@ def extract(
     check_request(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     path = cache_path(Path(cache_dir), spec, micro_batch_size, sequence_length, tensor_parallel_width) if cache_dir else None
     request = (spec, micro_batch_size, sequence_length, tensor_parallel_width)
+    if not force and (held := _held(path, request)) is not None:
+        return held
     if path is not None and not force and (cached := _load(path, request)) is not None:
-        return cached
+        return _hold(path, request, cached)
     extracted = _trace(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     if path is not None:
         try:
@@ -357,6 +360,43 @@ def extract(
         except OSError as error:
             warn_once(("unwritable", path.parent), "graph cache: cannot write to %s (%s); traced graphs are not "
                       "stored", path.parent, error.strerror or error)
+    return _hold(path, request, extracted)
+
+
+#: Extractions read from or written to a cache file this process holds, at most this many (the least
+#: recently used dropped first): a run reads each graph file once.
+HELD_EXTRACTIONS = 64
+_HELD: OrderedDict[tuple, ExtractedModel] = OrderedDict()
+
+
+def _held_key(path: Path | None, request: tuple) -> tuple | None:
+    """An extraction's key in this process: its request and its cache file as the file is now (a file
+    rewritten, set aside or removed meanwhile is another key); None without a cache file."""
+    if path is None:
+        return None
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return (path, status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, request)
+
+
+def _held(path: Path | None, request: tuple) -> ExtractedModel | None:
+    key = _held_key(path, request)
+    found = None if key is None else _HELD.get(key)
+    if found is not None:
+        _HELD.move_to_end(key)
+    return found
+
+
+def _hold(path: Path | None, request: tuple, extracted: ExtractedModel) -> ExtractedModel:
+    """Keep `extracted` for the rest of the process under its cache file, and return it."""
+    key = _held_key(path, request)
+    if key is not None:
+        _HELD[key] = extracted
+        _HELD.move_to_end(key)
+        while len(_HELD) > HELD_EXTRACTIONS:
+            _HELD.popitem(last=False)
     return extracted
 
 
