@@ -38,10 +38,14 @@ def schedule_in_modes(problem: ScheduleProblem, parallel: Sequence[bool]) -> Sch
     return list_schedule(problem, [-t for t in _tail_lengths(problem, parallel)], parallel)
 
 
-def improve_modes(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
+def improve_modes(problem: ScheduleProblem, schedule: Schedule,
+                  tried: dict[tuple[bool, ...], Schedule] | None = None) -> Schedule:
     """Hill-climb on the modes: switch one operator's mode, or that of an operator together with every
     operator in the same mode that precedence lets run alongside it (so that a group of independent
-    operators can go from parallel runs in a row to one-core runs side by side, or back)."""
+    operators can go from parallel runs in a row to one-core runs side by side, or back). `tried`
+    holds the schedules of the modes tried so far (a list schedule is a function of its modes): a
+    climb that comes back to them, or another climb on the same problem, schedules them once."""
+    tried = {} if tried is None else tried
     flexible = [i for i, op in enumerate(problem.ops) if len(op.modes) == 2]
     best, best_makespan = schedule, schedule.makespan(problem)
     improved = True
@@ -57,7 +61,9 @@ def improve_modes(problem: ScheduleProblem, schedule: Schedule) -> Schedule:
             trial = list(best.parallel)
             for j in move:
                 trial[j] = not trial[j]
-            candidate = schedule_in_modes(problem, trial)
+            candidate = tried.get(tuple(trial))
+            if candidate is None:
+                candidate = tried[tuple(trial)] = schedule_in_modes(problem, trial)
             if candidate.makespan(problem) < best_makespan * (1 - 1e-12):
                 best, best_makespan, improved = candidate, candidate.makespan(problem), True
     return best
@@ -72,4 +78,5 @@ def heuristic_schedule(problem: ScheduleProblem) -> Schedule:
     mode_rules = (None, [False] * len(problem.ops), [len(op.modes) == 2 for op in problem.ops])
     rules = [list_schedule(problem, pr, modes) for pr in priorities for modes in mode_rules]
     starts = (min(rules, key=lambda s: s.makespan(problem)), schedule_in_modes(problem, [False] * len(problem.ops)))
-    return min((improve_modes(problem, s) for s in starts), key=lambda s: s.makespan(problem))
+    tried: dict[tuple[bool, ...], Schedule] = {}
+    return min((improve_modes(problem, s, tried) for s in starts), key=lambda s: s.makespan(problem))
