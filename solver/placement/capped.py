@@ -4,7 +4,7 @@
 
 m_d = B/d micro-batches per replica (the layouts of `solver.layout.layouts`); ℓ_i is stage i's load with its
 transfers on the tier of the pipeline's slowest link; tail_i its exposed data-parallel sync and
-optimizer step, which grows with the stage's parameters (`TrainingStep.tail`). The max-plus-max
+optimizer step, which grows with the stage's parameters (`DataParallel.tail`). The max-plus-max
 objective is made exact with caps: for a cap c on the stages' key (their parameters, or their tail
 itself when the sync overlaps the backward pass), F(c) is the best time over placements whose
 stages all have key ≤ c, charged the tail of c. F(c) never undercharges its placement and equals

@@ -3,8 +3,10 @@
 `TrainingStep` (model.py) prices one shard shape of a layout (solver.layout) on a cluster
 (hardware): Megatron's layout and hierarchical collectives, mixed-precision memory with a sharded
 optimizer and recomputation modes (memory.py), 1F1B and interleaved pipelines, under the training
-options (options.py). `original.py` is the original program's model. The two step models behind
-one interface are `solver.step_models`.
+options (options.py). Its per-layer terms are one pure function per concern (layer_terms.py), its
+data-parallel concern `DataParallel` (data_parallel.py), its stage sums stages.py, its records
+records.py; over_chips.py bounds it over candidate chips. `original.py` is the original program's
+model. The two step models behind one interface are `solver.step_models`.
 """
 
 from solver.training_step.memory import (
