@@ -24,18 +24,25 @@ def runs(members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 def ordered_sum(members: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Σ values over each stage's layers: values[i, v] summed over the positions v of stage k
     (members[v, k]) in position order, for each row i, so that one stage gets the same
-    floating-point sum however many stages are costed at once. Stages that are runs of consecutive
-    positions take the sums of every run, each extended one position at a time (the same additions
-    in the same order, over n² runs instead of n × stages entries)."""
-    found = runs(members)
+    floating-point sum however many stages are costed at once. Each way below makes the same
+    additions in the same order, from 0: stages that split the positions (a placement's chunks) by
+    one weighted count, each bin accumulated in position order; many stages that are runs of
+    consecutive positions (a chain's candidate stages) by the sums of every run, each extended one
+    position at a time (n² runs instead of n × stages entries); any others position by position."""
+    count, stages = members.shape
+    rows = values.shape[0]
+    if count and (members.sum(axis=1) == 1).all():  # a partition: each position in one stage
+        chunk_of = members.argmax(axis=1)
+        bins = (np.arange(rows)[:, None] * stages + chunk_of[None, :]).ravel()
+        return np.bincount(bins, weights=values.ravel(), minlength=rows * stages).reshape(rows, stages)
+    found = runs(members) if stages > count else None
     if found is not None:
-        count = members.shape[0]
-        table = np.zeros((values.shape[0], count, count + 1))  # [row, first, end]
+        table = np.zeros((rows, count, count + 1))  # [row, first, end]
         for end in range(1, count + 1):
             table[:, :end, end] = table[:, :end, end - 1] + values[:, end - 1 : end]
         return table[:, found[0], found[1]]
-    total = np.zeros((values.shape[0], members.shape[1]))
-    for v in range(members.shape[0]):
+    total = np.zeros((rows, stages))
+    for v in range(count):
         total = total + np.where(members[v], values[:, v : v + 1], 0.0)
     return total
 
@@ -57,14 +64,18 @@ def per_device(values: np.ndarray, stages: int) -> np.ndarray:
 def stage_max(members: np.ndarray, values) -> np.ndarray:
     """The largest value (at least 0) over each stage's layers."""
     values = np.asarray(values, float)
-    found = runs(members)
+    count, stages = members.shape
+    if count and (members.sum(axis=1) == 1).all():  # a partition
+        total = np.zeros(stages)
+        np.maximum.at(total, members.argmax(axis=1), values)
+        return total
+    found = runs(members) if stages > count else None
     if found is not None:
-        count = members.shape[0]
         table = np.zeros((count, count + 1))  # [first, end]
         for end in range(1, count + 1):
             table[:end, end] = np.maximum(table[:end, end - 1], values[end - 1])
         return table[found[0], found[1]]
-    total = np.zeros(members.shape[1])
+    total = np.zeros(stages)
     for v, value in enumerate(values):
         total = np.maximum(total, np.where(members[v], value, 0.0))
     return total
