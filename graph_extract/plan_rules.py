@@ -7,19 +7,46 @@ the original node (module docstring of `graph_extract.plan`)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import fx
 from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
+from phaze_common.checks import InputError
 from graph_extract.parallel import all_reduce
 from graph_extract.plan import REPLICATE, _normal, _shape
 
-if TYPE_CHECKING:
-    from graph_extract.plan_pass import Rank
-
 aten = torch.ops.aten
+
+
+class RankGraph(Protocol):
+    """What a rule reads and writes of one rank's graph under construction (`plan_pass.Rank`)."""
+
+    width: int
+    rank: int
+    env: dict[fx.Node, fx.Node]
+    placement: dict[fx.Node, object]
+    replicas: dict[fx.Node, int]
+    partial_group: dict[fx.Node, str]
+    pending_masks: dict[fx.Node, fx.Node | None]
+    mask_shapes: dict[fx.Node, int]
+
+    def fail(self, node: fx.Node, what: str) -> InputError: ...
+
+    def emit(self, target: object, args: tuple, kwargs: dict | None, path: str) -> fx.Node: ...
+
+    def collective(self, target: object, value: fx.Node, path: str, *extra: object, group: str = "tensor"
+                   ) -> fx.Node: ...
+
+    def copy(self, node: fx.Node, placement: object, args: tuple | None = None, kwargs: dict | None = None
+             ) -> None: ...
+
+    def single_shard(self, node: fx.Node) -> tuple[fx.Node, int]: ...
+
+    def split_operand(self, node: fx.Node, argument: fx.Node, dim: int) -> fx.Node: ...
+
+    def unsqueezed(self, value: fx.Node, path: str) -> fx.Node: ...
 
 
 class Resplit(Exception):
@@ -38,7 +65,7 @@ def parameter_dim(parameter: fx.Node, argument: fx.Node, dim: int) -> int:
     return same[0] if len(same) == 1 else len(shape) - (len(seen) - dim)
 
 
-def _local_sizes(rank: Rank, node: fx.Node, dim: int, replicas: int = 1) -> list[int]:
+def _local_sizes(rank: RankGraph, node: fx.Node, dim: int, replicas: int = 1) -> list[int]:
     """The node's sizes on one rank, dimension `dim` split in width / `replicas` slices."""
     sizes, slices = list(_shape(node)), rank.width // replicas
     if sizes[dim] % slices:
@@ -47,12 +74,12 @@ def _local_sizes(rank: Rank, node: fx.Node, dim: int, replicas: int = 1) -> list
     return sizes
 
 
-def _same(rank: Rank, node: fx.Node) -> None:
+def _same(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     rank.copy(node, Shard(dim + len(_shape(node)) - len(_shape(source))))
 
 
-def _view(rank: Rank, node: fx.Node) -> None:
+def _view(rank: RankGraph, node: fx.Node) -> None:
     """view / reshape / expand: the split dimension is the output dimension that starts at the same
     element offset; the sizes given become the rank's."""
     source, dim = rank.single_shard(node)
@@ -73,7 +100,7 @@ def _view(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(after), args=(node.args[0], _local_sizes(rank, node, after, replicas), *node.args[2:]))
 
 
-def _unflatten(rank: Rank, node: fx.Node) -> None:
+def _unflatten(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     at = _normal(node.args[1], len(_shape(source)))
     if at < dim:
@@ -84,7 +111,7 @@ def _unflatten(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(at), args=(node.args[0], node.args[1], sizes[at:at + len(node.args[2])]))
 
 
-def _flatten(rank: Rank, node: fx.Node) -> None:
+def _flatten(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     length = len(_shape(source))
     start = _normal(node.args[1] if len(node.args) > 1 else 0, length)
@@ -100,26 +127,26 @@ def _flatten(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(start))
 
 
-def _transpose(rank: Rank, node: fx.Node) -> None:
+def _transpose(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     length = len(_shape(source))
     a, b = _normal(node.args[1], length), _normal(node.args[2], length)
     rank.copy(node, Shard(b if dim == a else a if dim == b else dim))
 
 
-def _permute(rank: Rank, node: fx.Node) -> None:
+def _permute(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     order = [_normal(d, len(_shape(source))) for d in node.args[1]]
     rank.copy(node, Shard(order.index(dim)))
 
 
-def _unsqueeze(rank: Rank, node: fx.Node) -> None:
+def _unsqueeze(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     at = _normal(node.args[1], len(_shape(node)))
     rank.copy(node, Shard(dim + 1 if at <= dim else dim))
 
 
-def _squeeze(rank: Rank, node: fx.Node) -> None:
+def _squeeze(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     shape = _shape(source)
     dims = node.args[1] if len(node.args) > 1 else [d for d, size in enumerate(shape) if size == 1]
@@ -128,7 +155,7 @@ def _squeeze(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(dim - sum(1 for d in removed if d < dim)))
 
 
-def _slice(rank: Rank, node: fx.Node) -> None:
+def _slice(rank: RankGraph, node: fx.Node) -> None:
     """A slice along the split dimension is the rank's share of each part (a fused projection)."""
     source, dim = rank.single_shard(node)
     at = _normal(node.args[1] if len(node.args) > 1 else 0, len(_shape(source)))
@@ -145,7 +172,7 @@ def _slice(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(dim), args=(node.args[0], at, start // rank.width, end // rank.width, step))
 
 
-def _index(rank: Rank, node: fx.Node) -> None:
+def _index(rank: RankGraph, node: fx.Node) -> None:
     """tensor[indices] (rows picked by replicated indices) of a tensor split on a later dimension."""
     source, indices = node.args[0], node.args[1]
     placement = rank.placement[source]
@@ -158,7 +185,7 @@ def _index(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(dim + len(_shape(node)) - len(_shape(source))))
 
 
-def _select(rank: Rank, node: fx.Node) -> None:
+def _select(rank: RankGraph, node: fx.Node) -> None:
     """x.select(dim, index) along another dimension than the split one."""
     source, dim = rank.single_shard(node)
     at = _normal(node.args[1], len(_shape(source)))
@@ -167,13 +194,13 @@ def _select(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(dim - (at < dim)))
 
 
-def _chunk(rank: Rank, node: fx.Node) -> None:
+def _chunk(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     chunks = node.args[1]
     rank.copy(node, tuple(Shard(dim) for _ in range(chunks)))
 
 
-def _cat(rank: Rank, node: fx.Node) -> None:
+def _cat(rank: RankGraph, node: fx.Node) -> None:
     tensors = node.args[0]
     length = len(_shape(node))
     at = _normal(node.args[1] if len(node.args) > 1 else 0, length)
@@ -188,7 +215,7 @@ def _cat(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, Shard(dim), args=(args, *node.args[1:]))
 
 
-def _matmul(rank: Rank, node: fx.Node) -> None:
+def _matmul(rank: RankGraph, node: fx.Node) -> None:
     """A product of activations split on a batch dimension (the heads) is split there."""
     a, b = node.args[0], node.args[1]
     pa, pb = rank.placement[a], rank.placement[b]
@@ -200,18 +227,18 @@ def _matmul(rank: Rank, node: fx.Node) -> None:
     raise rank.fail(node, f"a product of {pa} and {pb} activations")
 
 
-def _softmax(rank: Rank, node: fx.Node) -> None:
+def _softmax(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     if _normal(node.args[1], len(_shape(source))) == dim:
         raise rank.fail(node, "a softmax over the split dimension")
     rank.copy(node, Shard(dim))
 
 
-def _no_grad(rank: Rank, node: fx.Node) -> None:
+def _no_grad(rank: RankGraph, node: fx.Node) -> None:
     raise rank.fail(node, "a no-grad region reading a split tensor")
 
 
-def reduction(rank: Rank, node: fx.Node) -> None:
+def reduction(rank: RankGraph, node: fx.Node) -> None:
     source, dim = rank.single_shard(node)
     ndim = len(_shape(source))
     reduced = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
@@ -230,7 +257,7 @@ def reduction(rank: Rank, node: fx.Node) -> None:
     rank.env[node] = rank.collective(all_reduce, rank.env[node], path, "max" if name == "amax" else "sum")
 
 
-def values_and_indices(rank: Rank, node: fx.Node) -> None:
+def values_and_indices(rank: RankGraph, node: fx.Node) -> None:
     """max(x, dim) / topk(x, k, dim): both outputs split as the input, the dimension not the split one."""
     source, dim = rank.single_shard(node)
     ndim = len(_shape(source))
@@ -243,7 +270,7 @@ def values_and_indices(rank: Rank, node: fx.Node) -> None:
     rank.copy(node, (Shard(after), Shard(after)))
 
 
-def lookup(rank: Rank, node: fx.Node) -> None:
+def lookup(rank: RankGraph, node: fx.Node) -> None:
     """embedding(table, ids) or gather(source, dim, ids) into a table split on the looked-up dimension."""
     embedding = node.target is aten.embedding.default
     table, ids = (node.args[0], node.args[1]) if embedding else (node.args[0], node.args[2])
@@ -276,7 +303,7 @@ def lookup(rank: Rank, node: fx.Node) -> None:
     rank.pending_masks[node], rank.mask_shapes[node] = outside, len(_shape(ids))
 
 
-def norm(rank: Rank, node: fx.Node) -> None:
+def norm(rank: RankGraph, node: fx.Node) -> None:
     """rms_norm(x, shape, weight, eps) over a split last dimension: the mean of squares all-reduced."""
     source, dim = rank.single_shard(node)
     ndim = len(_shape(source))
