@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 #: The exit status of an interrupted run (128 + SIGINT, as a shell reports a Ctrl-C).
@@ -61,20 +61,28 @@ def recorded() -> list[int]:
 
 
 @contextmanager
+def _handled_by(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Run the block with `handler` taking SIGINT and SIGTERM (a signal the parent ignores stays
+    ignored), the previous handlers put back after it."""
+    previous = {number: signal.getsignal(number) for number in SIGNALS}
+    for number, found in previous.items():
+        if found is not signal.SIG_IGN:
+            signal.signal(number, handler)
+    try:
+        yield
+    finally:
+        for number, found in previous.items():
+            signal.signal(number, found)
+
+
+@contextmanager
 def held(raise_after: bool = True) -> Iterator[list[int]]:
     """Run the block (writing the files) with SIGINT and SIGTERM held; one that arrived is raised
     as KeyboardInterrupt after the block when `raise_after` (else dropped: already stopping). The
     block gets the list of the signals that arrive."""
     arrived: list[int] = []
-    previous = {number: signal.getsignal(number) for number in SIGNALS}
-    for number, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(number, lambda signum, frame: arrived.append(signum))
-    try:
+    with _handled_by(lambda signum, frame: arrived.append(signum)):
         yield arrived
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
     if arrived and raise_after:
         raise KeyboardInterrupt
 
@@ -91,12 +99,5 @@ def exits_at_once() -> Iterator[None]:
         os.write(2, (LINE.format(where="") + "\n").encode())
         os._exit(EXIT_CODE)
 
-    previous = {number: signal.getsignal(number) for number in SIGNALS}
-    for number, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(number, leave)
-    try:
+    with _handled_by(leave):
         yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
