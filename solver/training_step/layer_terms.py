@@ -45,7 +45,10 @@ class Shard:
 
     @property
     def token_share(self) -> float:
-        """1/c: the share of each sequence's tokens one device of the context-parallel group runs."""
+        """The share of each sequence's tokens one device of the context-parallel group runs: 1/c.
+        Every per-token cost of the width-t graph (its layers' times, activations, collectives and
+        transfers) is divided by c; the causal attention too, as the 2c load-balanced chunks give each
+        device 1/c of the score tiles (Megatron-Core / Transformer Engine's context parallelism)."""
         return 1.0 / self.shard.context_parallel_width
 
     def values(self, name: str) -> np.ndarray:

@@ -97,6 +97,7 @@ class TrainingStep:
     micro_batches: int
     recompute: str
     shard: Layout
+    layers_split: Shard = field(init=False, repr=False, compare=False)  # what the per-layer terms read
     layer_values: dict = field(init=False, repr=False, compare=False)
     _tail_floors: dict = field(init=False, repr=False, compare=False)
     _pipeline_tiers: dict = field(init=False, repr=False, compare=False)
@@ -108,9 +109,9 @@ class TrainingStep:
         if self.shard != self.shard.shard or self.shard.tensor_parallel_width != self.graph.width:
             raise ValueError(f"shard: {self.shard.text()} is not the shard of a width-{self.graph.width} graph "
                              "(t its width, p = d = v = 1)")
-        object.__setattr__(self, "layer_values", layer_terms(Shard(
-            graph=self.graph, cluster=self.cluster, training=self.training, kernels=self.kernels,
-            recompute=self.recompute, shard=self.shard)))
+        object.__setattr__(self, "layers_split", Shard(graph=self.graph, cluster=self.cluster, training=self.training,
+                                                      kernels=self.kernels, recompute=self.recompute, shard=self.shard))
+        object.__setattr__(self, "layer_values", layer_terms(self.layers_split))
         object.__setattr__(self, "_tail_floors", {})
         object.__setattr__(self, "_pipeline_tiers", {})
 
@@ -121,11 +122,7 @@ class TrainingStep:
 
     @property
     def token_share(self) -> float:
-        """The share of each sequence's tokens one device of the context-parallel group runs: 1/c.
-        Every per-token cost of the width-t graph (its layers' times, activations, collectives and
-        transfers) is divided by c; the causal attention too, as the 2c load-balanced chunks give each
-        device 1/c of the score tiles (Megatron-Core / Transformer Engine's context parallelism)."""
-        return 1.0 / self.shard.context_parallel_width
+        return self.layers_split.token_share
 
     @property
     def width(self) -> int:

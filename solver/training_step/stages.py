@@ -21,35 +21,57 @@ def runs(members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return (first, end) if (sizes > 0).all() and (sizes == end - first).all() else None
 
 
-def ordered_sum(members: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Σ values over each stage's layers: values[i, v] summed over the positions v of stage k
-    (members[v, k]) in position order, for each row i, so that one stage gets the same
-    floating-point sum however many stages are costed at once. Each way below makes the same
-    additions in the same order, from 0: stages that split the positions (a placement's chunks) by
-    one weighted count, each bin accumulated in position order; many stages that are runs of
-    consecutive positions (a chain's candidate stages) by the sums of every run, each extended one
-    position at a time (n² runs instead of n × stages entries); any others position by position."""
+def stage_shape(members: np.ndarray) -> tuple:
+    """How `ordered_reduce` goes over the stages of `members[v, k]`: ("partition", the stage of each
+    position) when each position is in one stage (a placement's chunks); ("runs", first, end) when
+    there are more stages than positions and each is a run of consecutive positions (a chain's
+    candidate stages); else ("any",)."""
+    count, stages = members.shape
+    if count and (members.sum(axis=1) == 1).all():
+        return ("partition", members.argmax(axis=1))
+    found = runs(members) if stages > count else None
+    return ("any",) if found is None else ("runs", *found)
+
+
+def ordered_reduce(members: np.ndarray, values: np.ndarray, combine: np.ufunc, shape: tuple | None = None
+                   ) -> np.ndarray:
+    """`combine` (np.add, np.maximum) of values[i, v] over the positions v of each stage k (members[v,
+    k]), from 0, one position at a time in position order, for each row i: a stage gets the same
+    floating-point result however many stages are reduced at once. Each way of `stage_shape` makes
+    the same steps in the same order: a partition's by `combine.at` (applied in index order); runs
+    by the results of every run, each extended one position at a time (n² runs instead of n × stages
+    entries); any others position by position."""
+    shape = stage_shape(members) if shape is None else shape
     count, stages = members.shape
     rows = values.shape[0]
-    if count and (members.sum(axis=1) == 1).all():  # a partition: each position in one stage
-        chunk_of = members.argmax(axis=1)
-        bins = (np.arange(rows)[:, None] * stages + chunk_of[None, :]).ravel()
-        return np.bincount(bins, weights=values.ravel(), minlength=rows * stages).reshape(rows, stages)
-    found = runs(members) if stages > count else None
-    if found is not None:
+    if shape[0] == "partition":
+        total = np.zeros((rows, stages))
+        combine.at(total, (np.arange(rows)[:, None], shape[1][None, :]), values)
+        return total
+    if shape[0] == "runs":
         table = np.zeros((rows, count, count + 1))  # [row, first, end]
         for end in range(1, count + 1):
-            table[:, :end, end] = table[:, :end, end - 1] + values[:, end - 1 : end]
-        return table[:, found[0], found[1]]
+            table[:, :end, end] = combine(table[:, :end, end - 1], values[:, end - 1 : end])
+        return table[:, shape[1], shape[2]]
     total = np.zeros((rows, stages))
     for v in range(count):
-        total = total + np.where(members[v], values[:, v : v + 1], 0.0)
+        total = combine(total, np.where(members[v], values[:, v : v + 1], 0.0))
     return total
+
+
+def ordered_sum(members: np.ndarray, values: np.ndarray, shape: tuple | None = None) -> np.ndarray:
+    """Σ values[i, v] over each stage's positions, in position order (`ordered_reduce`)."""
+    return ordered_reduce(members, values, np.add, shape)
 
 
 def stage_sum(members: np.ndarray, values) -> np.ndarray:
     """`ordered_sum` of one row of per-layer values."""
     return ordered_sum(members, np.asarray(values, float)[None, :])[0]
+
+
+def stage_max(members: np.ndarray, values, shape: tuple | None = None) -> np.ndarray:
+    """The largest value (at least 0) over each stage's layers."""
+    return ordered_reduce(members, np.asarray(values, float)[None, :], np.maximum, shape)[0]
 
 
 def per_device(values: np.ndarray, stages: int) -> np.ndarray:
@@ -59,26 +81,6 @@ def per_device(values: np.ndarray, stages: int) -> np.ndarray:
     for start in range(stages, values.shape[-1], stages):
         result = result + values[..., start : start + stages]
     return result
-
-
-def stage_max(members: np.ndarray, values) -> np.ndarray:
-    """The largest value (at least 0) over each stage's layers."""
-    values = np.asarray(values, float)
-    count, stages = members.shape
-    if count and (members.sum(axis=1) == 1).all():  # a partition
-        total = np.zeros(stages)
-        np.maximum.at(total, members.argmax(axis=1), values)
-        return total
-    found = runs(members) if stages > count else None
-    if found is not None:
-        table = np.zeros((count, count + 1))  # [first, end]
-        for end in range(1, count + 1):
-            table[:end, end] = np.maximum(table[:end, end - 1], values[end - 1])
-        return table[found[0], found[1]]
-    total = np.zeros(stages)
-    for v, value in enumerate(values):
-        total = np.maximum(total, np.where(members[v], value, 0.0))
-    return total
 
 
 def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndarray, edge_bytes: np.ndarray,
@@ -95,12 +97,13 @@ def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndar
         messages = crossing.sum(axis=0).astype(float)
     else:
         transfer_bytes = messages = np.zeros(members.shape[1])
-    terms = dict(zip(SUMMED_TERMS, ordered_sum(members, summed)))
+    shape = stage_shape(members)
+    terms = dict(zip(SUMMED_TERMS, ordered_sum(members, summed, shape)))
     for first, second, shared in graph.tied:
         terms["parameters"] = terms["parameters"] - np.where(members[first] & members[second], shared, 0.0)
+    largest = ordered_reduce(members, np.array([values["working"], values["parameters"]], float), np.maximum, shape)
     return StageTerms(**terms, transfer_bytes=transfer_bytes, transfer_messages=messages,
-                      working_activations=stage_max(members, values["working"]),
-                      largest_parameters=stage_max(members, values["parameters"]))
+                      working_activations=largest[0], largest_parameters=largest[1])
 
 
 def chunk_members(count: int, chunks: tuple[tuple[int, ...], ...]) -> np.ndarray:
