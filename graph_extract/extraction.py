@@ -349,10 +349,12 @@ def extract(
     check_request(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     path = cache_path(Path(cache_dir), spec, micro_batch_size, sequence_length, tensor_parallel_width) if cache_dir else None
     request = (spec, micro_batch_size, sequence_length, tensor_parallel_width)
-    if not force and (held := _held(path, request)) is not None:
-        return held
+    key = None if force else _held_key(path, request)
+    if key in _HELD:
+        _HELD.move_to_end(key)
+        return _HELD[key]
     if path is not None and not force and (cached := _load(path, request)) is not None:
-        return _hold(path, request, cached)
+        return _hold(key, cached)
     extracted = _trace(spec, micro_batch_size, sequence_length, tensor_parallel_width)
     if path is not None:
         try:
@@ -360,7 +362,7 @@ def extract(
         except OSError as error:
             warn_once(("unwritable", path.parent), "graph cache: cannot write to %s (%s); traced graphs are not "
                       "stored", path.parent, error.strerror or error)
-    return _hold(path, request, extracted)
+    return _hold(_held_key(path, request), extracted)
 
 
 #: Extractions read from or written to a cache file this process holds, at most this many (the least
@@ -381,17 +383,9 @@ def _held_key(path: Path | None, request: tuple) -> tuple | None:
     return (path, status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, request)
 
 
-def _held(path: Path | None, request: tuple) -> ExtractedModel | None:
-    key = _held_key(path, request)
-    found = None if key is None else _HELD.get(key)
-    if found is not None:
-        _HELD.move_to_end(key)
-    return found
-
-
-def _hold(path: Path | None, request: tuple, extracted: ExtractedModel) -> ExtractedModel:
-    """Keep `extracted` for the rest of the process under its cache file, and return it."""
-    key = _held_key(path, request)
+def _hold(key: tuple | None, extracted: ExtractedModel) -> ExtractedModel:
+    """Keep `extracted` for the rest of the process under its cache file's key (none: not kept), and
+    return it."""
     if key is not None:
         _HELD[key] = extracted
         _HELD.move_to_end(key)
