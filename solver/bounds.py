@@ -1,14 +1,14 @@
 """Optimistic throughputs of every candidate accelerator at once, from schedule lower bounds.
 
-For each layer the schedule lower bound (critical path on the shorter latencies, work per core
-type over all its cores: `solver.schedule.lower_bound`) is computed for all candidates as numpy
-vectors: a layer's forward plus backward bound. The question's step model turns these into a lower
+For each layer the scheduler's lower bound (`solver.schedule.lower_bound`, the same function) is
+computed for all candidates as numpy vectors: a layer's forward plus backward bound. The question's step model turns these into a lower
 bound on the time per batch of every placement (the question's step model's `lower_bound`), and the
 throughput bound is global batch / the least of them over the widths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,30 +19,12 @@ from estimator.workload import prepare_layer
 from graph_extract import KernelOptions
 from solver.layer_costs import DIRECTIONS, SCHEDULE_FIGURES, LayerCost, expert_groups, step_graphs
 from solver.question import Axes, Question
+from solver.schedule.lower_bound import LayerShape, mode_bound, path_and_work_bound
 from solver.step_models import step_model
 
 #: Scheduled latencies are those of problems rounded to 6 significant digits (ScheduleCache); a
 #: throughput bound this much larger stays an upper bound of the scheduled throughput.
 ROUNDING_MARGIN = 1e-5
-
-
-def lower_bounds(latency: np.ndarray, parallel: np.ndarray, core_types: list[str], edges, num_tc, num_vc) -> np.ndarray:
-    """`solver.schedule.lower_bound` of one layer for many candidates: arrays [operators x candidates]."""
-    shortest = np.minimum(latency, parallel)
-    finish = np.zeros_like(shortest)
-    predecessors: dict[int, list[int]] = {}
-    for source, dest in edges:
-        predecessors.setdefault(dest, []).append(source)
-    for op in range(len(core_types)):  # operators are numbered in a topological order
-        before = predecessors.get(op)
-        finish[op] = shortest[op] + (finish[before].max(axis=0) if before else 0.0)
-    bound = finish.max(axis=0) if len(core_types) else np.zeros(latency.shape[1])
-    for cores, kinds in ((num_tc, ("TC", "TCandVC")), (num_vc, ("VC", "TCandVC"))):
-        rows = [i for i, kind in enumerate(core_types) if kind in kinds]
-        if rows:
-            work = np.minimum(latency[rows], cores * parallel[rows]).sum(axis=0)
-            bound = np.maximum(bound, work / cores)
-    return bound
 
 
 @dataclass(frozen=True)
@@ -74,37 +56,40 @@ class GroupBounds:
             costs.update(dict.fromkeys(group, cost))
         return costs
 
-    def column(self, index: int) -> np.ndarray:
-        """Candidate `index`'s bounds, flat: equal columns, equal costs; one column no larger than
-        another everywhere, costs no larger (and a throughput bound no smaller)."""
-        return np.concatenate([self.forward[:, index], self.backward[:, index], self.attention_core[:, index]])
+    def columns(self) -> np.ndarray:
+        """Every candidate's bounds, flat: [bounds x candidates]. Equal columns, equal costs; one column
+        no larger than another everywhere, costs no larger (and a throughput bound no smaller)."""
+        return np.concatenate([self.forward, self.backward, self.attention_core])
 
 
-def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None) -> np.ndarray:
-    """`lower_bounds` of a prepared layer, or of the sub-problem of its operators `keep` (the edges
-    among them), on every candidate."""
+def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None,
+                  bound: Callable = mode_bound) -> np.ndarray:
+    """`bound` (the scheduler's `lower_bound`, vectorised) of a prepared layer, or of the sub-problem
+    of its operators `keep` (the edges among them), on every candidate."""
     latency, parallel = prepared.candidate_prices(space)
     ops, edges = list(range(len(prepared.ops))), prepared.edges
     if keep is not None:
         position = {old: new for new, old in enumerate(keep)}
         ops, latency, parallel = keep, latency[keep], parallel[keep]
         edges = [(position[a], position[b]) for a, b in edges if a in position and b in position]
-    core_types = [prepared.ops[op].core_type for op in ops]
-    return lower_bounds(latency, parallel, core_types, edges, space.num_tc.astype(float), space.num_vc.astype(float))
+    shape = LayerShape.of([prepared.ops[op].core_type for op in ops], edges)
+    return bound(shape, latency, parallel, space.num_tc.astype(float), space.num_vc.astype(float))
 
 
 def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: KernelOptions,
                  splits: tuple[float, ...] = ()) -> GroupBounds:
     """The `GroupBounds` of one extracted width: the vectorised `lower_bound` of each schedule problem
     `solver.layer_costs` builds (the attention core as `core_problem` cuts it); a group holding
-    experts takes the least over its expert splits `splits` too (`layer_costs`' split schedules), so
-    the bound holds at every expert-parallel width searched."""
+    experts takes the least with its expert splits `splits` too, priced as `layer_costs` prices them
+    (never below their `critical_path_and_work`), so the bound holds at every expert-parallel width
+    searched."""
     rows = {direction: [] for direction in (*DIRECTIONS, "core")}
     experts = expert_groups(graphs)
     shapes = [graphs.op_graph] + [expert_split_graph(graphs.op_graph, split) for split in splits]
     for group in graphs.repeat_groups:
         for direction in DIRECTIONS:
-            rows[direction].append(np.min([_layer_bounds(prepare_layer(graph, group[0], direction, table, kernels), space)
+            rows[direction].append(np.min([_layer_bounds(prepare_layer(graph, group[0], direction, table, kernels), space,
+                                                         bound=mode_bound if graph is shapes[0] else path_and_work_bound)
                                            for graph in (shapes if group in experts else shapes[:1])], axis=0))
         forward = prepare_layer(graphs.op_graph, group[0], "forward", table, kernels)
         core = kernels.recomputed_core(graphs.attention_core)

@@ -7,7 +7,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,8 @@ T = TypeVar("T")
 DAMAGE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 #: Files SQLite keeps next to a database; they follow it when it is set aside.
 COMPANIONS = ("-journal", "-wal", "-shm")
+#: Keys per SELECT of `get_many` (SQLite allows 32,766 parameters a statement since 3.32, 999 before).
+SELECT_BATCH = 500
 
 
 class _Damaged(Exception):
@@ -137,10 +139,30 @@ class KeyValueStore:
         reported once and is a miss: the caller's `put` overwrites it."""
         row = self._run(lambda db: db.execute(f"SELECT value FROM {self.table} WHERE key = ?", (key,)).fetchone(),
                         writing=False)
-        if row is None:
-            return None
+        return None if row is None else self._decoded(row[0], decode)
+
+    def get_many(self, keys: Sequence[str], decode: Callable[[Any], T] = _unchanged) -> dict[str, T]:
+        """`get` of many keys in one transaction: the values found, by key."""
+        keys = list(dict.fromkeys(keys))
+
+        def select(db: sqlite3.Connection) -> list[tuple[str, str]]:
+            rows = []
+            for start in range(0, len(keys), SELECT_BATCH):
+                chunk = keys[start:start + SELECT_BATCH]
+                marks = ", ".join("?" * len(chunk))
+                rows += db.execute(f"SELECT key, value FROM {self.table} WHERE key IN ({marks})", chunk).fetchall()
+            return rows
+
+        found = {}
+        for key, text in (self._run(select, writing=False) if keys else None) or ():
+            value = self._decoded(text, decode)
+            if value is not None:
+                found[key] = value
+        return found
+
+    def _decoded(self, text: str, decode: Callable[[Any], T]) -> T | None:
         try:
-            return decode(json.loads(row[0]))
+            return decode(json.loads(text))
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             warn_once(("value", self.path), "cache: %s holds an unreadable %s value (%s: %s); recomputing it",
                       self.path, self.table, type(error).__name__, error)

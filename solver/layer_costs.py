@@ -20,7 +20,7 @@ from graph_extract import KernelOptions
 from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from phaze_hardware import AcceleratorConfig, KnownChip
-from solver.schedule import ScheduleProblem, ScheduleResult, lower_bound
+from solver.schedule import ScheduleProblem, ScheduleResult, critical_path_and_work
 from solver.training_step.memory import recomputed_modules
 from solver.training_step.records import StepGraph, StepLayer
 
@@ -142,17 +142,17 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
     A group holding experts is also priced at each expert split of `splits(width)` (a device
     holding 1/s of a width-t rank's experts: E/s experts of s times the tokens,
     `estimator.work.expert_split_graph`), its `expert_parallel_times`: its schedule's makespan
-    scaled by the ratio of the schedule lower bounds (`solver.schedule.lower_bound`: critical path
-    and work per core type) of the split layer and of the layer (a simplification: the schedule's
+    scaled by the ratio of the schedule lower bounds (`solver.schedule.critical_path_and_work`:
+    critical path and work per core type) of the split layer and of the layer (a simplification: the schedule's
     efficiency over its bound carries over to the split shape, so a split costs no solve; a split's
     price is never below its bound, so the group bounds hold). `on_layer` is called after each
     group (progress)."""
     costs: LayerCosts = {}
     for width, graphs in graphs_by_width.items():
-        bounds: dict[tuple[int, ...], list[float]] = {}
+        problems: dict[tuple[int, ...], tuple[ScheduleProblem, ScheduleProblem]] = {}
         for group, forward, backward, core, matrix, attention, module_forward in _layer_problems(
                 kernels, graphs, graphs.op_graph, accelerator, table, graphs.repeat_groups):
-            bounds[group] = [lower_bound(forward), lower_bound(backward)]
+            problems[group] = (forward, backward)
             results = [schedule(forward), schedule(backward)]
             core_result = schedule(core) if core is not None else None
             busy = [
@@ -183,8 +183,9 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
                     kernels, graphs, expert_split_graph(graphs.op_graph, split), accelerator, table,
                     expert_groups(graphs)):
                 whole = costs[width][group[0]]
-                seconds = [made * lower_bound(problem) / bound if bound > 0 else made for made, problem, bound
-                           in zip((whole.forward, whole.backward), (forward, backward), bounds[group])]
+                bounds = map(critical_path_and_work, problems[group])
+                seconds = [made * critical_path_and_work(problem) / bound if bound > 0 else made
+                           for made, problem, bound in zip((whole.forward, whole.backward), (forward, backward), bounds)]
                 split_times.setdefault(group, []).append(
                     (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1])))
         for group, times in split_times.items():

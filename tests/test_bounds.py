@@ -8,12 +8,13 @@ from hydra import compose, initialize_config_module
 
 from estimator import layer_workload
 from estimator.workload import prepare_layer
-from solver.bounds import lower_bounds, optimistic_throughputs
+from solver.bounds import optimistic_throughputs
 from phaze.settings import settings_from_config
 from solver.search.outcomes import accelerator_costs, evaluate_candidates, refined_throughputs
 from solver.search.resources import Resources
 from solver.layer_costs import core_problem, schedule_problem
-from solver.schedule import Op, ScheduleProblem, lower_bound
+from solver.schedule import LayerShape, Op, ScheduleProblem, lower_bound
+from solver.schedule.lower_bound import mode_bound, path_and_work_bound
 
 
 @pytest.fixture(params=[True, False], ids=["fused-attention", "unfused-attention"])
@@ -37,8 +38,8 @@ def test_vectorised_lower_bound_equals_the_schedulers(res):
         for direction in ("forward", "backward"):
             prepared = prepare_layer(graphs.op_graph, layer, direction, res.table, res.question.kernels)
             latency, parallel = prepared.candidate_prices(res.space)
-            cores = [op.core_type for op in prepared.ops]
-            vector = lower_bounds(latency, parallel, cores, prepared.edges, res.space.num_tc, res.space.num_vc)
+            shape = LayerShape.of([op.core_type for op in prepared.ops], prepared.edges)
+            vector = mode_bound(shape, latency, parallel, res.space.num_tc.astype(float), res.space.num_vc.astype(float))
             for index in (3, 999, 20000):
                 accelerator = res.space[index]
                 problem = schedule_problem(prepared.on(accelerator), accelerator)
@@ -79,9 +80,15 @@ def test_lower_bounds_on_random_dags(data):
         ops.append(Op(core, latency, parallel))
     edges = [(i, j) for i in range(count) for j in range(i + 1, count) if data.draw(st.booleans())]
     num_tc, num_vc = data.draw(st.sampled_from([1, 2, 8])), data.draw(st.sampled_from([1, 2, 4]))
-    vector = lower_bounds(np.array([[op.latency] for op in ops]), np.array([[op.parallel_latency] for op in ops]),
-                          cores, edges, np.array([num_tc]), np.array([num_vc]))
-    assert vector[0] == pytest.approx(lower_bound(ScheduleProblem(ops, edges, num_tc, num_vc)), rel=1e-12)
+    # the operators of many candidates at once: this one's column among others gives its scalar bound exactly
+    latency = np.array([[op.latency, 2 * op.latency, op.latency] for op in ops])
+    parallel = np.array([[op.parallel_latency, op.parallel_latency, op.parallel_latency / 3] for op in ops])
+    vector = mode_bound(LayerShape.of(cores, edges), latency, parallel, np.array([num_tc, 1.0, 2.0]),
+                        np.array([num_vc, 3.0, 1.0]))
+    assert vector[0] == lower_bound(ScheduleProblem(ops, edges, num_tc, num_vc))
+    plain = path_and_work_bound(LayerShape.of(cores, edges), latency, parallel, np.array([num_tc, 1.0, 2.0]),
+                                np.array([num_vc, 3.0, 1.0]))
+    assert np.all(vector >= plain * (1 - 1e-12))  # never looser (up to the sums' rounding)
 
 
 @pytest.mark.parametrize("system", ["tpuv4_pod", "dgx_a100", "original"])
@@ -145,3 +152,23 @@ def test_a_mixtures_bounds_hold_at_every_expert_split(tmp_path):
             assert all(entry[1] + entry[2] >= floor * (1 - 1e-9) for entry in layer.expert_parallel_times)
             faster += sum(entry[1] < layer.forward for entry in layer.expert_parallel_times if entry[0] > 1)
     assert faster >= len(indices)  # on most chips a wider split reads fewer weights and runs faster
+
+
+def test_bounds_are_kept_in_the_cache_folder(res):
+    """The group bounds and the level-0 throughputs are computed once per context and read back; a
+    damaged file is set aside and the bounds computed again, the same."""
+    computed, bounds = res.optimistic(), res.group_bounds()
+    folder = res.context.cache_dir / "group_bounds"
+    assert sorted(path.name for path in folder.glob("*.npz")) == sorted(
+        [f"{res.context.bounds_key}.npz", f"{res.context.optimistic_key}.npz"])
+    read = Resources.build(res.context)
+    assert np.array_equal(read.optimistic(), computed)
+    for width, found in read.group_bounds().items():
+        assert found.groups == bounds[width].groups
+        assert np.array_equal(found.forward, bounds[width].forward)
+        assert np.array_equal(found.attention_core, bounds[width].attention_core)
+    for path in folder.glob("*.npz"):
+        path.write_bytes(path.read_bytes()[:100])
+    healed = Resources.build(res.context)
+    assert np.array_equal(healed.optimistic(), computed)
+    assert len(list(folder.glob("*.corrupt"))) == 2

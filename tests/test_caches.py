@@ -163,6 +163,20 @@ def filled_store(path: Path) -> KeyValueStore:
     return store
 
 
+def test_get_many_is_get_of_each_key(tmp_path, caplog):
+    store = filled_store(tmp_path / "store.sqlite")
+    store.put("bad", {"i": "not a number"})
+    keys = [f"k{i}" for i in range(0, 1200, 3)] + ["k3", "bad", "absent"]  # more than one SELECT's worth
+
+    def decode(value):
+        return int(value["i"])
+
+    many = store.get_many(keys, decode)
+    assert many == {key: store.get(key, decode) for key in keys if store.get(key, decode) is not None}
+    assert sorted(many.values()) == list(range(0, 200, 3))
+    assert store.get_many([]) == {}
+
+
 def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:100])  # the header only
 
@@ -545,12 +559,14 @@ def test_run_solver_heals_damaged_cache_files(tmp_path, clean_run):
     cache = copied_cache(clean_run, tmp_path)
     graph, *_ = (cache / "graphs").glob("*.json")
     estimate, *_ = (cache / "estimates").rglob("*.parquet")
+    bounds, *_ = (cache / "group_bounds").glob("*.npz")  # the candidates' group bounds
     truncate(cache / "schedules.sqlite")
     overwrite(cache / "evaluations.sqlite")
     graph.write_text("[]")
     make_folder(estimate)
+    overwrite(bounds)
     result = run_solver(cache, tmp_path / "run")
-    damaged = [cache / "schedules.sqlite", cache / "evaluations.sqlite", graph, estimate]
+    damaged = [cache / "schedules.sqlite", cache / "evaluations.sqlite", graph, estimate, bounds]
     assert_same_result_and_one_warning_each(tmp_path / "run", result, clean_run, damaged)
     assert all(aside(path).exists() for path in damaged)
     again = run_solver(cache, tmp_path / "again")  # rebuilt: a clean cache now
@@ -583,7 +599,7 @@ def test_run_solver_on_a_read_only_cache(tmp_path, clean_run):
     finally:
         cache.chmod(0o755)
     warned = [cache / "graphs", cache / "estimates" / "tc_gemm", cache / "schedules.sqlite",
-              cache / "evaluations.sqlite"]
+              cache / "evaluations.sqlite", cache / "group_bounds"]
     assert_same_result_and_one_warning_each(tmp_path / "run", result, clean_run, warned)
     assert not list(cache.iterdir())
 

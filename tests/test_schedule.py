@@ -19,6 +19,7 @@ from solver.schedule import (
     ScheduleCache,
     ScheduleProblem,
     check_schedule,
+    critical_path_and_work,
     heuristic_schedule,
     lower_bound,
     plot_gantt,
@@ -144,6 +145,23 @@ def test_lower_bound_by_hand() -> None:
     # a chain TC(2 s, 1 s parallel) -> VC(3 s, 2 s) on 4 TCs: critical path 1 + 2 = 3 s
     chain = ScheduleProblem([Op("TC", 2.0, 1.0), Op("VC", 3.0, 2.0)], [(0, 1)], 4, 2)
     assert lower_bound(chain) == pytest.approx(3.0)
+
+
+def test_forced_parallel_runs_tighten_the_bound_by_hand() -> None:
+    # Two independent TC operators of 10 s, 1 s over all 16 TCs. Side by side on one core each: 10 s;
+    # one after the other, each on all cores: 2 s (the optimum). The critical path (1 s) and the work
+    # (2 x min(10, 16 x 1) / 16 = 1.25 s) allow 1.25 s; but under 10 s both must run parallel, and
+    # parallel runs never overlap: 2 s.
+    pair = ScheduleProblem([Op("TC", 10.0, 1.0)] * 2, [], num_tc=16, num_vc=1)
+    assert critical_path_and_work(pair) == pytest.approx(1.25)
+    assert lower_bound(pair) == pytest.approx(2.0)
+    assert solve(pair).makespan == pytest.approx(2.0, rel=1e-4)
+    # Three of 4 s, 2 s over 4 TCs: side by side 4 s (the optimum), all parallel 6 s. Work 3 x 4 / 4
+    # = 3 s; under 4 s all three would run parallel (6 s): the bound is 4 s.
+    three = ScheduleProblem([Op("TC", 4.0, 2.0)] * 3, [], num_tc=4, num_vc=1)
+    assert critical_path_and_work(three) == pytest.approx(3.0)
+    assert lower_bound(three) == pytest.approx(4.0)
+    assert solve(three).makespan == pytest.approx(4.0, rel=1e-4)
 
 
 def test_utilisation_and_energy_by_hand() -> None:

@@ -9,8 +9,9 @@ MODEL_VERSION = 1
 from solver.schedule.cache import ScheduleCache
 from solver.schedule.check import InvalidSchedule, Violation, check_schedule, violations
 from solver.schedule.gantt import gantt_figure, plot_gantt
-from solver.schedule.heuristic import heuristic_schedule, lower_bound
+from solver.schedule.heuristic import heuristic_schedule
 from solver.schedule.listsched import Schedule
+from solver.schedule.lower_bound import LayerShape, critical_path_and_work, lower_bound
 from solver.schedule.milp import MILP_SOLVERS, LicenceLimitError
 from solver.schedule.problem import CORE_TYPES, Op, ScheduleProblem
 from solver.schedule.result import CoreUtilisation, ScheduleResult
@@ -23,6 +24,7 @@ __all__ = [
     "MILP_SOLVERS",
     "CoreUtilisation",
     "InvalidSchedule",
+    "LayerShape",
     "LicenceLimitError",
     "Op",
     "Schedule",
@@ -30,6 +32,7 @@ __all__ = [
     "ScheduleProblem",
     "ScheduleResult",
     "Violation",
+    "critical_path_and_work",
     "heuristic_schedule",
     "lower_bound",
     "gantt_figure",

@@ -1,5 +1,4 @@
-"""The fast lower bound and the list-scheduling heuristic (an upper bound, and the exact backends'
-warm start)."""
+"""The list-scheduling heuristic: an upper bound, and the exact backends' warm start."""
 
 from __future__ import annotations
 
@@ -18,19 +17,6 @@ def _tail_lengths(problem: ScheduleProblem, parallel: Sequence[bool] | None = No
         duration = min(op.duration(m) for m in op.modes) if parallel is None else op.duration(parallel[i])
         tail[i] = duration + max((tail[j] for j in problem.successors[i]), default=0.0)
     return tail
-
-
-def lower_bound(problem: ScheduleProblem) -> float:
-    """No schedule is shorter than the critical path on the shorter latencies, nor than the work
-    per core type spread over all its cores (a parallel operator keeps every core of the type)."""
-    critical_path = max(_tail_lengths(problem), default=0.0)
-    work_tc = sum(min(op.latency, problem.num_tc * op.parallel_latency) for op in problem.ops if op.uses_tc)
-    work_vc = sum(min(op.latency, problem.num_vc * op.parallel_latency) for op in problem.ops if op.uses_vc)
-    return max(
-        critical_path,
-        work_tc / problem.num_tc if problem.num_tc else 0.0,
-        work_vc / problem.num_vc if problem.num_vc else 0.0,
-    )
 
 
 def schedule_in_modes(problem: ScheduleProblem, parallel: Sequence[bool]) -> Schedule:

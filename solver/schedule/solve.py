@@ -7,8 +7,9 @@ import time
 from phaze_common.checks import choice, fraction, integer, positive_number
 from solver.schedule.check import check_schedule
 from solver.schedule.cpsat import solve_cpsat
-from solver.schedule.heuristic import heuristic_schedule, lower_bound
+from solver.schedule.heuristic import heuristic_schedule
 from solver.schedule.listsched import retime
+from solver.schedule.lower_bound import lower_bound
 from solver.schedule.milp import MILP_SOLVERS, solve_milp
 from solver.schedule.problem import ScheduleProblem
 from solver.schedule.result import PROOF_TOLERANCE, ScheduleResult, make_result

@@ -25,6 +25,32 @@ STRATEGIES = ("bounded", "exhaustive", "phaze")
 BATCH_PER_WORKER = 8
 
 
+class RefinedColumns:
+    """The lower-bound columns of the candidates refined so far (rows of a matrix that doubles as it
+    fills) and their refined bounds: which of them dominate a candidate is one comparison."""
+
+    def __init__(self) -> None:
+        self._columns = np.empty((0, 0))
+        self._values = np.empty(0)
+        self._count = 0
+
+    def add(self, column: np.ndarray, value: float) -> None:
+        if self._count == len(self._columns):
+            grown = np.empty((max(16, 2 * self._count), len(column)))
+            grown[: self._count] = self._columns[: self._count] if self._count else 0.0
+            self._columns, self._values = grown, np.resize(self._values, len(grown))
+        self._columns[self._count], self._values[self._count] = column, value
+        self._count += 1
+
+    def least_dominating(self, columns: np.ndarray) -> np.ndarray:
+        """Per row of `columns`, the least bound of a refined candidate whose columns are nowhere above
+        it (math.inf without one)."""
+        if not self._count:
+            return np.full(len(columns), math.inf)
+        dominating = np.all(self._columns[None, : self._count] <= columns[:, None], axis=2)
+        return np.where(dominating, self._values[None, : self._count], math.inf).min(axis=1)
+
+
 @dataclass(frozen=True)
 class Objective:
     """What a search maximises when it is not the throughput (`solver.system_search`): the value of a
@@ -70,7 +96,7 @@ class Search:
         self._bounds: dict[str, RefinedBound] = {}  # refined bound by bound key
         self._best: dict[int, float] = {}  # the highest throughput found so far, per HBM size
         self._provisional: dict[tuple[int, int], float] = {}  # the last provisional bound of a candidate
-        self._refined_columns: dict[int, tuple[list[np.ndarray], list[float]]] = {}  # per HBM size
+        self._refined_columns: dict[int, RefinedColumns] = {}  # per HBM size
         self._optimistic = optimistic  # level-0 bounds of the candidates (in their order), once computed
 
     @property
@@ -107,15 +133,15 @@ class Search:
         """A refined bound settles a candidate when exact, or when cut and below the best found."""
         return bound is not None and (bound.exact or bound.value < best)
 
-    def _dominated(self, hbm_bytes: int, index: int) -> float:
-        """A bound from the refined ones: a candidate whose lower-bound costs are nowhere below a
+    def _dominated(self, hbm_bytes: int, indices: list[int]) -> dict[int, float]:
+        """Bounds from the refined ones: a candidate whose lower-bound costs are nowhere below a
         refined candidate's has no higher refined bound (a step's time never falls as a layer's cost
         grows), so the least such bound bounds it too (math.inf without one)."""
-        columns, values = self._refined_columns.get(hbm_bytes, ([], []))
-        if not values:
-            return math.inf
-        dominating = np.all(np.array(columns) <= self.resources.bound_column(index), axis=1)
-        return float(np.array(values)[dominating].min()) if dominating.any() else math.inf
+        refined = self._refined_columns.get(hbm_bytes)
+        if refined is None or not indices:
+            return dict.fromkeys(indices, math.inf)
+        columns = np.array([self.resources.bound_column(index) for index in indices])
+        return dict(zip(indices, refined.least_dominating(columns).tolist()))
 
     def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float | strategies.Provisional]:
         """Refined bounds: from memory or the cache when they settle the candidate; else, when a
@@ -126,21 +152,25 @@ class Search:
         best = 0.0 if self.objective is not None else max(self._best.get(hbm_bytes, 0.0), self.floor)
         optimistic = self.optimistic()
         provisional: dict[int, strategies.Provisional] = {}
-        keys: dict[int, str] = {}
+        position_of = {self.candidates[position]: position for position in positions}
+        keys = {index: self.resources.bound_key(index, hbm_bytes) for index in position_of
+                if (index, hbm_bytes) not in self._refined}
+        stored_bounds = store.get_many([key for key in keys.values() if not self._usable(self._bounds.get(key), best)],
+                                       refined_bound)
         todo: dict[str, int] = {}  # bound key -> the candidate it is computed on
-        for position in positions:
-            index = self.candidates[position]
-            if (index, hbm_bytes) in self._refined:
-                continue
-            key = keys[index] = self.resources.bound_key(index, hbm_bytes)
+        unsettled = []
+        for index, key in keys.items():
             if self._usable(self._bounds.get(key), best):
                 continue
-            stored = store.get(key, refined_bound)
+            stored = stored_bounds.get(key)
             if self._usable(stored, best):
                 self._bounds[key] = stored
                 continue
-            dominated = self._dominated(hbm_bytes, index)
-            last = self._provisional.get((index, hbm_bytes), float(optimistic[position]))
+            unsettled.append(index)
+        dominated_by = self._dominated(hbm_bytes, unsettled)
+        for index in unsettled:
+            key, dominated = keys[index], dominated_by[index]
+            last = self._provisional.get((index, hbm_bytes), float(optimistic[position_of[index]]))
             if dominated < last:
                 provisional[index] = strategies.Provisional(dominated)
                 self._provisional[index, hbm_bytes] = dominated
@@ -151,20 +181,21 @@ class Search:
             for key, bound in zip(todo, self._map(refined_throughputs, list(todo.values()), hbm_bytes, best)):
                 store.put(key, dataclasses.asdict(bound))
                 self._bounds[key] = bound
-        columns, values = self._refined_columns.setdefault(hbm_bytes, ([], []))
+        refined = self._refined_columns.setdefault(hbm_bytes, RefinedColumns())
         for index, key in keys.items():
             self._refined[index, hbm_bytes] = self._bounds[key].value
-            columns.append(self.resources.bound_column(index))
-            values.append(self._bounds[key].value)
+            refined.add(self.resources.bound_column(index), self._bounds[key].value)
         return [provisional.get(i) or self._refined[i, hbm_bytes] for i in (self.candidates[p] for p in positions)]
 
     def optimistic(self) -> np.ndarray:
         """Level-0 throughput bounds of the candidates (the same for every HBM size)."""
         if self._optimistic is None:
             res = self.resources
-            every = self.candidates == list(range(len(self.space)))
-            self._optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, self.space, res.group_bounds(),
-                                                      None if every else np.asarray(self.candidates))
+            if self.candidates == list(range(len(self.space))):
+                self._optimistic = res.optimistic()
+            else:
+                self._optimistic = optimistic_throughputs(res.question, res.axes, res.graphs, self.space,
+                                                          res.group_bounds(), np.asarray(self.candidates))
         return self._optimistic
 
     def run(self, strategy: str, hbm_bytes: int) -> strategies.SearchResult:

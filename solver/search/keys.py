@@ -23,6 +23,8 @@ COSTS_VERSION = 4
 #: Bump when what a cached placement means changes (the training-step model, the placement search,
 #: the fields of an Evaluation).
 PLACEMENT_VERSION = 3
+#: Bump when what the cached schedule lower bounds of the candidates mean changes.
+BOUNDS_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -51,21 +53,40 @@ class SearchContext:
     cache_dir: Path
     schedule: ScheduleSettings = ScheduleSettings()
 
-    def costs_key(self, accelerator: AcceleratorConfig) -> str:
-        """Key of an accelerator's layer costs: the inputs and the version of every model behind them."""
+    @cached_property
+    def _layers_context(self) -> list:
+        """What every layer's costs depend on besides the chip: the model's graphs, the kernels."""
         question, axes = self.question, self.axes
-        record = [
-            {"costs": COSTS_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION,
-             "schedules": SCHEDULE_VERSION},
+        return [
             dataclasses.asdict(question.model),
             axes.micro_batch_size,
             question.sequence_length,
             axes.tensor_parallel_widths,
             [axes.expert_splits(width) for width in axes.tensor_parallel_widths],
             question.kernels.record(),
-            accelerator.to_dict(),
-            dataclasses.asdict(self.schedule),
         ]
+
+    @cached_property
+    def _costs_context(self) -> str:
+        """The JSON list of a costs key's record up to the accelerator, without its closing bracket."""
+        versions = {"costs": COSTS_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION,
+                    "schedules": SCHEDULE_VERSION}
+        return json.dumps([versions, *self._layers_context], sort_keys=True)[:-1]
+
+    def costs_key(self, accelerator: AcceleratorConfig) -> str:
+        """Key of an accelerator's layer costs: the inputs and the version of every model behind them
+        (the SHA-256 of the JSON list of the versions, the layers' context, the accelerator and the
+        schedule settings)."""
+        record = (f"{self._costs_context}, {json.dumps(accelerator.to_dict(), sort_keys=True)}, "
+                  f"{json.dumps(dataclasses.asdict(self.schedule), sort_keys=True)}]")
+        return hashlib.sha256(record.encode()).hexdigest()
+
+    @cached_property
+    def bounds_key(self) -> str:
+        """Key of the schedule lower bounds of every candidate's layers (`solver.bounds.group_bounds`):
+        the layers' context, the template and the area budget (the candidate space)."""
+        record = [{"bounds": BOUNDS_VERSION, "graphs": GRAPH_VERSION, "estimates": ESTIMATOR_VERSION},
+                  *self._layers_context, self.template.to_dict(), self.area_budget]
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
     @cached_property
@@ -79,6 +100,13 @@ class SearchContext:
             self.template.hbm_bandwidth,
         ]
         return json.dumps(record, sort_keys=True).encode()
+
+    @cached_property
+    def optimistic_key(self) -> str:
+        """Key of every candidate's level-0 throughput bound (`solver.bounds.optimistic_throughputs`):
+        the group bounds' key and the placement's context at the largest HBM size."""
+        record = self.bounds_key.encode() + self._placement_context + b"/%d" % max(self.axes.memory_capacities)
+        return hashlib.sha256(record).hexdigest()
 
     def placement_key(self, memory: int) -> str:
         """What a placement of given layer costs depends on besides them: the question, the axes (all

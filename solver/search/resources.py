@@ -4,16 +4,22 @@ graphs, the candidate space, the estimate table and the caches, built once and p
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from estimator import CandidateSpace, EstimateTable, candidate_space
 from graph_extract import ExtractedModel, extract
-from solver.bounds import GroupBounds, group_bounds
+from phaze_common.files import atomic_write, read_cache_file
+from phaze_common.log import warn_once
+from solver.bounds import GroupBounds, group_bounds, optimistic_throughputs
 from solver.kvstore import KeyValueStore
 from solver.question import Axes, Question
 from solver.ray_pool import RayPool
@@ -47,6 +53,8 @@ class Resources:
     memo: dict = field(default_factory=dict)  # placements of identical layer costs, in this process
     recorded: dict[str, RecordingStore] = field(default_factory=dict)  # a worker without files: its caches by name
     _bounds: dict[int, GroupBounds] | None = None
+    _bound_columns: np.ndarray | None = None  # [candidates x costs]: every candidate's bound_column
+    _optimistic: np.ndarray | None = None
 
     @classmethod
     def build(cls, context: SearchContext) -> Resources:
@@ -81,21 +89,87 @@ class Resources:
         return self.memo
 
     def group_bounds(self) -> dict[int, GroupBounds]:
-        """The schedule lower bounds of every width's repeat groups on every candidate (computed once)."""
+        """The schedule lower bounds of every width's repeat groups on every candidate: computed once,
+        and kept in the cache folder (`group_bounds/<SearchContext.bounds_key>.npz`; a worker without
+        files computes them)."""
         if self._bounds is None:
-            self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
-                                                self.axes.expert_splits(width))
-                            for width, graphs in self.graphs.items()}
+            path = self._bounds_file(f"{self.context.bounds_key}.npz")
+            read = partial(_read_bounds, widths=tuple(self.graphs), count=len(self.space))
+            if path is not None:
+                self._bounds = read_cache_file(path, read, (KeyError, zipfile.BadZipFile),
+                                               "bounds cache: cannot read %s (%s); computing them")
+            if self._bounds is None:
+                self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
+                                                    self.axes.expert_splits(width))
+                                for width, graphs in self.graphs.items()}
+                if path is not None:
+                    _write_arrays(path, {f"{width}/{name}": getattr(found, name) for width, found in self._bounds.items()
+                                         for name in ("forward", "backward", "attention_core")},
+                                  groups=json.dumps({str(width): found.groups for width, found in self._bounds.items()}))
         return self._bounds
+
+    def optimistic(self) -> np.ndarray:
+        """Level-0 throughput bounds of every candidate (`solver.bounds.optimistic_throughputs`): computed
+        once, and kept in the cache folder beside the group bounds."""
+        if self._optimistic is None:
+            path = self._bounds_file(f"{self.context.optimistic_key}.npz")
+            if path is not None:
+                self._optimistic = read_cache_file(path, partial(_read_optimistic, count=len(self.space)),
+                                                   (KeyError, zipfile.BadZipFile),
+                                                   "bounds cache: cannot read %s (%s); computing them")
+            if self._optimistic is None:
+                self._optimistic = optimistic_throughputs(self.question, self.axes, self.graphs, self.space,
+                                                          self.group_bounds())
+                if path is not None:
+                    _write_arrays(path, {"throughputs": self._optimistic})
+        return self._optimistic
+
+    def _bounds_file(self, name: str) -> Path | None:
+        """Where a bounds file is kept (None for a worker without files)."""
+        return None if self.recorded else self.context.cache_dir / "group_bounds" / name
 
     def bound_column(self, index: int) -> np.ndarray:
         """Candidate `index`'s lower-bound costs of every width (`GroupBounds.column`), in one vector."""
-        return np.concatenate([bounds.column(index) for _, bounds in sorted(self.group_bounds().items())])
+        if self._bound_columns is None:
+            rows = [bounds.columns() for _, bounds in sorted(self.group_bounds().items())]
+            self._bound_columns = np.ascontiguousarray(np.concatenate(rows).T)
+        return self._bound_columns[index]
 
     def bound_key(self, index: int, memory: int) -> str:
         """The key of candidate `index`'s refined bound: its lower-bound costs, the placement's context."""
         key = self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()
         return hashlib.sha256(key).hexdigest()
+
+
+def _write_arrays(path: Path, arrays: dict[str, np.ndarray], groups: str = "") -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, groups=np.array(groups), **arrays)
+    try:
+        atomic_write(path, buffer.getvalue())
+    except OSError as error:
+        warn_once(("unwritable", path.parent), "bounds cache: cannot write to %s (%s); the bounds are not stored",
+                  path.parent, error.strerror or error)
+
+
+def _read_optimistic(path: Path, count: int) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as stored:
+        throughputs = stored["throughputs"]
+    if throughputs.shape != (count,):
+        raise ValueError("bounds of another candidate space")
+    return throughputs
+
+
+def _read_bounds(path: Path, widths: tuple[int, ...], count: int) -> dict[int, GroupBounds]:
+    """The bounds of `widths` stored at `path`, each for `count` candidates (ValueError if not)."""
+    with np.load(path, allow_pickle=False) as stored:
+        groups = json.loads(str(stored["groups"]))
+        bounds = {width: GroupBounds(tuple(tuple(group) for group in groups[str(width)]),
+                                     *(stored[f"{width}/{name}"] for name in ("forward", "backward", "attention_core")))
+                  for width in widths}
+    for found in bounds.values():
+        if any(array.shape != (len(found.groups), count) for array in (found.forward, found.backward, found.attention_core)):
+            raise ValueError("bounds of another candidate space")
+    return bounds
 
 
 def _graphs(context: SearchContext) -> dict[int, ExtractedModel]:
