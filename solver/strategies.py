@@ -124,20 +124,22 @@ def bounded(
     that is still an upper bound (or a `Provisional` one, strictly lower than the last, which keeps
     the candidate at its level). A candidate is refined level by level, then evaluated, always
     taking the candidate with the highest bound next; the search stops when no remaining bound can
-    beat the best throughput found. `floor`: a value found elsewhere (another part of a larger
-    search); a candidate whose bound is below it is never looked at, so the result is the best of
-    those that can reach it (None when none does).
+    beat the best throughput found. Candidates of equal bounds are taken in the tie-break's order
+    (smaller area, then lower index), so the search stops at the first that cannot win. `floor`: a
+    value found elsewhere (another part of a larger search); a candidate whose bound is below it is
+    never looked at, so the result is the best of those that can reach it (None when none does).
     """
     tracker = _Tracker(areas, floor)
-    heap = [(-float(value), index, 0) for index, value in enumerate(optimistic)]
+    rank = np.zeros(len(optimistic)) if areas is None else np.asarray(areas, dtype=float)
+    heap = [(-float(value), float(rank[index]), index, 0) for index, value in enumerate(optimistic)]
     heapq.heapify(heap)
     stages = [*refinements, evaluate]
-    while heap and tracker.can_win(heap[0][1], -heap[0][0]):
+    while heap and tracker.can_win(heap[0][2], -heap[0][0]):
         batch: dict[int, list[int]] = {}
         for _ in range(batch_size):
-            if not heap or not tracker.can_win(heap[0][1], -heap[0][0]):
+            if not heap or not tracker.can_win(heap[0][2], -heap[0][0]):
                 break
-            _, index, level = heapq.heappop(heap)
+            _, _, index, level = heapq.heappop(heap)
             batch.setdefault(level, []).append(index)
         for level, indices in sorted(batch.items()):
             values = stages[level](indices)
@@ -146,7 +148,7 @@ def bounded(
             else:
                 for index, value in zip(indices, values, strict=True):
                     if isinstance(value, Provisional):
-                        heapq.heappush(heap, (-value.value, index, level))
+                        heapq.heappush(heap, (-value.value, float(rank[index]), index, level))
                     else:
-                        heapq.heappush(heap, (-value, index, level + 1))
+                        heapq.heappush(heap, (-value, float(rank[index]), index, level + 1))
     return tracker.result()

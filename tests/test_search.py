@@ -34,6 +34,17 @@ def test_bounded_finds_the_exhaustive_best_with_fewer_evaluations(seed, batch_si
     assert len(set(calls)) == len(calls) < count
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_bounded_breaks_ties_of_exact_bounds_by_area(batch_size):
+    """Bounds that are exact and equal: the smallest chip wins, as with exhaustive, whatever the
+    candidates' order; once it is found, no candidate of equal bound and larger area is evaluated."""
+    throughput, areas = [10.0, 10.0, 10.0, 4.0], [2.0, 3.0, 1.0, 0.5]
+    evaluate, calls = counting(throughput)
+    result = bounded(np.array(throughput), [], evaluate, batch_size, areas)
+    assert (result.best, result.best_throughput) == (2, 10.0) == (exhaustive(4, counting(throughput)[0], areas=areas).best, 10.0)
+    assert calls[0] == 2 and len(calls) == batch_size
+
+
 def test_bounded_with_nothing_feasible():
     evaluate, _ = counting([0.0, 0.0])
     result = bounded(np.array([5.0, 1.0]), [], evaluate)

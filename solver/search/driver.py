@@ -144,17 +144,20 @@ class Search:
         return dict(zip(indices, refined.least_dominating(columns).tolist()))
 
     def _refine(self, hbm_bytes: int, positions: list[int]) -> list[float | strategies.Provisional]:
-        """Refined bounds: from memory or the cache when they settle the candidate; else, when a
-        refined candidate dominates it with a lower bound than its last, that bound, provisionally;
-        else the placement search on its lower-bound costs (once per distinct costs)."""
+        """Refined bounds: a candidate evaluated already (for another HBM size: every size is evaluated
+        at once) has its exact throughput; else from memory or the cache when they settle the
+        candidate; else, when a refined candidate dominates it with a lower bound than its last, that
+        bound, provisionally; else the placement search on its lower-bound costs (once per distinct
+        costs)."""
         store = self.resources.placement_bounds
         # the cut is in throughput: with another objective every refined bound is exact
         best = 0.0 if self.objective is not None else max(self._best.get(hbm_bytes, 0.0), self.floor)
         optimistic = self.optimistic()
         provisional: dict[int, strategies.Provisional] = {}
         position_of = {self.candidates[position]: position for position in positions}
+        exact = {index: self.outcomes[index].best(hbm_bytes).throughput for index in position_of if index in self.outcomes}
         keys = {index: self.resources.bound_key(index, hbm_bytes) for index in position_of
-                if (index, hbm_bytes) not in self._refined}
+                if (index, hbm_bytes) not in self._refined and index not in exact}
         stored_bounds = store.get_many([key for key in keys.values() if not self._usable(self._bounds.get(key), best)],
                                        refined_bound)
         todo: dict[str, int] = {}  # bound key -> the candidate it is computed on
@@ -185,7 +188,8 @@ class Search:
         for index, key in keys.items():
             self._refined[index, hbm_bytes] = self._bounds[key].value
             refined.add(self.resources.bound_column(index), self._bounds[key].value)
-        return [provisional.get(i) or self._refined[i, hbm_bytes] for i in (self.candidates[p] for p in positions)]
+        return [exact[i] if i in exact else provisional.get(i) or self._refined[i, hbm_bytes]
+                for i in (self.candidates[p] for p in positions)]
 
     def optimistic(self) -> np.ndarray:
         """Level-0 throughput bounds of the candidates (the same for every HBM size)."""
