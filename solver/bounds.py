@@ -1,9 +1,9 @@
 """Optimistic throughputs of every candidate accelerator at once, from schedule lower bounds.
 
 For each layer the scheduler's lower bound (`solver.schedule.lower_bound`, the same function) is
-computed for all candidates as numpy vectors: a layer's forward plus backward bound. The question's step model turns these into a lower
-bound on the time per batch of every placement (the question's step model's `lower_bound`), and the
-throughput bound is global batch / the least of them over the widths.
+computed for all candidates as numpy vectors: a layer's forward plus backward bound. The question's
+step model turns these into a lower bound on the time per batch of every placement (its
+`lower_bound`), and the throughput bound is global batch / the least of them over the widths.
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: K
     shapes = [graphs.op_graph] + [expert_split_graph(graphs.op_graph, split) for split in splits]
     for group in graphs.repeat_groups:
         for direction in DIRECTIONS:
-            rows[direction].append(np.min([_layer_bounds(prepare_layer(graph, group[0], direction, table, kernels), space,
-                                                         bound=mode_bound if graph is shapes[0] else path_and_work_bound)
-                                           for graph in (shapes if group in experts else shapes[:1])], axis=0))
+            bounds = [_layer_bounds(prepare_layer(graph, group[0], direction, table, kernels), space,
+                                    bound=mode_bound if graph is shapes[0] else path_and_work_bound)
+                      for graph in (shapes if group in experts else shapes[:1])]
+            rows[direction].append(np.min(bounds, axis=0))
         forward = prepare_layer(graphs.op_graph, group[0], "forward", table, kernels)
         core = kernels.recomputed_core(graphs.attention_core)
         keep = [index for index, op in enumerate(forward.ops) if op.members[0] in core]

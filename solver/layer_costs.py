@@ -185,7 +185,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
                 whole = costs[width][group[0]]
                 bounds = map(critical_path_and_work, problems[group])
                 seconds = [made * critical_path_and_work(problem) / bound if bound > 0 else made
-                           for made, problem, bound in zip((whole.forward, whole.backward), (forward, backward), bounds)]
+                           for made, problem, bound in zip((whole.forward, whole.backward), (forward, backward),
+                                                           bounds)]
                 split_times.setdefault(group, []).append(
                     (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1])))
         for group, times in split_times.items():

@@ -8,16 +8,17 @@ Two bounds:
 * `path_and_work_bound`: the critical path on each operator's shorter latency, and the work of each
   core type spread over all its cores (a parallel run keeps every core of its type for its time).
 * `mode_bound` (the scheduler's and the search's): the same reasoning once some operators are
-  forced into their parallel mode. A makespan T is only possible if every operator whose one-core
-  latency exceeds T runs parallel; those forced runs overlap no other core operator, nor one
-  another, so T is at least their summed time plus, along any path, the shorter latencies of its
-  unforced core operators, and at least their summed time plus each core type's unforced work
-  over its cores, and at least the critical path with the forced operators at their parallel
-  latency. The forced set only grows as T falls, so the least T that meets these conditions is
-  found by scanning the operators' one-core latencies from the largest down. On a layer whose
-  matrix products are far slower on one core than on all (a chip of many small tensor cores) it
-  closes most of the gap `path_and_work_bound` leaves: those products run one after another, each
-  on every core.
+  forced into their parallel mode. Parallel runs overlap no other core operator, nor one another,
+  and no parallel run overlaps a one-core run: so under a makespan T an operator whose one-core
+  latency exceeds T minus the time of the runs forced already must run parallel too (the forced
+  set grows from the largest one-core latency down until it stops). T is then at least the forced
+  runs' summed time plus, along any path, the shorter latencies of its unforced core operators; at
+  least their summed time plus each core type's unforced work over its cores; and at least the
+  critical path with the forced operators at their parallel latency. The forced set only grows as
+  T falls, so the least T that meets these conditions is found by one scan over the one-core
+  latencies from the largest down. On a layer whose matrix products are far slower on one core
+  than on all (a chip of many small tensor cores) it closes most of the gap `path_and_work_bound`
+  leaves: those products run one after another, each on every core.
 """
 
 from __future__ import annotations

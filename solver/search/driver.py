@@ -155,7 +155,8 @@ class Search:
         optimistic = self.optimistic()
         provisional: dict[int, strategies.Provisional] = {}
         position_of = {self.candidates[position]: position for position in positions}
-        exact = {index: self.outcomes[index].best(hbm_bytes).throughput for index in position_of if index in self.outcomes}
+        exact = {index: self.outcomes[index].best(hbm_bytes).throughput
+                 for index in position_of if index in self.outcomes}
         keys = {index: self.resources.bound_key(index, hbm_bytes) for index in position_of
                 if (index, hbm_bytes) not in self._refined and index not in exact}
         stored_bounds = store.get_many([key for key in keys.values() if not self._usable(self._bounds.get(key), best)],

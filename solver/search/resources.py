@@ -103,9 +103,10 @@ class Resources:
                                                     self.axes.expert_splits(width))
                                 for width, graphs in self.graphs.items()}
                 if path is not None:
-                    _write_arrays(path, {f"{width}/{name}": getattr(found, name) for width, found in self._bounds.items()
-                                         for name in ("forward", "backward", "attention_core")},
-                                  groups=json.dumps({str(width): found.groups for width, found in self._bounds.items()}))
+                    arrays = {f"{width}/{name}": getattr(found, name) for width, found in self._bounds.items()
+                              for name in ("forward", "backward", "attention_core")}
+                    groups = {str(width): found.groups for width, found in self._bounds.items()}
+                    _write_arrays(path, arrays, groups=json.dumps(groups))
         return self._bounds
 
     def optimistic(self) -> np.ndarray:
@@ -167,7 +168,8 @@ def _read_bounds(path: Path, widths: tuple[int, ...], count: int) -> dict[int, G
                                      *(stored[f"{width}/{name}"] for name in ("forward", "backward", "attention_core")))
                   for width in widths}
     for found in bounds.values():
-        if any(array.shape != (len(found.groups), count) for array in (found.forward, found.backward, found.attention_core)):
+        arrays = (found.forward, found.backward, found.attention_core)
+        if any(array.shape != (len(found.groups), count) for array in arrays):
             raise ValueError("bounds of another candidate space")
     return bounds
 
