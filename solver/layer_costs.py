@@ -178,15 +178,17 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
             costs.setdefault(width, {}).update({layer: cost for layer in group})
             on_layer()
         split_times: dict[tuple[int, ...], list] = {}
+        bounds: dict[tuple[int, ...], list[float]] = {}  # the whole layer's, once per group
         for split in splits(width):
             for group, forward, backward, _, matrix, _, _ in _layer_problems(
                     kernels, graphs, expert_split_graph(graphs.op_graph, split), accelerator, table,
                     expert_groups(graphs)):
                 whole = costs[width][group[0]]
-                bounds = map(critical_path_and_work, problems[group])
+                if group not in bounds:
+                    bounds[group] = [critical_path_and_work(problem) for problem in problems[group]]
                 seconds = [made * critical_path_and_work(problem) / bound if bound > 0 else made
                            for made, problem, bound in zip((whole.forward, whole.backward), (forward, backward),
-                                                           bounds)]
+                                                           bounds[group])]
                 split_times.setdefault(group, []).append(
                     (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1])))
         for group, times in split_times.items():

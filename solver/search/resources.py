@@ -93,44 +93,39 @@ class Resources:
         and kept in the cache folder (`group_bounds/<SearchContext.bounds_key>.npz`; a worker without
         files computes them)."""
         if self._bounds is None:
-            path = self._bounds_file(f"{self.context.bounds_key}.npz")
-            read = partial(_read_bounds, widths=tuple(self.graphs), count=len(self.space))
-            if path is not None:
-                self._bounds = read_cache_file(path, read, (KeyError, zipfile.BadZipFile),
-                                               "bounds cache: cannot read %s (%s); computing them")
-            if self._bounds is None:
-                self._bounds = {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
-                                                    self.axes.expert_splits(width))
-                                for width, graphs in self.graphs.items()}
-                if path is not None:
-                    arrays = {f"{width}/{name}": getattr(found, name) for width, found in self._bounds.items()
-                              for name in ("forward", "backward", "attention_core")}
-                    groups = {str(width): found.groups for width, found in self._bounds.items()}
-                    _write_arrays(path, arrays, groups=json.dumps(groups))
+            self._bounds = self._kept(
+                self.context.bounds_key, partial(_read_bounds, widths=tuple(self.graphs), count=len(self.space)),
+                lambda: {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
+                                             self.axes.expert_splits(width))
+                         for width, graphs in self.graphs.items()},
+                _bounds_arrays)
         return self._bounds
 
     def optimistic(self) -> np.ndarray:
         """Level-0 throughput bounds of every candidate (`solver.bounds.optimistic_throughputs`): computed
         once, and kept in the cache folder beside the group bounds."""
         if self._optimistic is None:
-            path = self._bounds_file(f"{self.context.optimistic_key}.npz")
-            if path is not None:
-                self._optimistic = read_cache_file(path, partial(_read_optimistic, count=len(self.space)),
-                                                   (KeyError, zipfile.BadZipFile),
-                                                   "bounds cache: cannot read %s (%s); computing them")
-            if self._optimistic is None:
-                self._optimistic = optimistic_throughputs(self.question, self.axes, self.graphs, self.space,
-                                                          self.group_bounds())
-                if path is not None:
-                    _write_arrays(path, {"throughputs": self._optimistic})
+            self._optimistic = self._kept(
+                self.context.optimistic_key, partial(_read_optimistic, count=len(self.space)),
+                lambda: optimistic_throughputs(self.question, self.axes, self.graphs, self.space, self.group_bounds()),
+                lambda throughputs: {"throughputs": throughputs})
         return self._optimistic
 
-    def _bounds_file(self, name: str) -> Path | None:
-        """Where a bounds file is kept (None for a worker without files)."""
-        return None if self.recorded else self.context.cache_dir / "group_bounds" / name
+    def _kept(self, key: str, read: Callable[[Path], Any], compute: Callable[[], Any],
+              arrays: Callable[[Any], dict[str, np.ndarray]]) -> Any:
+        """What `read` takes from the cache folder's `group_bounds/<key>.npz`, or `compute()`, then
+        stored there as the named `arrays` of it (a worker without files computes it)."""
+        path = None if self.recorded else self.context.cache_dir / "group_bounds" / f"{key}.npz"
+        found = None if path is None else read_cache_file(path, read, (KeyError, zipfile.BadZipFile),
+                                                          "bounds cache: cannot read %s (%s); computing them")
+        if found is None:
+            found = compute()
+            if path is not None:
+                _write_arrays(path, arrays(found))
+        return found
 
     def bound_column(self, index: int) -> np.ndarray:
-        """Candidate `index`'s lower-bound costs of every width (`GroupBounds.column`), in one vector."""
+        """Candidate `index`'s lower-bound costs of every width (`GroupBounds.columns`), in one vector."""
         if self._bound_columns is None:
             rows = [bounds.columns() for _, bounds in sorted(self.group_bounds().items())]
             self._bound_columns = np.ascontiguousarray(np.concatenate(rows).T)
@@ -142,9 +137,17 @@ class Resources:
         return hashlib.sha256(key).hexdigest()
 
 
-def _write_arrays(path: Path, arrays: dict[str, np.ndarray], groups: str = "") -> None:
+def _bounds_arrays(bounds: dict[int, GroupBounds]) -> dict[str, np.ndarray]:
+    """The arrays `_read_bounds` reads: each width's three bound arrays and, as JSON, its groups."""
+    groups = {str(width): found.groups for width, found in bounds.items()}
+    return {"groups": np.array(json.dumps(groups)),
+            **{f"{width}/{name}": getattr(found, name) for width, found in bounds.items()
+               for name in ("forward", "backward", "attention_core")}}
+
+
+def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     buffer = io.BytesIO()
-    np.savez(buffer, groups=np.array(groups), **arrays)
+    np.savez(buffer, **arrays)
     try:
         atomic_write(path, buffer.getvalue())
     except OSError as error:
