@@ -70,6 +70,7 @@ class EstimateTable:
         self._extra: dict[tuple[Shape, CoreConfig], tuple[float, float]] = {}
         # (graph id, key) -> (the graph, weakly, so that a recycled id is noticed; the prepared layer)
         self._prepared: dict[tuple[int, Hashable], tuple[weakref.ref, Any]] = {}
+        self._space_columns: dict[int, tuple[weakref.ref, tuple[np.ndarray, np.ndarray]]] = {}
 
     def prepared_layer(self, graph: object, key: Hashable) -> Any | None:
         """A layer prepared earlier for this `graph` under `key` (see `workload.prepare_layer`), or None."""
@@ -80,6 +81,17 @@ class EstimateTable:
         """Remember `prepared` for (graph, key) while the graph lives; returns it."""
         self._prepared[id(graph), key] = (weakref.ref(graph), prepared)
         return prepared
+
+    def space_columns(self, space: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate of a `CandidateSpace`: the table's column of its tensor cores, and of one of
+        them (computed once per space)."""
+        found = self._space_columns.get(id(space))
+        if found is None or found[0]() is not space:
+            cores = space.tc_cores
+            every = np.array([self.tc_index[core] for core in cores])[space.tc_index]
+            single = np.array([self.tc_index[core.single()] for core in cores])[space.tc_index]
+            found = self._space_columns[id(space)] = (weakref.ref(space), (every, single))
+        return found[1]
 
     def check(self, accelerator: AcceleratorConfig) -> None:
         if technology(accelerator) != self.technology:

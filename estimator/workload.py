@@ -22,6 +22,7 @@ from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
 from graph_extract.opgraph import OpGraph
+from phaze_common.numbers import round_significant
 from phaze_hardware import DEFAULT_BUDGET, POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, named_accelerator
 
 #: The kernels of the estimator's own API (`estimate`, `layer_workload` without options): the
@@ -203,20 +204,24 @@ class PreparedLayer:
         every, every_energy = self._price(accelerator.tc_core, accelerator.num_vc * accelerator.vc_width)
         return one, every, one_energy, every_energy
 
-    def candidate_prices(self, space: CandidateSpace) -> tuple[np.ndarray, np.ndarray]:
+    def candidate_prices(self, space: CandidateSpace, digits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(latency, parallel_latency) [s] of every operator on every candidate of `space` at once,
-        as arrays [operators x candidates]: the vectorised form of `prices` for a whole sweep."""
+        as arrays [operators x candidates]: the vectorised form of `prices` for a whole sweep, each
+        price computed once per distinct (tensor cores, vector lanes) and, with `digits`, rounded to
+        that many significant digits (`round_significant`, as a schedule problem's `rounded`)."""
         self.table.check(space.template)
-        cores = space.tc_cores
-        every = np.array([self.table.tc_index[core] for core in cores])[space.tc_index]
-        single = np.array([self.table.tc_index[core.single()] for core in cores])[space.tc_index]
-        lanes, lane_index = np.unique(np.concatenate([space.num_vc * space.width, space.width]), return_inverse=True)
-        vector = np.stack([self._vector_cores(int(count))[0] for count in lanes], axis=1)[:, lane_index]
-        vector_every, vector_single = vector[:, : len(space)], vector[:, len(space):]
+        every, single = self.table.space_columns(space)
         clock, efficiency = self.table.template.clock_hz, self.table.template.tensor_core_efficiency
-        latency = np.maximum(self._tc_cycles[:, single] / efficiency, vector_single) / clock
-        parallel = np.maximum(self._tc_cycles[:, every] / efficiency, vector_every) / clock
-        return latency, parallel
+
+        def prices(tensor_cores: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+            stride = int(lanes.max()) + 1
+            pairs, inverse = np.unique(tensor_cores.astype(np.int64) * stride + lanes, return_inverse=True)
+            counts, count_index = np.unique(pairs % stride, return_inverse=True)
+            vector = np.stack([self._vector_cores(int(count))[0] for count in counts], axis=1)[:, count_index]
+            seconds = np.maximum(self._tc_cycles[:, pairs // stride] / efficiency, vector) / clock
+            return (seconds if digits is None else round_significant(seconds, digits))[:, inverse]
+
+        return prices(single, space.width), prices(every, space.num_vc * space.width)
 
     def on(self, accelerator: AcceleratorConfig) -> FusedLayer:
         """The layer priced for one accelerator."""

@@ -26,9 +26,11 @@ from phaze import interrupt, plots, results
 from phaze.extracted import extract_all
 from phaze.settings import Settings
 from solver.search import (
+    Baseline,
     CandidateOutcome,
     Resources,
     Search,
+    SearchContext,
     accelerator_costs,
     chip_costs,
     evaluate_accelerator,
@@ -78,12 +80,26 @@ def tpuv4_baseline(settings: Settings, resources: Resources, hbm: int, best: flo
 VALIDATED_BASELINE = "tpuv4"
 
 
+def validated_context(context: SearchContext) -> SearchContext:
+    """The validated TPU v4's search context: the run's, with the chip's technology and own HBM."""
+    chip = KNOWN_CHIPS[VALIDATED_BASELINE]
+    return dataclasses.replace(context, axes=context.axes.at(memory_capacity=chip.hbm_capacity),
+                               template=chip.template, area_budget=None)
+
+
+def baselines(settings: Settings, resources: Resources) -> list[Baseline]:
+    """The chips every setting of a micro-batch size is measured against (`Search.prepare`)."""
+    index = index_in_space(resources.space, settings.accelerator)
+    return [Baseline(resources.context, settings.accelerator, index),
+            Baseline(validated_context(resources.context), KNOWN_CHIPS[VALIDATED_BASELINE].template)]
+
+
 def validated_baseline(resources: Resources, best: float) -> dict:
     """The validated TPU v4 with its best placement on the run's system, with its own HBM (its
     schedules and placements cached as a candidate's are)."""
     chip, context = KNOWN_CHIPS[VALIDATED_BASELINE], resources.context
-    axes = context.axes.at(memory_capacity=chip.hbm_capacity)
-    own = Resources.build(dataclasses.replace(context, axes=axes, template=chip.template, area_budget=None))
+    own = Resources.build(validated_context(context))
+    axes = own.axes
     evaluations = evaluate_accelerator(own, chip.template).evaluations
     record = results.best_record(CandidateOutcome(-1, chip, evaluations), context.question, axes, chip.hbm_capacity)
     return {**record, "speedup": _speedup(best, record["throughput"])}
@@ -387,6 +403,7 @@ def search_all(settings: Settings, record: Run) -> None:
                     progress.advance()
 
                 search = Search(resources, pool, on_outcome, candidates)
+                search.prepare(baselines(settings, resources))
                 for hbm in resources.axes.memory_capacities:
                     try:
                         found = search.run(settings.search, hbm)

@@ -19,12 +19,14 @@ from estimator.workload import prepare_layer
 from graph_extract import KernelOptions
 from solver.layer_costs import DIRECTIONS, SCHEDULE_FIGURES, LayerCost, expert_groups, step_graphs
 from solver.question import Axes, Question
+from solver.schedule.cache import SCHEDULE_DIGITS
 from solver.schedule.lower_bound import LayerShape, mode_bound, path_and_work_bound
 from solver.step_models import step_model
 
-#: Scheduled latencies are those of problems rounded to 6 significant digits (ScheduleCache); a
-#: throughput bound this much larger stays an upper bound of the scheduled throughput.
-ROUNDING_MARGIN = 1e-5
+#: The bounds are computed on the latencies a schedule is computed on (rounded to SCHEDULE_DIGITS
+#: significant digits alike), by the scheduler's own bound function; only the order of a sum's
+#: terms differs (a few units in the last place). A throughput bound this much larger covers it.
+FLOAT_MARGIN = 1e-12
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ class GroupBounds:
 def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None,
                   bound: Callable = mode_bound) -> np.ndarray:
     """`bound` (the scheduler's `lower_bound`, vectorised) of a prepared layer, or of the sub-problem
-    of its operators `keep` (the edges among them), on every candidate."""
-    latency, parallel = prepared.candidate_prices(space)
+    of its operators `keep` (the edges among them), on every candidate, its latencies rounded as the
+    scheduler rounds them."""
+    latency, parallel = prepared.candidate_prices(space, SCHEDULE_DIGITS)
     ops, edges = list(range(len(prepared.ops))), prepared.edges
     if keep is not None:
         position = {old: new for new, old in enumerate(keep)}
@@ -114,4 +117,4 @@ def optimistic_throughputs(question: Question, axes: Axes, graphs_by_width, spac
         time = model.lower_bound(question, largest, graphs, work, width, space.template.hbm_bandwidth)
         best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):
-        return question.global_batch_size / best_time * (1 + ROUNDING_MARGIN)
+        return question.global_batch_size / best_time * (1 + FLOAT_MARGIN)

@@ -21,6 +21,7 @@ from graph_extract.regions import block_weight_products
 from graph_extract.trace import TRAINING_DTYPE_BYTES
 from phaze_hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult, critical_path_and_work
+from solver.schedule.cache import SCHEDULE_DIGITS
 from solver.training_step.memory import recomputed_modules
 from solver.training_step.records import StepGraph, StepLayer
 
@@ -143,7 +144,8 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
     holding 1/s of a width-t rank's experts: E/s experts of s times the tokens,
     `estimator.work.expert_split_graph`), its `expert_parallel_times`: its schedule's makespan
     scaled by the ratio of the schedule lower bounds (`solver.schedule.critical_path_and_work`:
-    critical path and work per core type) of the split layer and of the layer (a simplification: the schedule's
+    critical path and work per core type, on the latencies as the scheduler rounds them) of the split
+    layer and of the layer (a simplification: the schedule's
     efficiency over its bound carries over to the split shape, so a split costs no solve; a split's
     price is never below its bound, so the group bounds hold). `on_layer` is called after each
     group (progress)."""
@@ -185,10 +187,11 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
                     expert_groups(graphs)):
                 whole = costs[width][group[0]]
                 if group not in bounds:
-                    bounds[group] = [critical_path_and_work(problem) for problem in problems[group]]
-                seconds = [made * critical_path_and_work(problem) / bound if bound > 0 else made
-                           for made, problem, bound in zip((whole.forward, whole.backward), (forward, backward),
-                                                           bounds[group])]
+                    bounds[group] = [critical_path_and_work(problem.rounded(SCHEDULE_DIGITS))
+                                     for problem in problems[group]]
+                seconds = [made * critical_path_and_work(problem.rounded(SCHEDULE_DIGITS)) / bound if bound > 0
+                           else made for made, problem, bound in zip((whole.forward, whole.backward),
+                                                                     (forward, backward), bounds[group])]
                 split_times.setdefault(group, []).append(
                     (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1])))
         for group, times in split_times.items():

@@ -1,5 +1,7 @@
 """The vectorised bounds of the bounded search: equal to the scalar definitions, never below the truth."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,10 +12,13 @@ from estimator import layer_workload
 from estimator.workload import prepare_layer
 from solver.bounds import optimistic_throughputs
 from phaze.settings import settings_from_config
+from phaze_hardware import named_accelerator
+from solver.search import Baseline, Search, evaluate_accelerator, worker_pool
 from solver.search.outcomes import accelerator_costs, evaluate_candidates, refined_throughputs
-from solver.search.resources import Resources
+from solver.search.resources import Resources, width_bounds
 from solver.layer_costs import core_problem, schedule_problem
 from solver.schedule import LayerShape, Op, ScheduleProblem, lower_bound
+from solver.schedule.cache import SCHEDULE_DIGITS
 from solver.schedule.lower_bound import mode_bound, path_and_work_bound
 
 
@@ -48,7 +53,8 @@ def test_vectorised_lower_bound_equals_the_schedulers(res):
 
 def test_group_bounds_are_the_schedulers_bounds_of_each_problem(res):
     """The refinement's layer costs (every group, forward, backward and attention core) are the scalar
-    `lower_bound` of the problems `solver.evaluate` schedules, candidate by candidate."""
+    `lower_bound` of the problems `solver.evaluate` schedules (rounded as the scheduler rounds them),
+    candidate by candidate."""
     bounds = res.group_bounds()
     for width, graphs in res.graphs.items():
         for index in (0, 999, len(res.space) - 1):
@@ -58,9 +64,10 @@ def test_group_bounds_are_the_schedulers_bounds_of_each_problem(res):
                                                     res.question.kernels)
                                      for direction in ("forward", "backward"))
                 core = core_problem(forward, res.question.kernels.recomputed_core(graphs.attention_core), accelerator)
-                expected = (lower_bound(schedule_problem(forward, accelerator)),
-                            lower_bound(schedule_problem(backward, accelerator)),
-                            lower_bound(core) if core is not None else 0.0)
+                # the problems as the scheduler solves them: rounded to SCHEDULE_DIGITS
+                expected = (lower_bound(schedule_problem(forward, accelerator).rounded(SCHEDULE_DIGITS)),
+                            lower_bound(schedule_problem(backward, accelerator).rounded(SCHEDULE_DIGITS)),
+                            lower_bound(core.rounded(SCHEDULE_DIGITS)) if core is not None else 0.0)
                 for layer in group:
                     cost = costs[layer]
                     assert (cost.forward, cost.backward, cost.attention_core_forward) == pytest.approx(expected, rel=1e-12)
@@ -172,3 +179,26 @@ def test_bounds_are_kept_in_the_cache_folder(res):
     healed = Resources.build(res.context)
     assert np.array_equal(healed.optimistic(), computed)
     assert len(list(folder.glob("*.corrupt"))) == 2
+
+
+def test_prepare_computes_the_group_bounds_and_the_baselines_on_the_workers(tmp_path, tiny_settings):
+    """`Search.prepare` hands every width's group bounds and the baselines to two worker processes:
+    the bounds are the ones computed here, stored in the cache folder, and each baseline's
+    evaluations are in the caches, so the driver reads them without computing."""
+    context = tiny_settings(tmp_path).search_context(1)
+    resources = Resources.build(context)
+    chip = named_accelerator("tpuv4_like")
+    other = dataclasses.replace(context, axes=context.axes.at(memory_capacity=2**31))
+    baselines = [Baseline(context, resources.space[17], 17), Baseline(other, chip)]
+    pool = worker_pool("local", 2)
+    try:
+        Search(resources, pool).prepare(baselines)
+    finally:
+        pool.close()
+    expected = width_bounds(Resources.build(context), list(resources.graphs))
+    assert list(resources.group_bounds()) == list(resources.graphs)
+    for (width, found), wanted in zip(resources.group_bounds().items(), expected):
+        assert np.array_equal(found.columns(), wanted.columns()), width
+    assert len(list((tmp_path / "group_bounds").glob("*.npz"))) == 1
+    assert evaluate_accelerator(resources, resources.space[17], 17, compute=False) is not None
+    assert evaluate_accelerator(Resources.build(other), chip, compute=False) is not None

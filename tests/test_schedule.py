@@ -3,13 +3,17 @@ the cache and the Gantt chart. (Exactness against a brute force: test_schedule_e
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from estimator.workload import FusedEstimate, FusedLayer
+from phaze_common.numbers import round_significant, round_significant_scalar
 from solver.schedule import (
     MILP_SOLVERS,
     InvalidSchedule,
@@ -392,6 +396,20 @@ def test_cache_key_rounds_latencies_consistently() -> None:
     c = ScheduleProblem([Op("TC", 1.23466789e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
     assert cache.key(a, "cpsat", 10.0) == cache.key(b, "cpsat", 10.0) != cache.key(c, "cpsat", 10.0)
     assert cache.key(a, "cpsat", 10.0) != cache.key(a, "milp", 10.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(1e-13, 1e5), min_size=1, max_size=40), st.integers(1, 12))
+def test_rounding_to_significant_digits_is_decimal_rounding_and_the_same_in_any_array(values, digits) -> None:
+    """The scheduler's rounding (and the search bounds', on arrays of every candidate) keeps `digits`
+    significant digits of the nearest such number, and a number rounds alike alone and among others."""
+    together = round_significant(values, digits)
+    for value, rounded in zip(values, together.tolist()):
+        assert rounded == round_significant([value], digits)[0] == round_significant_scalar(value, digits)
+        unit = 10.0 ** (math.floor(math.log10(value)) + 1 - digits)  # of the last digit kept
+        assert abs(rounded - value) <= unit / 2 + 4 * math.ulp(value)  # the nearest, up to float error
+        assert rounded / unit == pytest.approx(round(rounded / unit), rel=1e-12)
+    assert round_significant([0.0, math.inf], 6).tolist() == [0.0, math.inf]
 
 
 def test_a_cached_schedule_fits_the_problem_the_cache_solved(tmp_path) -> None:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from solver.strategies import area_buckets, bounded, exhaustive, phaze_sweep
+from solver.strategies import area_buckets, bounded, exhaustive, phaze_sweep, resolved
 
 
 def counting(values):
@@ -42,7 +42,37 @@ def test_bounded_breaks_ties_of_exact_bounds_by_area(batch_size):
     evaluate, calls = counting(throughput)
     result = bounded(np.array(throughput), [], evaluate, batch_size, areas)
     assert (result.best, result.best_throughput) == (2, 10.0) == (exhaustive(4, counting(throughput)[0], areas=areas).best, 10.0)
-    assert calls[0] == 2 and len(calls) == batch_size
+    assert calls == [2]  # a batch evaluates one of a run of equal final bounds
+
+
+def test_throughputs_closer_than_the_resolution_tie():
+    """Two throughputs a part in 10^12 or 10^8 apart (a bound's float noise, a schedule just above its
+    bound) tie: the smaller chip wins, and a candidate whose bound exceeds the best by that is never
+    evaluated; a part in 10^5 does not tie."""
+    assert resolved(131.56507412580638) == resolved(131.56507412580638 * (1 + 1e-12)) == 131.5651
+    assert resolved(131.56507626975406) == 131.5651
+    throughput, areas = [131.56507412580638, 131.56507412580638, 50.0], [1.0, 2.0, 0.5]
+    evaluate, calls = counting(throughput)
+    bounds = np.array([131.56507412580638 * (1 + 1e-12), 131.56507412580638 * (1 + 1e-12), 60.0])
+    result = bounded(bounds, [], evaluate, 1, areas)
+    assert (result.best, calls) == (0, [0])
+    # the larger chip is faster by a part in 10^5: it is evaluated and wins
+    throughput[1] *= 1 + 1e-5
+    evaluate, calls = counting(throughput)
+    result = bounded(np.array(throughput) * (1 + 1e-12), [], evaluate, 1, areas)
+    assert (result.best, calls) == (1, [1])
+    assert exhaustive(3, counting([1.0 + 1e-12, 1.0, 0.0])[0], areas=[2.0, 1.0, 0.5]).best == 1
+
+
+def test_a_batch_evaluates_one_of_equal_final_bounds():
+    """Three chips with equal exact bounds in one batch of three: the smallest is evaluated; it meets its
+    bound, so the others cannot win and are never evaluated. If it falls short, the next is."""
+    evaluate, calls = counting([5.0, 5.0, 5.0, 1.0])
+    result = bounded(np.array([5.0, 5.0, 5.0, 1.0]), [], evaluate, 3, [3.0, 2.0, 1.0, 0.5])
+    assert (result.best, calls) == (2, [2])
+    evaluate, calls = counting([5.0, 5.0, 4.0, 1.0])
+    result = bounded(np.array([5.0, 5.0, 5.0, 1.0]), [], evaluate, 3, [3.0, 2.0, 1.0, 0.5])
+    assert (result.best, calls) == (1, [2, 1])
 
 
 def test_bounded_with_nothing_feasible():

@@ -12,6 +12,10 @@ from typing import Any
 from solver.kvstore import KeyValueStore
 from solver.schedule import MODEL_VERSION
 from solver.schedule.problem import ScheduleProblem
+
+#: Significant digits of the latencies and energies a schedule is computed on; the search's
+#: bounds (`solver.bounds`) round the candidates' latencies to as many, so they bound the schedules.
+SCHEDULE_DIGITS = 6
 from solver.schedule.result import ScheduleResult
 from solver.schedule.solve import solve
 
@@ -40,7 +44,7 @@ class ScheduleCache:
     make the file safe for several processes of a multirun.
     """
 
-    def __init__(self, path: str | Path | None = None, digits: int = 6, store: Any = None):
+    def __init__(self, path: str | Path | None = None, digits: int = SCHEDULE_DIGITS, store: Any = None):
         if not (isinstance(digits, int) and 1 <= digits <= 17):
             raise ValueError(f"digits: must be an integer in 1..17, got {digits!r}")
         self.digits = digits

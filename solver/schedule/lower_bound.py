@@ -1,7 +1,7 @@
 """Lower bounds on a layer's makespan, for one chip (`lower_bound(problem)`) or for many candidate
 chips at once (arrays [operators x candidates]): one implementation for both, so the search's
 bounds and the scheduler's proofs agree (up to the order of a sum's terms, a few units in the last
-place: `solver.bounds.ROUNDING_MARGIN` covers them).
+place: `solver.bounds.FLOAT_MARGIN` covers them).
 
 Two bounds:
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from phaze_common.checks import integer, non_negative_number
+from phaze_common.numbers import round_significant_scalar
 
 CORE_TYPES = ("TC", "VC", "TCandVC", "collective")
 NOP = "Nop"
@@ -155,16 +156,14 @@ class ScheduleProblem:
         return cls.without_nops(ops, layer.edges, num_tc, num_vc)
 
     def rounded(self, digits: int) -> ScheduleProblem:
-        """The same problem with latencies and energies rounded to `digits` significant digits."""
-
+        """The same problem with latencies and energies rounded to `digits` significant digits
+        (`round_significant_scalar`: the search's bounds round the candidates' latencies alike)."""
         def r(x: float) -> float:
-            return float(f"{x:.{digits}g}")
+            return round_significant_scalar(x, digits)
 
-        ops = tuple(
-            replace(op, latency=r(op.latency), parallel_latency=r(op.parallel_latency), energy=r(op.energy),
-                    parallel_energy=r(op.parallel_energy))
-            for op in self.ops
-        )
+        ops = tuple(replace(op, latency=r(op.latency), parallel_latency=r(op.parallel_latency), energy=r(op.energy),
+                            parallel_energy=r(op.parallel_energy))
+                    for op in self.ops)
         return ScheduleProblem(ops, self.edges, self.num_tc, self.num_vc)
 
     @cached_property

@@ -5,10 +5,10 @@ candidates), `outcomes` (one candidate evaluated through the caches) and `driver
 run over the candidates).
 """
 
-from solver.search.driver import STRATEGIES, Objective, Search
+from solver.search.driver import STRATEGIES, Baseline, Objective, Search
 from solver.search.keys import ScheduleSettings, SearchContext
 from solver.search.outcomes import CandidateOutcome, accelerator_costs, chip_costs, evaluate_accelerator
 from solver.search.resources import EXECUTORS, Resources, worker_pool
 
-__all__ = ["EXECUTORS", "STRATEGIES", "CandidateOutcome", "Objective", "Resources", "ScheduleSettings", "Search",
+__all__ = ["EXECUTORS", "STRATEGIES", "Baseline", "CandidateOutcome", "Objective", "Resources", "ScheduleSettings", "Search",
            "SearchContext", "accelerator_costs", "chip_costs", "evaluate_accelerator", "worker_pool"]

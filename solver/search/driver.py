@@ -11,18 +11,44 @@ from functools import partial
 
 import numpy as np
 
+from phaze_hardware import AcceleratorConfig
 from solver import strategies
 from solver.bounds import optimistic_throughputs
 from solver.evaluate import Evaluation
 from solver.ray_pool import RayPool
 from solver.search.outcomes import (CandidateOutcome, RefinedBound, refined_bound, evaluate_accelerator, evaluate_candidates,
                                     refined_throughputs)
-from solver.search.resources import Resources
+from solver.search.keys import SearchContext
+from solver.search.resources import Resources, width_bounds
 from solver.workers import WorkerPool
 
 STRATEGIES = ("bounded", "exhaustive", "phaze")
 #: Candidates handed to each worker at a time (amortises the inter-process round trip).
 BATCH_PER_WORKER = 8
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A chip a search's results are measured against: `accelerator` evaluated in `context` (its own
+    technology, HBM or system), `index` its position in that context's candidate space (-1 outside)."""
+
+    context: SearchContext
+    accelerator: AcceleratorConfig
+    index: int = -1
+
+
+def _prepared(resources: Resources, tasks: list[int], work: list) -> list:
+    """Items of `work` a search needs before or beside its candidates: a width (int: its group
+    bounds) or a `Baseline` (its evaluations, stored in the caches)."""
+    done = []
+    for task in tasks:
+        item = work[task]
+        if isinstance(item, int):
+            done.extend(width_bounds(resources, [item]))
+            continue
+        own = resources if item.context == resources.context else Resources.build(item.context)
+        done.append(evaluate_accelerator(own, item.accelerator, item.index))
+    return done
 
 
 class RefinedColumns:
@@ -130,8 +156,9 @@ class Search:
         return [self.outcomes[i].best(hbm_bytes).throughput for i in indices]
 
     def _usable(self, bound: RefinedBound | None, best: float) -> bool:
-        """A refined bound settles a candidate when exact, or when cut and below the best found."""
-        return bound is not None and (bound.exact or bound.value < best)
+        """A refined bound settles a candidate when exact, or when cut and below the best found (as
+        the strategies compare throughputs)."""
+        return bound is not None and (bound.exact or strategies.resolved(bound.value) < strategies.resolved(best))
 
     def _dominated(self, hbm_bytes: int, indices: list[int]) -> dict[int, float]:
         """Bounds from the refined ones: a candidate whose lower-bound costs are nowhere below a
@@ -191,6 +218,40 @@ class Search:
             refined.add(self.resources.bound_column(index), self._bounds[key].value)
         return [exact[i] if i in exact else provisional.get(i) or self._refined[i, hbm_bytes]
                 for i in (self.candidates[p] for p in positions)]
+
+    def prepare(self, baselines: Sequence[Baseline] = ()) -> None:
+        """Compute on the workers, side by side, what the search needs first (every width's group
+        bounds, unless cached) and `evaluate_baselines(baselines)`."""
+        if self.pool is None:
+            return
+        baselines, computed = self._shareable(baselines), []
+
+        def bounds_with_baselines(widths: list[int]) -> list:
+            computed.append(widths)
+            work = [*widths, *baselines]
+            return self._map(_prepared, list(range(len(work))), work)[: len(widths)]
+
+        self.resources.group_bounds(bounds_with_baselines)
+        if not computed:  # the bounds were cached
+            self.evaluate_baselines(baselines)
+
+    def evaluate_baselines(self, baselines: Sequence[Baseline]) -> None:
+        """Evaluate `baselines` on the workers, side by side, into the caches (where the driver reads
+        them when it asks)."""
+        baselines = self._shareable(baselines)
+        if self.pool is not None and baselines:
+            self._map(_prepared, list(range(len(baselines))), list(baselines))
+
+    def _shareable(self, baselines: Sequence[Baseline]) -> list[Baseline]:
+        """The baselines the workers should evaluate: those not in the caches yet and, Ray's workers
+        having no cache folder, of this search's context only (the driver stores what they
+        computed; it computes the others itself)."""
+        def missing(baseline: Baseline) -> bool:
+            own = self.resources if baseline.context == self.context else Resources.build(baseline.context)
+            return evaluate_accelerator(own, baseline.accelerator, baseline.index, compute=False) is None
+
+        return [baseline for baseline in baselines if missing(baseline)
+                and (baseline.context == self.context or not isinstance(self.pool, RayPool))]
 
     def optimistic(self) -> np.ndarray:
         """Level-0 throughput bounds of the candidates (the same for every HBM size)."""

@@ -14,15 +14,17 @@ from typing import Any
 from phaze_common.progress import Progress
 from graph_extract import ExtractedModel
 from phaze_hardware import AcceleratorConfig, KnownChip
-from solver.bounds import ROUNDING_MARGIN
+from solver import strategies
+from solver.bounds import FLOAT_MARGIN
 from solver.evaluate import Evaluation, best_of, evaluate_placements, fastest_time
 from solver.layer_costs import LayerCost, LayerCosts, layer_costs, roofline_costs
 from solver.question import Axes, Question
 from solver.search.keys import ScheduleSettings, SearchContext, evaluation_key
 from solver.search.resources import Resources
 
-#: Relative slack of the refinement's cut: a candidate that could tie with the best is not cut.
-TIE_MARGIN = 1e-9
+#: Relative slack of the refinement's cut: a candidate that could tie with the best (throughputs
+#: tie within `strategies.RESOLUTION`) is not cut, and a cut bound is below the best's resolution.
+TIE_MARGIN = 2 * strategies.RESOLUTION
 
 
 def _stored_costs(graphs: dict[int, ExtractedModel], stored: Any) -> LayerCosts:
@@ -123,18 +125,18 @@ def refined_throughputs(resources: Resources, indices: Sequence[int], hbm_bytes:
     where the candidate could no longer reach `best` (a throughput found already)."""
     question, bounds = resources.question, resources.group_bounds()
     axes = resources.axes.at(memory_capacity=hbm_bytes)
-    # The exact throughput may exceed its bound's by ROUNDING_MARGIN; a cut just above the time
+    # The exact throughput may exceed its bound's by FLOAT_MARGIN; a cut just above the time
     # matching `best` keeps a candidate that could tie with it.
     batch = question.global_batch_size
-    cut = batch * (1 + ROUNDING_MARGIN) / best * (1 + TIE_MARGIN) if best > 0 else math.inf
+    cut = batch * (1 + FLOAT_MARGIN) / (best * (1 - TIE_MARGIN)) if best > 0 else math.inf
     values = []
     for index in indices:
         costs = {width: width_bounds.costs(index) for width, width_bounds in bounds.items()}
         time = fastest_time(question, axes, resources.graphs, resources.space[index], costs, cut)
         if math.isfinite(time):
-            values.append(RefinedBound(batch / time * (1 + ROUNDING_MARGIN), True))
+            values.append(RefinedBound(batch / time * (1 + FLOAT_MARGIN), True))
         else:
-            values.append(RefinedBound(batch / cut * (1 + ROUNDING_MARGIN) if best > 0 else 0.0, best <= 0))
+            values.append(RefinedBound(batch / cut * (1 + FLOAT_MARGIN) if best > 0 else 0.0, best <= 0))
     return values
 
 

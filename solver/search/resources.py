@@ -25,7 +25,7 @@ from solver.question import Axes, Question
 from solver.ray_pool import RayPool
 from solver.schedule import ScheduleCache
 from solver.schedule.cache import SCHEDULES_TABLE
-from solver.search.keys import SearchContext
+from solver.search.keys import BOUNDS_VERSION, SearchContext
 from solver.workers import WorkerPool
 
 #: Where a run's candidates are evaluated: local worker processes, or Ray actors.
@@ -88,17 +88,15 @@ class Resources:
             self.memo.clear()
         return self.memo
 
-    def group_bounds(self) -> dict[int, GroupBounds]:
-        """The schedule lower bounds of every width's repeat groups on every candidate: computed once,
-        and kept in the cache folder (`group_bounds/<SearchContext.bounds_key>.npz`; a worker without
-        files computes them)."""
+    def group_bounds(self, compute: Callable[[list[int]], list[GroupBounds]] | None = None) -> dict[int, GroupBounds]:
+        """The schedule lower bounds of every width's repeat groups on every candidate: computed once
+        (by `compute`, widths -> their bounds, default `width_bounds` here), and kept in the cache
+        folder (`group_bounds/<SearchContext.bounds_key>.npz`; a worker without files computes them)."""
         if self._bounds is None:
+            widths = list(self.graphs)
             self._bounds = self._kept(
-                self.context.bounds_key, partial(_read_bounds, widths=tuple(self.graphs), count=len(self.space)),
-                lambda: {width: group_bounds(graphs, self.space, self.table, self.question.kernels,
-                                             self.axes.expert_splits(width))
-                         for width, graphs in self.graphs.items()},
-                _bounds_arrays)
+                self.context.bounds_key, partial(_read_bounds, widths=tuple(widths), count=len(self.space)),
+                lambda: dict(zip(widths, (compute or partial(width_bounds, self))(widths))), _bounds_arrays)
         return self._bounds
 
     def optimistic(self) -> np.ndarray:
@@ -133,8 +131,15 @@ class Resources:
 
     def bound_key(self, index: int, memory: int) -> str:
         """The key of candidate `index`'s refined bound: its lower-bound costs, the placement's context."""
-        key = self.context.placement_key(memory).encode() + self.bound_column(index).tobytes()
+        key = (self.context.placement_key(memory).encode() + b"/bounds%d/" % BOUNDS_VERSION
+               + self.bound_column(index).tobytes())
         return hashlib.sha256(key).hexdigest()
+
+
+def width_bounds(resources: Resources, widths: list[int]) -> list[GroupBounds]:
+    """`solver.bounds.group_bounds` of each of these widths' graphs."""
+    return [group_bounds(resources.graphs[width], resources.space, resources.table, resources.question.kernels,
+                         resources.axes.expert_splits(width)) for width in widths]
 
 
 def _bounds_arrays(bounds: dict[int, GroupBounds]) -> dict[str, np.ndarray]:
