@@ -19,6 +19,7 @@ import numpy as np
 
 from phaze_common.progress import Progress
 from estimator.cache import GemmCache, cache_key
+from estimator.space import CandidateSpace
 from estimator.tc_model import GemmCost, MemorySystem, gemm_cost
 from estimator.work import Gemm, VectorTerm
 from phaze_hardware import POWER_OF_TWO_FIELDS, AcceleratorConfig, CoreConfig, EnergyCosts
@@ -82,7 +83,7 @@ class EstimateTable:
         self._prepared[id(graph), key] = (weakref.ref(graph), prepared)
         return prepared
 
-    def space_columns(self, space: Any) -> tuple[np.ndarray, np.ndarray]:
+    def space_columns(self, space: CandidateSpace) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate of a `CandidateSpace`: the table's column of its tensor cores, and of one of
         them (computed once per space)."""
         found = self._space_columns.get(id(space))

@@ -221,7 +221,8 @@ class Search:
 
     def prepare(self, baselines: Sequence[Baseline] = ()) -> None:
         """Compute on the workers, side by side, what the search needs first (every width's group
-        bounds, unless cached) and `evaluate_baselines(baselines)`."""
+        bounds, unless cached) and the evaluations of `baselines` (into the caches, where the driver
+        reads them when it asks)."""
         if self.pool is None:
             return
         baselines, computed = self._shareable(baselines), []
@@ -232,15 +233,8 @@ class Search:
             return self._map(_prepared, list(range(len(work))), work)[: len(widths)]
 
         self.resources.group_bounds(bounds_with_baselines)
-        if not computed:  # the bounds were cached
-            self.evaluate_baselines(baselines)
-
-    def evaluate_baselines(self, baselines: Sequence[Baseline]) -> None:
-        """Evaluate `baselines` on the workers, side by side, into the caches (where the driver reads
-        them when it asks)."""
-        baselines = self._shareable(baselines)
-        if self.pool is not None and baselines:
-            self._map(_prepared, list(range(len(baselines))), list(baselines))
+        if not computed and baselines:  # the bounds were cached: the baselines alone
+            self._map(_prepared, list(range(len(baselines))), baselines)
 
     def _shareable(self, baselines: Sequence[Baseline]) -> list[Baseline]:
         """The baselines the workers should evaluate: those not in the caches yet and, Ray's workers
