@@ -9,8 +9,9 @@ holds a table fuses and derives each layer once.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,20 @@ def gemm_energy(cost: GemmCost, energy: EnergyCosts) -> np.ndarray:
             + cost.glb_words * energy.global_buffer + cost.dram_words * energy.dram)
 
 
+#: Runs function(*arguments) for each of argument_lists elsewhere (e.g. `solver.workers.WorkerPool.call`),
+#: calling done(index, value) as each value arrives.
+Call = Callable[[Callable, Sequence[Sequence], Callable[[int, Any], None]], list]
+
+
+def gemm_costs(template: AcceleratorConfig, tc_cores: Sequence[CoreConfig], shape: Shape) -> GemmCost:
+    """The cost of one GEMM shape on every tensor-core configuration of the table of `template` and
+    `tc_cores` (computed, not stored: what `EstimateTable.fill` hands out)."""
+    pes = np.array([core.units_per_core for core in tc_cores], dtype=np.int64)
+    num = np.array([core.num for core in tc_cores], dtype=np.int64)
+    glb = np.array([core.glb_bytes for core in tc_cores], dtype=np.int64)
+    return gemm_cost(*shape, pes, num, glb, MemorySystem.of(template))
+
+
 class EstimateTable:
     """Estimates for accelerators of one technology, over a list of tensor-core configurations.
 
@@ -60,7 +75,6 @@ class EstimateTable:
         self.memory = MemorySystem.of(template)
         self.tc_cores = tuple(dict.fromkeys(tc_cores))
         self.tc_index = {core: i for i, core in enumerate(self.tc_cores)}
-        self._pes = np.array([core.units_per_core for core in self.tc_cores], dtype=np.int64)
         self._num = np.array([core.num for core in self.tc_cores], dtype=np.int64)
         self._glb = np.array([core.glb_bytes for core in self.tc_cores], dtype=np.int64)
         key = cache_key(self.memory, self.tc_cores)
@@ -120,31 +134,33 @@ class EstimateTable:
             self.fill([shape])
         return self._gemms[shape]
 
-    def fill(self, shapes: Iterable[Shape], progress: bool = False) -> int:
-        """Load every shape from the cache or compute (and store) it; returns how many were computed."""
+    def fill(self, shapes: Iterable[Shape], progress: bool = False, call: Call | None = None) -> int:
+        """Load every shape from the cache or compute (and store) it; returns how many were computed.
+        `call` computes them elsewhere (`Call`: worker processes), else they are computed here."""
         wanted = [shape for shape in dict.fromkeys(shapes) if shape not in self._gemms]
         for shape in wanted:
             cost = self.cache.load(*shape, self.memory.dram_words_per_cycle) if self.cache else None
             if cost is not None:
                 self._gemms[shape] = cost
         missing = [shape for shape in wanted if shape not in self._gemms]
-        if progress:
-            with Progress(f"GEMM estimates ({len(wanted) - len(missing):,} cached)", len(missing), "shapes") as counter:
-                for shape in missing:
-                    self._compute(shape)
+        counter = Progress(f"GEMM estimates ({len(wanted) - len(missing):,} cached)", len(missing), "shapes") \
+            if progress else None
+        with counter or contextlib.nullcontext():
+            def keep(index: int, cost: GemmCost) -> None:
+                if self.cache:
+                    self.cache.store(*missing[index], cost)
+                self._gemms[missing[index]] = cost
+                if counter is not None:
                     counter.advance()
-        else:
-            for shape in missing:
-                self._compute(shape)
+
+            arguments = [(self.template, self.tc_cores, shape) for shape in missing]
+            if call is None or len(missing) < 2:
+                for index, item in enumerate(arguments):
+                    keep(index, gemm_costs(*item))
+            else:
+                call(gemm_costs, arguments, keep)
         self.computed += len(missing)
         return len(missing)
-
-    def _compute(self, shape: Shape) -> None:
-        """Compute (and store) one GEMM shape's costs."""
-        cost = gemm_cost(*shape, self._pes, self._num, self._glb, self.memory)
-        if self.cache:
-            self.cache.store(*shape, cost)
-        self._gemms[shape] = cost
 
     def gemm_arrays(self, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
         """(cycles, energy [J]) of one GEMM shape on every tensor-core configuration of the table."""

@@ -16,7 +16,7 @@ import numpy as np
 from estimator.cache import default_cache_dir
 from estimator.fusion import FusedGraph, FusedOp, fuse_attention, fuse_layers
 from estimator.space import CandidateSpace, candidate_space
-from estimator.table import EstimateTable, gemm_energy
+from estimator.table import Call, EstimateTable, gemm_energy
 from estimator.work import BACKWARD, DIRECTIONS, FORWARD, VectorTerm, Work, op_work
 from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
@@ -275,14 +275,15 @@ def _graph_and_layers(model: object) -> tuple[OpGraph, tuple[int, ...]]:
 
 def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = None,
                 cache_dir: Path | str | None = None, progress: bool = True,
-                area_budget: float | None = None) -> EstimateTable:
+                area_budget: float | None = None, call: Call | None = None) -> EstimateTable:
     """Fill the estimate table with every GEMM of the models' layers, both directions, on every
     tensor-core configuration of the candidate space (which holds every single-core version too).
 
     `models`: OpGraphs or extracted models (e.g. one per tensor-parallel width); `template`: the
     budget accelerator and technology (default TPUv4-like); `area_budget` [µm²]: default the
     template's area; `cache_dir`: where estimates persist (default `default_cache_dir()`); what is
-    cached is loaded, the rest computed (`progress`: with `phaze_common.progress`).
+    cached is loaded, the rest computed (`progress`: with `phaze_common.progress`; `call`: elsewhere,
+    see `EstimateTable.fill`).
     """
     template = template or named_accelerator(DEFAULT_BUDGET)
     table = EstimateTable(template, candidate_space(template, area_budget).tc_cores,
@@ -294,7 +295,7 @@ def prepopulate(models: Iterable[object], template: AcceleratorConfig | None = N
             for op in fused.ops:
                 for direction in DIRECTIONS:
                     shapes.extend((g.n, g.c, g.k) for g in fused_work(graph, op, direction).gemms)
-    table.fill(shapes, progress=progress)
+    table.fill(shapes, progress=progress, call=call)
     return table
 
 

@@ -43,6 +43,7 @@ from solver.schedule import plot_gantt
 from solver.strategies import SearchResult
 from solver.system_search import ChipFigures, SystemOption, SystemSearch, tokens_per_joule
 from solver.training_step.options import pipeline_sharding_note
+from solver.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +328,10 @@ def energy_per_token(evaluation, question, idle_power: float) -> float | None:
 def search_system(settings: Settings, record: Run) -> None:
     """The system space's search (solver.system_search) of every micro-batch size, into `record`."""
     design = settings.system_design
-    extract_all(settings)
     pool = worker_pool(settings.executor, settings.n_jobs, settings.ray_address)
     options = len(design.options)
     try:
+        graphs_and_estimates(settings, pool, design.compute_budget)
         with (Progress(f"system space ({settings.search} search over {options} memories and links)",
                        len(settings.axes.micro_batch_sizes), "micro-batch sizes", log) as progress,
               Progress("chips of the system space", None, "architectures", log, step=False) as chips):
@@ -347,8 +348,10 @@ def search_system(settings: Settings, record: Run) -> None:
                     chips.advance()
 
                 search = SystemSearch(context, design, pool, on_outcome, candidates)
+                own = Resources.build(context)
+                search.prepare(baselines(settings, own))
                 found, evaluated = search.run(settings.search)
-                record.per_setting.append(system_setting(settings, context, found, evaluated))
+                record.per_setting.append(system_setting(settings, own, found, evaluated))
                 progress.advance()
     finally:
         if pool is not None:
@@ -356,9 +359,10 @@ def search_system(settings: Settings, record: Run) -> None:
                 pool.close()
 
 
-def system_setting(settings: Settings, context, found, evaluated: int) -> dict:
-    """best.json's record of one micro-batch size in the system space."""
-    design = settings.system_design
+def system_setting(settings: Settings, own: Resources, found, evaluated: int) -> dict:
+    """best.json's record of one micro-batch size in the system space (`own`: the run's resources at
+    that size, where the baselines are evaluated)."""
+    design, context = settings.system_design, own.context
     base = {"micro_batch_size": context.axes.micro_batch_size, "architectures_evaluated": evaluated, "complete": True,
             "objective": design.objective}
     if found is None or found.best is None:
@@ -372,7 +376,6 @@ def system_setting(settings: Settings, context, found, evaluated: int) -> dict:
     record["accelerator"].update(chip)
     record.update(power_w=chip["power_w"], cost_usd=chip["cost_usd"],
                   energy_per_token_j=energy_per_token(outcome.best(hbm), resources.question, chip["idle_power_w"]))
-    own = Resources.build(context)
     record["baselines"] = {
         "tpuv4_like": tpuv4_baseline(settings, own, context.axes.memory_capacities[0], record["throughput"]),
         VALIDATED_BASELINE: validated_baseline(own, record["throughput"]),
@@ -380,19 +383,26 @@ def system_setting(settings: Settings, context, found, evaluated: int) -> dict:
     return record
 
 
+def graphs_and_estimates(settings: Settings, pool: WorkerPool | None, area_budget: float | None) -> None:
+    """Trace the run's graphs and estimate their GEMMs on the candidate space within `area_budget`
+    (into the cache folder), on the local workers when there are some (Ray's keep no cache folder)."""
+    call = pool.call if isinstance(pool, WorkerPool) else None
+    graphs = extract_all(settings, call)
+    prepopulate([g for by_width in graphs.values() for g in by_width.values()], settings.accelerator,
+                cache_dir=settings.cache_dir / "estimates", area_budget=area_budget, call=call)
+
+
 def search_all(settings: Settings, record: Run) -> None:
     """The co-design search of every (micro-batch, HBM) setting, into `record`."""
-    graphs = extract_all(settings)
-    prepopulate([g for by_width in graphs.values() for g in by_width.values()], settings.accelerator,
-                cache_dir=settings.cache_dir / "estimates", area_budget=settings.area_budget)
-    space = candidate_space(settings.accelerator, settings.area_budget)
-    candidates = sample(len(space), settings.candidate_sample)
     pool = worker_pool(settings.executor, settings.n_jobs, settings.ray_address)
-    searched = len(candidates) * len(settings.axes.micro_batch_sizes)
-    name, total = f"candidates ({settings.search} search)", searched
-    if settings.search != "exhaustive":  # it stops early: all candidates are only an upper bound
-        name, total = f"candidates ({settings.search} search, at most {searched:,})", None
     try:
+        graphs_and_estimates(settings, pool, settings.area_budget)
+        space = candidate_space(settings.accelerator, settings.area_budget)
+        candidates = sample(len(space), settings.candidate_sample)
+        searched = len(candidates) * len(settings.axes.micro_batch_sizes)
+        name, total = f"candidates ({settings.search} search)", searched
+        if settings.search != "exhaustive":  # it stops early: all candidates are only an upper bound
+            name, total = f"candidates ({settings.search} search, at most {searched:,})", None
         with (Progress("placement per (micro-batch, HBM)", setting_count(settings), "settings", log) as placement,
               Progress(name, total, "architectures", log, step=False) as progress):
             for micro_batch_size in settings.axes.micro_batch_sizes:

@@ -56,8 +56,11 @@ from phaze_hardware.offchip import MOST_STACKS, Memory, ScaleUp, hbm_generations
 from phaze_hardware.power import power_model
 from phaze_hardware.torus import Torus
 from solver import strategies
-from solver.search import CandidateOutcome, Objective, Resources, Search, SearchContext
+from solver.search import Baseline, CandidateOutcome, Objective, Resources, Search, SearchContext
+from solver.search.driver import baseline_missing, prepare_item
+from solver.search.resources import bounds_path
 from solver.evaluate import Evaluation
+from solver.workers import WorkerPool
 
 SYSTEM_SPACE = arch_config("system_space.yaml")
 ARCHITECTURE_SPACES = ("original", "system")
@@ -300,6 +303,8 @@ class SystemSearch:
         self.best_value = 0.0
         self._base: dict[float, Resources] = {}  # one per HBM bandwidth: the graphs, table and group bounds
         self._memos: dict[str, dict] = {}  # placement memos by cluster
+        self._bandwidths: set[float] = set()  # the HBM bandwidths whose group bounds are computed or handed out
+        self._order: list[int] = []  # the options by descending first bound
 
     def template(self, memory: Memory) -> AcceleratorConfig:
         """The template with this HBM: its bandwidth, and the node's and the HBM's energies."""
@@ -307,12 +312,50 @@ class SystemSearch:
         energy = power_model().energy_costs(template, self.design.node, memory)
         return dataclasses.replace(template, hbm_bandwidth=memory.bandwidth, energy=energy)
 
+    def _context(self, memory: Memory, capacity: float, cluster: Network) -> SearchContext:
+        """The search context at this HBM, capacity and cluster."""
+        question = dataclasses.replace(self.context.question, cluster=cluster)
+        return dataclasses.replace(self.context, question=question, template=self.template(memory),
+                                   area_budget=self.design.compute_budget,
+                                   axes=self.context.axes.at(memory_capacity=int(capacity)))
+
+    def prepare(self, baselines: Sequence[Baseline] = ()) -> None:
+        """Evaluate `baselines` (those not cached) on the local workers, side by side, into the cache
+        folder, where the run's record reads them (one alone, or with Ray's workers, which keep no
+        cache folder: in the driver when needed)."""
+        work = [baseline for baseline in baselines if baseline_missing(baseline)]
+        if isinstance(self.pool, WorkerPool) and len(work) > 1:
+            self.pool.call(prepare_item, [(baseline,) for baseline in work])
+
+    def _prepare_bounds(self, positions: list[int]) -> None:
+        """Compute on the local workers, into the cache folder, the group bounds of the HBM bandwidths
+        of these options that no one computed yet, and beside them those of the options with the
+        highest first bounds, which the search refines next (so that no worker waits)."""
+        if not isinstance(self.pool, WorkerPool):
+            return
+        contexts: dict[float, SearchContext] = {}
+
+        def add(position: int) -> None:
+            option = self.design.options[position]
+            if option.memory.bandwidth in self._bandwidths:
+                return
+            self._bandwidths.add(option.memory.bandwidth)
+            context = self._context(option.memory, option.memory.capacity, option.cluster)
+            if not bounds_path(context).exists():
+                contexts[option.memory.bandwidth] = context
+
+        for position in positions:
+            add(position)
+        for position in self._order if contexts else ():
+            if len(contexts) % self.pool.processes == 0:
+                break
+            add(position)
+        if contexts:
+            self.pool.call(prepare_item, [(context,) for context in contexts.values()])
+
     def _resources(self, memory: Memory, capacity: float, cluster: Network) -> Resources:
         """Resources at this HBM, capacity and cluster, sharing the group bounds of its HBM bandwidth."""
-        question = dataclasses.replace(self.context.question, cluster=cluster)
-        context = dataclasses.replace(self.context, question=question, template=self.template(memory),
-                                      area_budget=self.design.compute_budget,
-                                      axes=self.context.axes.at(memory_capacity=int(capacity)))
+        context = self._context(memory, capacity, cluster)
         base = self._base.get(memory.bandwidth)
         if base is None:
             base = self._base[memory.bandwidth] = Resources.build(context)
@@ -363,6 +406,7 @@ class SystemSearch:
         return found.optimistic
 
     def _refine(self, positions: list[int]) -> list[float]:
+        self._prepare_bounds(positions)
         values = []
         for position in positions:
             found = self.option_outcome(position)
@@ -407,7 +451,9 @@ class SystemSearch:
             best = found.best
         else:
             positions = self.design.undominated()
-            found = strategies.bounded(np.array(self.first_bounds(positions)),
+            first = np.array(self.first_bounds(positions))
+            self._order = [positions[i] for i in np.argsort(-first, kind="stable")]
+            found = strategies.bounded(first,
                                        [lambda chosen: self._refine([positions[i] for i in chosen])],
                                        lambda chosen: self._evaluate(strategy, [positions[i] for i in chosen]), 1,
                                        positions)

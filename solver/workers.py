@@ -2,8 +2,8 @@
 state (graphs, estimate table, caches) lives in each worker's loop, not in module globals.
 
 Workers start with `spawn`, on the first call, in their own process group, so a Ctrl-C in the
-terminal reaches only the driver, which stops them (`close`); a worker whose driver has gone exits.
-One pool serves a whole run: a call for another context rebuilds the worker's state. A worker's log
+terminal reaches only the driver, which stops them (`close`); a worker whose driver has gone exits. One pool serves a whole run: a call for another context rebuilds the worker's state; a call
+that needs none (`call`: the graphs' traces, the GEMM estimates) leaves it as it is. A worker's log
 records (its warnings, its progress lines) come back on the results queue, in order with its
 results, and the driver logs them with its own handlers (console and phaze.log); a warning whose text
 the driver or another worker gave already is dropped.
@@ -16,6 +16,7 @@ import logging.handlers
 import multiprocessing
 import os
 import queue
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from phaze_common.progress import mark_worker
 
 #: How often [s] an idle worker checks that its driver is still there.
 DRIVER_CHECK = 5.0
+#: How long [s] `close` waits for the workers to finish their task in hand before terminating them.
+CLOSE_WAIT = 1.0
 
 
 def log_worker_record(record: logging.LogRecord) -> None:
@@ -59,6 +62,9 @@ def _serve(build: Callable[[Any], Any], driver: int, tasks, results, level: int)
             return
         key, context, function, arguments = task
         try:
+            if context is None:  # a call that needs no state (`WorkerPool.call`): the state is kept
+                results.put((key, None, function(*arguments)))
+                continue
             if state is None or context != argument:
                 argument, state = context, build(context)
             results.put((key, None, function(state, *arguments)))
@@ -87,13 +93,24 @@ class WorkerPool:
 
     def map(self, argument: Any, function: Callable, chunks: Sequence[Sequence], *extra) -> list:
         """[function(build(argument), chunk, *extra) for chunk in chunks], computed by the workers."""
+        return self._run([(argument, function, (list(chunk), *extra)) for chunk in chunks])
+
+    def call(self, function: Callable, argument_lists: Sequence[Sequence],
+             done: Callable[[int, Any], None] = lambda index, value: None) -> list:
+        """[function(*arguments) for arguments in argument_lists], computed by the workers without
+        their state (which they keep); `done(index, value)` as each arrives."""
+        return self._run([(None, function, tuple(arguments)) for arguments in argument_lists], done)
+
+    def _run(self, tasks: list[tuple[Any, Callable, tuple]],
+             done: Callable[[int, Any], None] = lambda index, value: None) -> list:
+        """The values of (context, function, arguments) tasks, in their order."""
         if not self._workers:
             self._start()
         self._calls += 1
-        for index, chunk in enumerate(chunks):
-            self._tasks.put(((self._calls, index), argument, function, (list(chunk), *extra)))
+        for index, (argument, function, arguments) in enumerate(tasks):
+            self._tasks.put(((self._calls, index), argument, function, arguments))
         found: dict[int, Any] = {}
-        while len(found) < len(chunks):
+        while len(found) < len(tasks):
             try:
                 key, error, value = self._results.get(timeout=1.0)
             except queue.Empty:
@@ -109,12 +126,21 @@ class WorkerPool:
             if error is not None:
                 raise error
             found[index] = value
-        return [found[index] for index in range(len(chunks))]
+            done(index, value)
+        return [found[index] for index in range(len(tasks))]
 
     def close(self) -> None:
-        for worker in self._workers:
+        """Stop the workers: an idle one exits by itself (its finalisers run: what it registered with
+        the semaphore tracker is released), a busy one after CLOSE_WAIT is terminated."""
+        started = [worker for worker in self._workers if worker.pid is not None]  # not if a start failed
+        for _ in started:
+            self._tasks.put(None)
+        deadline = time.monotonic() + CLOSE_WAIT
+        for worker in started:
+            worker.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for worker in started:
             if worker.is_alive():
                 worker.terminate()
-        for worker in self._workers:
+        for worker in started:
             worker.join(timeout=5.0)
         self._workers = []

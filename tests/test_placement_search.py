@@ -1,8 +1,10 @@
-"""The original's placement DP against brute force on random small DAGs, and chain path == general
-path (the training step's DP: tests/test_placement_training.py)."""
+"""The original's placement DP against brute force on random small DAGs, chain path == general
+path, and the DP table against its recurrence (the training step's DP:
+tests/test_placement_training.py)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -10,7 +12,8 @@ import numpy as np
 import pytest
 
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementSettings, place_original
-from solver.placement.candidates import chain_space, downset_space
+from solver.placement.candidates import DeviceModel, chain_space, downset_space
+from solver.placement.dp import INFTY, StageTable, fill_tables
 from solver.placement.first_stage import candidates, place
 from solver.placement.layer_graph import topological_order, width_graph
 from solver.training_step.original import stage_cost, stage_costs
@@ -133,3 +136,59 @@ def test_chain_path_equals_general_path(seed):
         assert place(candidates(graph, settings, fast), graph, settings) == place(
             candidates(graph, settings, general), graph, settings
         )
+
+
+def recurrence(space, stages, depth_cap: int, model: DeviceModel, include_full: bool) -> np.ndarray:
+    """The DP table by its definition, one entry at a time: the least largest stage load of `state`
+    split into s stages (the s-th from the end reading the load of a last stage when s is 1), each
+    at most `feasible` places from the end, a one-device stage of a mixed model reading column y − 1."""
+    states, scenarios = len(space.sizes), stages.feasible.shape[1]
+    last = states if include_full else states - 1
+
+    @functools.lru_cache(maxsize=None)
+    def value(state: int, s: int, column: int, x: int) -> float:
+        if s == 0:
+            return 0.0 if state == 0 and column == 0 else INFTY
+        if state == 0 or state >= last:
+            return INFTY
+        best = INFTY
+        for pair in space.pairs(state):
+            if s > stages.feasible[pair, x]:
+                continue
+            read = column - 1 if model.mixed and stages.devices[pair] == 1 and column > 0 else column
+            load = stages.load_last[pair, x] if s == 1 else stages.load_inner[pair, x]
+            best = min(best, max(value(int(space.rest[pair]), s - 1, read, x), float(load)))
+        return best
+
+    return np.array([[[[value(state, s, column, x) for x in range(scenarios)] for column in range(model.columns)]
+                      for s in range(depth_cap + 1)] for state in range(states)])
+
+
+class _Dag:
+    def __init__(self, n: int, edges: list[tuple[int, int]]) -> None:
+        self.n = n
+        self.out_edges = [[(w, 0.0) for u, w in edges if u == v] for v in range(n)]
+        self.in_edges = [[(u, 0.0) for u, w in edges if w == v] for v in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_table_equals_its_recurrence(seed):
+    """fill_tables (vectorised over stage counts) against the recurrence entry by entry, on chains and
+    branching graphs, uniform and mixed device models, several scenarios, ties and infeasible stages."""
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(1, 9))
+    if seed % 2:
+        space = chain_space(layers)
+    else:
+        edges = [(u, w) for u in range(layers) for w in range(u + 1, layers) if rng.random() < 0.35]
+        space = downset_space(_Dag(layers, edges))
+    pairs, scenarios, depth_cap = int(space.pair_start[-1]), int(rng.integers(1, 4)), int(rng.integers(1, layers + 2))
+    columns = int(rng.integers(1, 4))
+    per_stage = int(rng.choice([2, 4])) if columns > 1 else int(rng.choice([1, 2]))
+    devices = rng.choice([1, per_stage], pairs) if columns > 1 else np.full(pairs, per_stage)
+    stages = StageTable(devices, np.round(rng.random((pairs, scenarios)), 1), np.round(rng.random((pairs, scenarios)), 1),
+                        rng.integers(0, depth_cap + 2, (pairs, scenarios)))
+    model = DeviceModel(per_stage, columns)
+    for include_full in (False, True):
+        table = fill_tables(space, stages, depth_cap, model, include_full)
+        assert np.array_equal(table, recurrence(space, stages, depth_cap, model, include_full))

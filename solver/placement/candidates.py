@@ -10,6 +10,7 @@ the same at every width; only the stage costs change.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -73,19 +74,20 @@ def device_model(width: int, space: StateSpace, devices: np.ndarray, depth_cap: 
     return DeviceModel(width, min(one_device_layers, depth_cap) + 1)
 
 
+@lru_cache(maxsize=16)
 def chain_space(layers: int) -> StateSpace:
-    """States of a chain: state L is the suffix of length L; its stages have lengths 1..L."""
+    """States of a chain: state L is the suffix of length L; its stages have lengths 1..L. Built once
+    per length and read-only (shared: what depends only on the stages is kept with them)."""
     pair_start = np.array([size * (size - 1) // 2 for size in range(layers + 2)])
     suffix = np.repeat(np.arange(1, layers + 1), np.arange(1, layers + 1))
     length = np.arange(pair_start[-1]) - pair_start[suffix] + 1
     first = layers - suffix
     position = np.arange(layers)[:, None]
-    return StateSpace(
-        sizes=np.arange(layers + 1),
-        pair_start=pair_start,
-        rest=suffix - length,
-        members=(position >= first) & (position < first + length),
-    )
+    arrays = {"sizes": np.arange(layers + 1), "pair_start": pair_start, "rest": suffix - length,
+              "members": (position >= first) & (position < first + length)}
+    for array in arrays.values():
+        array.flags.writeable = False
+    return StateSpace(**arrays)
 
 
 def downset_space(graph) -> StateSpace:

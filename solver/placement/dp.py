@@ -9,8 +9,8 @@ and what they cost: a data-parallel degree (memory, the link between stages), a 
 parameters, or nothing (the original's model has one scenario). Columns stand for device budgets
 (see DeviceModel); with every stage on t devices there is one.
 
-The table is filled one state at a time, vectorised over the state's candidate stages, depths and
-scenarios. Only min and max touch it, so it holds the original's very values; the back-trace takes
+The table is filled one stage count at a time, vectorised over the candidate stages of every state
+and the scenarios. Only min and max touch it, so it holds the original's very values; the back-trace takes
 the shortest next stage whose value matches (within 1e-9), as the original does.
 """
 
@@ -44,33 +44,37 @@ class StageTable:
 
 def fill_tables(space: StateSpace, stages: StageTable, depth_cap: int, model: DeviceModel,
                 include_full: bool = False) -> np.ndarray:
-    """table[state, s, column, x] for every state but the full set (and it too if `include_full`)."""
-    scenarios = stages.feasible.shape[1]
-    table = np.full((len(space.sizes), depth_cap + 1, model.columns, scenarios), INFTY)
+    """table[state, s, column, x] for every state but the full set (and it too if `include_full`).
+
+    Filled one stage count s at a time (table[·, s] reads only table[·, s − 1]), vectorised over
+    every candidate stage that can be the s-th from the end: its rest splits into s − 1 stages and
+    it fits at that place under some scenario. The states' minima are segment minima over their
+    stages; min and max only, so the values are the recurrence's whatever the order."""
+    states, scenarios = len(space.sizes), stages.feasible.shape[1]
+    table = np.full((states, depth_cap + 1, model.columns, scenarios), INFTY)
     table[0, 0, 0] = 0.0
+    owner = np.repeat(np.arange(states), np.diff(space.pair_start))  # the state of each pair
+    last_state = states if include_full else states - 1
+    deepest = stages.feasible.max(axis=1)
+    rest_size = space.sizes[space.rest]
+    candidates = np.flatnonzero((owner < last_state) & (deepest >= 1))
     one_more = np.r_[0, np.arange(model.columns - 1)]  # a one-device stage: column y reads y - 1
-    useful = stages.feasible.max(axis=1) >= 1
-    last_state = len(space.sizes) if include_full else len(space.sizes) - 1
-    for state in range(1, last_state):
-        pairs = np.arange(space.pair_start[state], space.pair_start[state + 1])
-        pairs = pairs[useful[pairs]]
+    for depth in range(1, depth_cap + 1):
+        candidates = candidates[(rest_size[candidates] >= depth - 1) & (deepest[candidates] >= depth)]
+        pairs = candidates[space.rest[candidates] == 0] if depth == 1 else candidates  # 1: the whole state
         if not len(pairs):
-            continue
-        depth = min(int(space.sizes[state]), depth_cap, int(stages.feasible[pairs].max()))
-        kinds = [pairs[stages.devices[pairs] == 1], pairs[stages.devices[pairs] != 1]] if model.mixed else [pairs]
-        best = table[state, 1 : depth + 1]
-        for group in kinds:
-            if not len(group):
-                continue
-            source = table[space.rest[group], :depth]  # [pairs, s - 1, column, x], a copy
-            if model.mixed and stages.devices[group[0]] == 1:
-                source = source[:, :, one_more]
-            last = np.maximum(source[:, 0], stages.load_last[group][:, None, :])
-            candidate = np.maximum(source, stages.load_inner[group][:, None, None, :], out=source)
-            candidate[:, 0] = last
-            fits = np.arange(depth)[None, :, None, None] < stages.feasible[group][:, None, None, :]
-            np.copyto(candidate, INFTY, where=~fits)
-            np.minimum(best, candidate.min(axis=0), out=best)
+            break
+        source = table[space.rest[pairs], depth - 1]  # [pairs, column, x], a copy
+        if model.mixed:
+            single = stages.devices[pairs] == 1
+            source[single] = source[single][:, one_more]
+        load = stages.load_last[pairs] if depth == 1 else stages.load_inner[pairs]
+        candidate = np.maximum(source, load[:, None, :], out=source)
+        np.copyto(candidate, INFTY, where=(stages.feasible[pairs] < depth)[:, None, :])
+        owners = owner[pairs]
+        starts = np.concatenate(([0], np.flatnonzero(owners[1:] != owners[:-1]) + 1))
+        target = owners[starts]
+        table[target, depth] = np.minimum(table[target, depth], np.minimum.reduceat(candidate, starts, axis=0))
     return table
 
 

@@ -23,7 +23,7 @@ from solver.search.resources import Resources, width_bounds
 from solver.workers import WorkerPool
 
 STRATEGIES = ("bounded", "exhaustive", "phaze")
-#: Candidates handed to each worker at a time (amortises the inter-process round trip).
+#: Candidates a strategy takes per step, per worker (the workers take them one at a time).
 BATCH_PER_WORKER = 8
 
 
@@ -35,6 +35,23 @@ class Baseline:
     context: SearchContext
     accelerator: AcceleratorConfig
     index: int = -1
+
+
+def prepare_item(item: SearchContext | Baseline) -> None:
+    """A context's group bounds, or a baseline's evaluations, computed into the cache folder (a
+    worker's stateless call, `WorkerPool.call`: the state it holds for another context is kept)."""
+    if isinstance(item, Baseline):
+        evaluate_accelerator(Resources.build(item.context), item.accelerator, item.index)
+    else:
+        Resources.build(item).group_bounds()
+
+
+def baseline_missing(baseline: Baseline, resources: Resources | None = None) -> bool:
+    """Whether the caches lack some of a baseline's evaluations (`resources`: built already, used if
+    of the baseline's context)."""
+    own = resources if resources is not None and resources.context == baseline.context else Resources.build(
+        baseline.context)
+    return evaluate_accelerator(own, baseline.accelerator, baseline.index, compute=False) is None
 
 
 def _prepared(resources: Resources, tasks: list[int], work: list) -> list:
@@ -124,20 +141,20 @@ class Search:
         self._provisional: dict[tuple[int, int], float] = {}  # the last provisional bound of a candidate
         self._refined_columns: dict[int, RefinedColumns] = {}  # per HBM size
         self._optimistic = optimistic  # level-0 bounds of the candidates (in their order), once computed
+        self._order: np.ndarray | None = None  # positions by descending level-0 bound
+        self._cursor: dict[int, int] = {}  # per HBM size: where `_speculative` goes on in `_order`
 
     @property
     def workers(self) -> int:
         return self.pool.processes if self.pool is not None else 1
 
     def _map(self, function: Callable, indices: list[int], *arguments) -> list:
-        """function(resources, chunk, *arguments) over chunks of `indices`, on the workers if any."""
+        """function(resources, [index], *arguments) for each of `indices`, on the workers if any: one
+        item a call, so a worker takes the next as soon as it is free (items vary in time tenfold)."""
         if self.pool is None or len(indices) == 1:
             return function(self.resources, indices, *arguments)
-        step = self.pool.processes
-        chunks = [indices[i::step] for i in range(step) if indices[i::step]]
-        results = self.pool.map(self.context, function, chunks, *arguments)
-        by_index = {index: value for chunk, values in zip(chunks, results) for index, value in zip(chunk, values)}
-        return [by_index[index] for index in indices]
+        results = self.pool.map(self.context, function, [[index] for index in indices], *arguments)
+        return [value for (value,) in results]
 
     def _evaluate(self, hbm_bytes: int, positions: list[int]) -> list[float]:
         indices = [self.candidates[p] for p in positions]
@@ -209,6 +226,7 @@ class Search:
             else:
                 todo.setdefault(key, index)
         if todo:
+            todo.update(self._speculative(hbm_bytes, best, (-len(todo)) % self.workers, todo))
             for key, bound in zip(todo, self._map(refined_throughputs, list(todo.values()), hbm_bytes, best)):
                 store.put(key, dataclasses.asdict(bound))
                 self._bounds[key] = bound
@@ -218,6 +236,37 @@ class Search:
             refined.add(self.resources.bound_column(index), self._bounds[key].value)
         return [exact[i] if i in exact else provisional.get(i) or self._refined[i, hbm_bytes]
                 for i in (self.candidates[p] for p in positions)]
+
+    def _speculative(self, hbm_bytes: int, best: float, count: int, taken: dict[str, int]) -> dict[str, int]:
+        """Up to `count` more candidates to refine beside `taken` (bound key -> candidate), so that no
+        worker waits: the unsettled ones with the highest level-0 bounds that can still reach `best`
+        (the order in which the strategy would come to them, unless a better chip is found first).
+        A refined bound stays valid as the best rises, so one computed early is never wrong (at worst
+        not needed)."""
+        if self.pool is None or not count or self.objective is not None:
+            return {}
+        optimistic, store = self.optimistic(), self.resources.placement_bounds
+        if self._order is None:
+            self._order = np.argsort(-optimistic, kind="stable")
+        cursor, found = self._cursor.get(hbm_bytes, 0), {}
+        while cursor < len(self._order) and len(found) < count:
+            position = int(self._order[cursor])
+            if best > 0 and strategies.resolved(float(optimistic[position])) < strategies.resolved(best):
+                break  # neither it nor any after it can reach the best
+            cursor += 1
+            index = self.candidates[position]
+            if (index, hbm_bytes) in self._refined or index in self.outcomes:
+                continue
+            key = self.resources.bound_key(index, hbm_bytes)
+            if key in taken or key in found or self._usable(self._bounds.get(key), best):
+                continue
+            if self._usable(store.get_many([key], refined_bound).get(key), best):
+                continue
+            if best > 0 and strategies.resolved(self._dominated(hbm_bytes, [index])[index]) < strategies.resolved(best):
+                continue  # a refined candidate that it dominates settles it
+            found[key] = index
+        self._cursor[hbm_bytes] = cursor
+        return found
 
     def prepare(self, baselines: Sequence[Baseline] = ()) -> None:
         """Compute on the workers, side by side, what the search needs first (every width's group
@@ -240,11 +289,7 @@ class Search:
         """The baselines the workers should evaluate: those not in the caches yet and, Ray's workers
         having no cache folder, of this search's context only (the driver stores what they
         computed; it computes the others itself)."""
-        def missing(baseline: Baseline) -> bool:
-            own = self.resources if baseline.context == self.context else Resources.build(baseline.context)
-            return evaluate_accelerator(own, baseline.accelerator, baseline.index, compute=False) is None
-
-        return [baseline for baseline in baselines if missing(baseline)
+        return [baseline for baseline in baselines if baseline_missing(baseline, self.resources)
                 and (baseline.context == self.context or not isinstance(self.pool, RayPool))]
 
     def optimistic(self) -> np.ndarray:

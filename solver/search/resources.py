@@ -109,11 +109,15 @@ class Resources:
                 lambda throughputs: {"throughputs": throughputs})
         return self._optimistic
 
+    def bounds_cached(self) -> bool:
+        """Whether the cache folder holds this context's group bounds (a worker without files: never)."""
+        return not self.recorded and bounds_path(self.context).exists()
+
     def _kept(self, key: str, read: Callable[[Path], Any], compute: Callable[[], Any],
               arrays: Callable[[Any], dict[str, np.ndarray]]) -> Any:
         """What `read` takes from the cache folder's `group_bounds/<key>.npz`, or `compute()`, then
         stored there as the named `arrays` of it (a worker without files computes it)."""
-        path = None if self.recorded else self.context.cache_dir / "group_bounds" / f"{key}.npz"
+        path = None if self.recorded else self.context.cache_dir / "group_bounds" / f"{key}.npz"  # bounds_path
         found = None if path is None else read_cache_file(path, read, (KeyError, zipfile.BadZipFile),
                                                           "bounds cache: cannot read %s (%s); computing them")
         if found is None:
@@ -134,6 +138,11 @@ class Resources:
         key = (self.context.placement_key(memory).encode() + b"/bounds%d/" % BOUNDS_VERSION
                + self.bound_column(index).tobytes())
         return hashlib.sha256(key).hexdigest()
+
+
+def bounds_path(context: SearchContext) -> Path:
+    """Where `Resources.group_bounds` keeps a context's group bounds."""
+    return context.cache_dir / "group_bounds" / f"{context.bounds_key}.npz"
 
 
 def width_bounds(resources: Resources, widths: list[int]) -> list[GroupBounds]:

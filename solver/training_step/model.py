@@ -78,6 +78,17 @@ from solver.training_step.records import (BUSY_TERMS, SUMMED_TERMS, Device, Plac
 from solver.training_step.stages import chunk_members, device_terms, per_device, stage_terms
 
 
+#: Tail floors kept for this many (data-parallel concern, layer parameters): a search's widths, modes
+#: and HBM sizes.
+SHARED_TAIL_FLOORS = 256
+
+
+@functools.lru_cache(maxsize=SHARED_TAIL_FLOORS)
+def _shared_tail_floors(key: tuple) -> dict[int, float]:
+    """A memo of tail floors per width d, the same one for equal keys while kept."""
+    return {}
+
+
 @dataclass(frozen=True)
 class TrainingStep:
     """The step model of one shard shape (`shard`: the widths t, e, c that split each layer; the
@@ -99,7 +110,6 @@ class TrainingStep:
     shard: Layout
     layers_split: Shard = field(init=False, repr=False, compare=False)  # what the per-layer terms read
     layer_values: dict = field(init=False, repr=False, compare=False)
-    _tail_floors: dict = field(init=False, repr=False, compare=False)
     _pipeline_tiers: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -112,7 +122,6 @@ class TrainingStep:
         object.__setattr__(self, "layers_split", Shard(graph=self.graph, cluster=self.cluster, training=self.training,
                                                       kernels=self.kernels, recompute=self.recompute, shard=self.shard))
         object.__setattr__(self, "layer_values", layer_terms(self.layers_split))
-        object.__setattr__(self, "_tail_floors", {})
         object.__setattr__(self, "_pipeline_tiers", {})
 
     @cached_property
@@ -245,6 +254,14 @@ class TrainingStep:
 
     #: Relative slack of `time_floor`: its sums run in another order than a stage's (a last-bit difference).
     FLOOR_SLACK = 1e-9
+
+    @cached_property
+    def _tail_floors(self) -> dict[int, float]:
+        """`tail_floor` per width d, shared by every step of the same data-parallel concern and layer
+        parameters (the chips of a search: they differ only in the layers' costs)."""
+        values = self.layer_values
+        return _shared_tail_floors((self.data_parallel, values["parameters"].tobytes(),
+                                    values["expert_parameters"].tobytes()))
 
     def tail_floor(self, degrees) -> np.ndarray:
         """No stage's tail at width d is shorter (for each of `degrees`, an array): that of the layer

@@ -4,6 +4,8 @@ are costed together), and chunks summed per pipeline device."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from solver.training_step.records import SUMMED_TERMS, StageTerms, StepGraph
@@ -83,13 +85,20 @@ def per_device(values: np.ndarray, stages: int) -> np.ndarray:
     return result
 
 
-def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndarray, edge_bytes: np.ndarray,
-                members: np.ndarray) -> StageTerms:
-    """The terms of the stages given by `members[v, k]` (position v in stage k): `summed` holds the
-    per-layer `values` of SUMMED_TERMS a row each, `edge_bytes` the bytes each of the graph's edges
-    carries to or from one device. Each stage's sums run in position order (edges: in edge order)."""
-    members = np.asarray(members, bool)
-    edges = graph.edges
+#: Stage sets whose `crossing_terms` are kept (read-only ones: a chain's candidate stages).
+CROSSING_MEMO = 32
+_crossing_memo: OrderedDict[tuple, tuple] = OrderedDict()
+
+
+def crossing_terms(edges: tuple, edge_bytes: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """What the stages `members[v, k]` get from the graph alone, the same for every chip: the bytes
+    crossing each stage's boundary (summed in edge order), its messages, and its `stage_shape`. Kept
+    for a read-only `members` (held with its value, so its id stays its own)."""
+    key = (id(members), members.shape, edges, edge_bytes.tobytes()) if not members.flags.writeable else None
+    found = _crossing_memo.get(key) if key is not None else None
+    if found is not None:
+        _crossing_memo.move_to_end(key)
+        return found[1:]
     if edges:
         sources, dests = (np.array([edge[i] for edge in edges], dtype=np.int64) for i in (0, 1))
         crossing = members[dests] != members[sources]  # into one stage, out of the other
@@ -97,7 +106,23 @@ def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndar
         messages = crossing.sum(axis=0).astype(float)
     else:
         transfer_bytes = messages = np.zeros(members.shape[1])
-    shape = stage_shape(members)
+    found = (members, transfer_bytes, messages, stage_shape(members))
+    if key is not None:
+        for array in (transfer_bytes, messages, *found[3][1:]):
+            array.flags.writeable = False  # shared by every caller
+        _crossing_memo[key] = found
+        while len(_crossing_memo) > CROSSING_MEMO:
+            _crossing_memo.popitem(last=False)
+    return found[1:]
+
+
+def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndarray, edge_bytes: np.ndarray,
+                members: np.ndarray) -> StageTerms:
+    """The terms of the stages given by `members[v, k]` (position v in stage k): `summed` holds the
+    per-layer `values` of SUMMED_TERMS a row each, `edge_bytes` the bytes each of the graph's edges
+    carries to or from one device. Each stage's sums run in position order (edges: in edge order)."""
+    members = np.asarray(members, bool)
+    transfer_bytes, messages, shape = crossing_terms(graph.edges, edge_bytes, members)
     terms = dict(zip(SUMMED_TERMS, ordered_sum(members, summed, shape)))
     for first, second, shared in graph.tied:
         terms["parameters"] = terms["parameters"] - np.where(members[first] & members[second], shared, 0.0)
