@@ -156,12 +156,13 @@ class RayPool:
             state, self._store = self.share(context)
             self._context, self._shared = context, [ray.put(state)]
         found: dict[int, Any] = {}
-        pending: dict[Any, tuple[int, int]] = {}  # ObjectRef -> (chunk index, actor position)
+        pending: dict[Any, tuple[int, int, Any]] = {}  # ObjectRef -> (chunk index, actor position, actor)
         failures = [0] * len(chunks)
 
         def submit(index: int, position: int) -> None:
-            call = self._actors[position].serve.remote(context, self._shared, function, list(chunks[index]), extra)
-            pending[call] = index, position
+            actor = self._actors[position]
+            pending[actor.serve.remote(context, self._shared, function, list(chunks[index]), extra)] = (
+                index, position, actor)
 
         for index in range(len(chunks)):
             submit(index, index % len(self._actors))
@@ -170,7 +171,7 @@ class RayPool:
             try:
                 while pending:
                     (ready,), _ = ray.wait(list(pending), num_returns=1)
-                    index, position = pending.pop(ready)
+                    index, position, actor = pending.pop(ready)
                     try:
                         value, writes, records = ray.get(ready)
                     except RayActorError as error:
@@ -178,9 +179,10 @@ class RayPool:
                         if failures[index] > RETRIES:
                             raise RuntimeError(f"Ray workers died {failures[index]} times on the same chunk "
                                                f"({type(error).__name__}); see the cluster's logs") from None
-                        log.warning("ray worker %d died (%s); its chunk goes to a new worker", position + 1,
-                                    type(error).__name__)
-                        self._replace(position)
+                        if self._actors[position] is actor:  # its other chunks find it replaced already
+                            log.warning("ray worker %d died (%s); its chunks go to a new worker", position + 1,
+                                        type(error).__name__)
+                            self._replace(position)
                         submit(index, position)
                         continue
                     for record in records:

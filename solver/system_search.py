@@ -319,13 +319,28 @@ class SystemSearch:
                                    area_budget=self.design.compute_budget,
                                    axes=self.context.axes.at(memory_capacity=int(capacity)))
 
+    @staticmethod
+    def _first(options: Sequence[SystemOption]) -> tuple[Memory, float, Network]:
+        """The HBM, capacity and cluster of the options' first bound: the most HBM bandwidth, capacity
+        and link bandwidth of any of them."""
+        fastest = max(options, key=lambda option: option.memory.bandwidth).memory
+        most = max(option.memory.capacity for option in options)
+        return fastest, most, max(options, key=lambda option: option.links.bandwidth).cluster
+
     def prepare(self, baselines: Sequence[Baseline] = ()) -> None:
-        """Evaluate `baselines` (those not cached) on the local workers, side by side, into the cache
-        folder, where the run's record reads them (one alone, or with Ray's workers, which keep no
-        cache folder: in the driver when needed)."""
-        work = [baseline for baseline in baselines if baseline_missing(baseline)]
-        if isinstance(self.pool, WorkerPool) and len(work) > 1:
-            self.pool.call(prepare_item, [(baseline,) for baseline in work])
+        """Compute on the local workers, side by side, into the cache folder: the group bounds of the
+        first bound's HBM bandwidth and the evaluations of `baselines` (those not cached; the run's
+        record reads them). Ray's workers keep no cache folder: there, each is computed in the driver
+        when needed."""
+        if not isinstance(self.pool, WorkerPool):
+            return
+        memory, capacity, cluster = self._first([self.design.options[p] for p in self.design.undominated()])
+        first = self._context(memory, capacity, cluster)
+        self._bandwidths.add(memory.bandwidth)
+        work = [*([first] if not bounds_path(first).exists() else []),
+                *(baseline for baseline in baselines if baseline_missing(baseline))]
+        if work:
+            self.pool.call(prepare_item, [(item,) for item in work])
 
     def _prepare_bounds(self, positions: list[int]) -> None:
         """Compute on the local workers, into the cache folder, the group bounds of the HBM bandwidths
@@ -387,10 +402,7 @@ class SystemSearch:
         """Each option's bound from one throughput bound of the space: at the most HBM bandwidth (the
         group bounds of its faster layers), capacity and link bandwidth of any option."""
         options = [self.design.options[position] for position in positions]
-        fastest = max(options, key=lambda option: option.memory.bandwidth).memory
-        most = max(option.memory.capacity for option in options)
-        links = max(options, key=lambda option: option.links.bandwidth).cluster
-        resources = self._resources(fastest, most, links)
+        resources = self._resources(*self._first(options))
         optimistic = Search(resources).optimistic()
         bounds = []
         for option in options:

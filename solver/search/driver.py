@@ -46,6 +46,14 @@ def prepare_item(item: SearchContext | Baseline) -> None:
         Resources.build(item).group_bounds()
 
 
+def evaluate_or_refine(resources: Resources, items: list[tuple[str, int]], hbm_bytes: int,
+                       best: float) -> list[CandidateOutcome | RefinedBound]:
+    """Per (kind, candidate): its evaluation ("evaluate"), or its refined bound for one HBM size cut at
+    `best` ("refine"): an evaluation's workers refine what the search comes to next beside it."""
+    return [evaluate_candidates(resources, [index])[0] if kind == "evaluate"
+            else refined_throughputs(resources, [index], hbm_bytes, best)[0] for kind, index in items]
+
+
 def baseline_missing(baseline: Baseline, resources: Resources | None = None) -> bool:
     """Whether the caches lack some of a baseline's evaluations (`resources`: built already, used if
     of the baseline's context)."""
@@ -160,8 +168,14 @@ class Search:
         indices = [self.candidates[p] for p in positions]
         missing = [i for i in dict.fromkeys(indices) if i not in self.outcomes]
         stored = [evaluate_accelerator(self.resources, self.space[i], i, compute=False) for i in missing]
-        computed = iter(self._map(evaluate_candidates, [i for i, o in zip(missing, stored) if o is None])
-                        if None in stored else ())
+        to_compute = [i for i, o in zip(missing, stored) if o is None]
+        best = max(self._best.get(hbm_bytes, 0.0), self.floor)
+        extra = self._speculative(hbm_bytes, best, (-len(to_compute)) % self.workers, {}) if to_compute else {}
+        work = [("evaluate", index) for index in to_compute] + [("refine", index) for index in extra.values()]
+        done = self._map(evaluate_or_refine, work, hbm_bytes, best) if work else []
+        for key, bound in zip(extra, done[len(to_compute):]):
+            self._keep(key, bound)
+        computed = iter(done[: len(to_compute)])
         for outcome in stored:
             outcome = outcome or next(computed)
             self.outcomes[outcome.index] = outcome
@@ -171,6 +185,11 @@ class Search:
         if self.objective is not None:
             return [self.objective.value(i, self.outcomes[i].best(hbm_bytes)) for i in indices]
         return [self.outcomes[i].best(hbm_bytes).throughput for i in indices]
+
+    def _keep(self, key: str, bound: RefinedBound) -> None:
+        """A refined bound computed: in memory and in the cache."""
+        self.resources.placement_bounds.put(key, dataclasses.asdict(bound))
+        self._bounds[key] = bound
 
     def _usable(self, bound: RefinedBound | None, best: float) -> bool:
         """A refined bound settles a candidate when exact, or when cut and below the best found (as
@@ -228,8 +247,7 @@ class Search:
         if todo:
             todo.update(self._speculative(hbm_bytes, best, (-len(todo)) % self.workers, todo))
             for key, bound in zip(todo, self._map(refined_throughputs, list(todo.values()), hbm_bytes, best)):
-                store.put(key, dataclasses.asdict(bound))
-                self._bounds[key] = bound
+                self._keep(key, bound)
         refined = self._refined_columns.setdefault(hbm_bytes, RefinedColumns())
         for index, key in keys.items():
             self._refined[index, hbm_bytes] = self._bounds[key].value
