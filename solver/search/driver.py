@@ -50,8 +50,9 @@ def evaluate_or_refine(resources: Resources, items: list[tuple[str, int]], hbm_b
                        best: float) -> list[CandidateOutcome | RefinedBound]:
     """Per (kind, candidate): its evaluation ("evaluate"), or its refined bound for one HBM size cut at
     `best` ("refine"): an evaluation's workers refine what the search comes to next beside it."""
-    return [evaluate_candidates(resources, [index])[0] if kind == "evaluate"
-            else refined_throughputs(resources, [index], hbm_bytes, best)[0] for kind, index in items]
+    evaluated = iter(evaluate_candidates(resources, [index for kind, index in items if kind == "evaluate"]))
+    return [next(evaluated) if kind == "evaluate" else refined_throughputs(resources, [index], hbm_bytes, best)[0]
+            for kind, index in items]
 
 
 def baseline_missing(baseline: Baseline, resources: Resources | None = None) -> bool:
