@@ -109,15 +109,11 @@ class Resources:
                 lambda throughputs: {"throughputs": throughputs})
         return self._optimistic
 
-    def bounds_cached(self) -> bool:
-        """Whether the cache folder holds this context's group bounds (a worker without files: never)."""
-        return not self.recorded and bounds_path(self.context).exists()
-
     def _kept(self, key: str, read: Callable[[Path], Any], compute: Callable[[], Any],
               arrays: Callable[[Any], dict[str, np.ndarray]]) -> Any:
         """What `read` takes from the cache folder's `group_bounds/<key>.npz`, or `compute()`, then
         stored there as the named `arrays` of it (a worker without files computes it)."""
-        path = None if self.recorded else self.context.cache_dir / "group_bounds" / f"{key}.npz"  # bounds_path
+        path = None if self.recorded else kept_path(self.context, key)
         found = None if path is None else read_cache_file(path, read, (KeyError, zipfile.BadZipFile),
                                                           "bounds cache: cannot read %s (%s); computing them")
         if found is None:
@@ -140,9 +136,14 @@ class Resources:
         return hashlib.sha256(key).hexdigest()
 
 
+def kept_path(context: SearchContext, key: str) -> Path:
+    """Where `Resources._kept` keeps the arrays stored under `key`."""
+    return context.cache_dir / "group_bounds" / f"{key}.npz"
+
+
 def bounds_path(context: SearchContext) -> Path:
     """Where `Resources.group_bounds` keeps a context's group bounds."""
-    return context.cache_dir / "group_bounds" / f"{context.bounds_key}.npz"
+    return kept_path(context, context.bounds_key)
 
 
 def width_bounds(resources: Resources, widths: list[int]) -> list[GroupBounds]:
