@@ -206,20 +206,24 @@ class PreparedLayer:
 
     def candidate_prices(self, space: CandidateSpace, digits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(latency, parallel_latency) [s] of every operator on every candidate of `space` at once,
-        as arrays [operators x candidates]: the vectorised form of `prices` for a whole sweep, each
-        price computed once per distinct (tensor cores, vector lanes) and, with `digits`, rounded to
-        that many significant digits (`round_significant`, as a schedule problem's `rounded`)."""
+        as arrays [operators x candidates]: the vectorised form of `prices` for a whole sweep. The
+        tensor cores' and the vector cores' seconds are computed once per distinct configuration and,
+        with `digits`, rounded to that many significant digits (`round_significant`, as a schedule
+        problem's `rounded`) there; a price is the larger of the two (dividing by the clock and
+        rounding are monotone, so this is the rounded larger one, bit for bit)."""
         self.table.check(space.template)
         every, single = self.table.space_columns(space)
         clock, efficiency = self.table.template.clock_hz, self.table.template.tensor_core_efficiency
 
+        def seconds(cycles: np.ndarray) -> np.ndarray:
+            return cycles / clock if digits is None else round_significant(cycles / clock, digits)
+
         def prices(tensor_cores: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-            stride = int(lanes.max()) + 1
-            pairs, inverse = np.unique(tensor_cores.astype(np.int64) * stride + lanes, return_inverse=True)
-            counts, count_index = np.unique(pairs % stride, return_inverse=True)
-            vector = np.stack([self._vector_cores(int(count))[0] for count in counts], axis=1)[:, count_index]
-            seconds = np.maximum(self._tc_cycles[:, pairs // stride] / efficiency, vector) / clock
-            return (seconds if digits is None else round_significant(seconds, digits))[:, inverse]
+            cores, core_index = np.unique(tensor_cores, return_inverse=True)
+            counts, count_index = np.unique(lanes, return_inverse=True)
+            vector = np.stack([self._vector_cores(int(count))[0] for count in counts], axis=1)
+            return np.maximum(seconds(self._tc_cycles[:, cores] / efficiency)[:, core_index],
+                              seconds(vector)[:, count_index])
 
         return prices(single, space.width), prices(every, space.num_vc * space.width)
 

@@ -33,7 +33,7 @@ from solver.search import (
     SearchContext,
     accelerator_costs,
     chip_costs,
-    evaluate_accelerator,
+    evaluate_baseline,
     worker_pool,
 )
 from solver.evaluate import evaluate_placements, fixed_baseline
@@ -71,7 +71,8 @@ def _speedup(best: float, baseline: float) -> float | None:
 
 def tpuv4_baseline(settings: Settings, resources: Resources, hbm: int, best: float) -> dict:
     """The budget accelerator (TPUv4-like preset) with its best placement."""
-    outcome = evaluate_accelerator(resources, settings.accelerator, index_in_space(resources.space, settings.accelerator))
+    outcome = evaluate_baseline(Baseline(resources.context, settings.accelerator,
+                                         index_in_space(resources.space, settings.accelerator)), resources)
     record = results.best_record(outcome, resources.question, resources.axes, hbm)
     return {**record, "speedup": _speedup(best, record["throughput"])}
 
@@ -99,10 +100,10 @@ def validated_baseline(resources: Resources, best: float) -> dict:
     """The validated TPU v4 with its best placement on the run's system, with its own HBM (its
     schedules and placements cached as a candidate's are)."""
     chip, context = KNOWN_CHIPS[VALIDATED_BASELINE], resources.context
-    own = Resources.build(validated_context(context))
-    axes = own.axes
-    evaluations = evaluate_accelerator(own, chip.template).evaluations
-    record = results.best_record(CandidateOutcome(-1, chip, evaluations), context.question, axes, chip.hbm_capacity)
+    baseline = Baseline(validated_context(context), chip.template)
+    evaluations = evaluate_baseline(baseline).evaluations
+    record = results.best_record(CandidateOutcome(-1, chip, evaluations), context.question, baseline.context.axes,
+                                 chip.hbm_capacity)
     return {**record, "speedup": _speedup(best, record["throughput"])}
 
 

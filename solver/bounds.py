@@ -40,11 +40,13 @@ class GroupBounds:
     backward: np.ndarray
     attention_core: np.ndarray
 
-    def layer_work(self, layer_ids: tuple[int, ...]) -> np.ndarray:
-        """Forward + backward bound of every layer (rows in `layer_ids`' order) on every candidate."""
+    def layer_work(self, layer_ids: tuple[int, ...], columns: np.ndarray | None = None) -> np.ndarray:
+        """Forward + backward bound of every layer (rows in `layer_ids`' order) on every candidate, or
+        on the candidates `columns`."""
         row = {layer: index for index, group in enumerate(self.groups) for layer in group}
-        total = self.forward + self.backward
-        return total[[row[layer] for layer in layer_ids]]
+        forward, backward = ((self.forward, self.backward) if columns is None
+                             else (self.forward[:, columns], self.backward[:, columns]))
+        return (forward + backward)[[row[layer] for layer in layer_ids]]
 
     def costs(self, index: int) -> dict[int, LayerCost]:
         """Layer costs of candidate `index` from the bounds: no schedule is faster (energy etc. zero)."""
@@ -76,7 +78,31 @@ def _layer_bounds(prepared, space: CandidateSpace, keep: list[int] | None = None
         ops, latency, parallel = keep, latency[keep], parallel[keep]
         edges = [(position[a], position[b]) for a, b in edges if a in position and b in position]
     shape = LayerShape.of([prepared.ops[op].core_type for op in ops], edges)
-    return bound(shape, latency, parallel, space.num_tc.astype(float), space.num_vc.astype(float))
+    num_tc, num_vc = space.num_tc.astype(float), space.num_vc.astype(float)
+    # a candidate's bound is a function of its column alone: computed once per distinct column
+    first, inverse = distinct_columns(np.vstack([latency, parallel, num_tc, num_vc]))
+    return bound(shape, latency[:, first], parallel[:, first], num_tc[first], num_vc[first])[inverse]
+
+
+def distinct_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse): the position of one column of `values` [rows x columns] per distinct column
+    (bit for bit), and each column's index into `first` (values[:, first][:, inverse] is values).
+    Columns are told apart by a hash of their bits, and the grouping is checked against the values;
+    a collision (never seen) falls back to a lexicographic comparison."""
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+    multipliers = _hash_multipliers(len(bits))
+    with np.errstate(over="ignore"):
+        hashes = (bits * multipliers[:, None]).sum(axis=0, dtype=np.uint64) if len(bits) else np.zeros(
+            bits.shape[1], np.uint64)
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    if not np.array_equal(bits[:, first[inverse]], bits):
+        _, first, inverse = np.unique(bits, axis=1, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def _hash_multipliers(count: int) -> np.ndarray:
+    """`count` fixed odd 64-bit multipliers (a multiplicative hash of each row's bits)."""
+    return np.random.default_rng(0x5EED).integers(0, 2**63, count, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
 def group_bounds(graphs, space: CandidateSpace, table: EstimateTable, kernels: KernelOptions,
@@ -111,9 +137,7 @@ def optimistic_throughputs(question: Question, axes: Axes, graphs_by_width, spac
     graphs, model = step_graphs(graphs_by_width, None), step_model(question)
     largest = axes.at(memory_capacity=max(axes.memory_capacities))
     for width, extracted in graphs_by_width.items():
-        work = bounds[width].layer_work(tuple(layer.id for layer in extracted.layer_graph.layers))
-        if columns is not None:
-            work = work[:, columns]
+        work = bounds[width].layer_work(tuple(layer.id for layer in extracted.layer_graph.layers), columns)
         time = model.lower_bound(question, largest, graphs, work, width, space.template.hbm_bandwidth)
         best_time = np.minimum(best_time, time)
     with np.errstate(divide="ignore"):

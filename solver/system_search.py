@@ -303,8 +303,7 @@ class SystemSearch:
         self.best_value = 0.0
         self._base: dict[float, Resources] = {}  # one per HBM bandwidth: the graphs, table and group bounds
         self._memos: dict[str, dict] = {}  # placement memos by cluster
-        self._bandwidths: set[float] = set()  # the HBM bandwidths whose group bounds are computed or handed out
-        self._order: list[int] = []  # the options by descending first bound
+        self._bandwidths: set[float] = set()  # the HBM bandwidths whose group bounds are computed or asked for
 
     def template(self, memory: Memory) -> AcceleratorConfig:
         """The template with this HBM: its bandwidth, and the node's and the HBM's energies."""
@@ -335,45 +334,48 @@ class SystemSearch:
         if not isinstance(self.pool, WorkerPool):
             return
         memory, capacity, cluster = self._first([self.design.options[p] for p in self.design.undominated()])
-        first = self._context(memory, capacity, cluster)
         self._bandwidths.add(memory.bandwidth)
-        work = [*([first] if not bounds_path(first).exists() else []),
-                *(baseline for baseline in baselines if baseline_missing(baseline))]
-        if work:
-            self.pool.call(prepare_item, [(item,) for item in work])
+        self._bounds_on_workers([self._context(memory, capacity, cluster)],
+                                [baseline for baseline in baselines if baseline_missing(baseline)])
 
     def _prepare_bounds(self, positions: list[int]) -> None:
-        """Compute on the local workers, into the cache folder, the group bounds of the HBM bandwidths
-        of these options that no one computed yet, and beside them those of the options with the
-        highest first bounds, which the search refines next (so that no worker waits)."""
+        """Compute on the local workers, one task per width, the group bounds of the HBM bandwidths of
+        these options that no one computed yet."""
         if not isinstance(self.pool, WorkerPool):
             return
         contexts: dict[float, SearchContext] = {}
-
-        def add(position: int) -> None:
-            option = self.design.options[position]
-            if option.memory.bandwidth in self._bandwidths:
-                return
-            self._bandwidths.add(option.memory.bandwidth)
-            context = self._context(option.memory, option.memory.capacity, option.cluster)
-            if not bounds_path(context).exists():
-                contexts[option.memory.bandwidth] = context
-
         for position in positions:
-            add(position)
-        for position in self._order if contexts else ():
-            if len(contexts) % self.pool.processes == 0:
-                break
-            add(position)
-        if contexts:
-            self.pool.call(prepare_item, [(context,) for context in contexts.values()])
+            option = self.design.options[position]
+            if option.memory.bandwidth not in self._bandwidths:
+                self._bandwidths.add(option.memory.bandwidth)
+                contexts[option.memory.bandwidth] = self._context(option.memory, option.memory.capacity, option.cluster)
+        self._bounds_on_workers(list(contexts.values()))
+
+    def _bounds_on_workers(self, contexts: list[SearchContext], baselines: Sequence[Baseline] = ()) -> None:
+        """The group bounds of these contexts not in the cache folder, one task per width, and the
+        evaluations of `baselines`, computed on the workers side by side; the bounds are kept (in
+        the cache folder and the driver's resources of each HBM bandwidth)."""
+        missing = [self._base_resources(context) for context in contexts if not bounds_path(context).exists()]
+        widths = [(resources.context, width) for resources in missing for width in resources.graphs]
+        if not widths and not baselines:
+            return
+        # the baselines first: a whole chip's evaluations take longer than one width's bounds
+        found = self.pool.call(prepare_item, [(item,) for item in (*baselines, *widths)])[len(baselines):]
+        computed = dict(zip(((id(context), width) for context, width in widths), found))
+        for resources in missing:
+            resources.group_bounds(lambda chosen, key=id(resources.context): [computed[key, w] for w in chosen])
+
+    def _base_resources(self, context: SearchContext) -> Resources:
+        """The resources shared by the options of the context's HBM bandwidth (built on first use)."""
+        bandwidth = context.template.hbm_bandwidth
+        if bandwidth not in self._base:
+            self._base[bandwidth] = Resources.build(context)
+        return self._base[bandwidth]
 
     def _resources(self, memory: Memory, capacity: float, cluster: Network) -> Resources:
         """Resources at this HBM, capacity and cluster, sharing the group bounds of its HBM bandwidth."""
         context = self._context(memory, capacity, cluster)
-        base = self._base.get(memory.bandwidth)
-        if base is None:
-            base = self._base[memory.bandwidth] = Resources.build(context)
+        base = self._base_resources(context)
         # the placement memo is one question's: one per cluster (its key holds the HBM and the capacity)
         memo = self._memos.setdefault(json.dumps(cluster.to_dict(), sort_keys=True), {})
         return dataclasses.replace(base, context=context, memo=memo)
@@ -464,7 +466,6 @@ class SystemSearch:
         else:
             positions = self.design.undominated()
             first = np.array(self.first_bounds(positions))
-            self._order = [positions[i] for i in np.argsort(-first, kind="stable")]
             found = strategies.bounded(first,
                                        [lambda chosen: self._refine([positions[i] for i in chosen])],
                                        lambda chosen: self._evaluate(strategy, [positions[i] for i in chosen]), 1,

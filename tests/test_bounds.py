@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_module
 
 from estimator import layer_workload
 from estimator.workload import prepare_layer
-from solver.bounds import optimistic_throughputs
+from solver import bounds
+from solver.bounds import distinct_columns, optimistic_throughputs
 from phaze.settings import settings_from_config
 from phaze_hardware import named_accelerator
 from solver.search import Baseline, Search, evaluate_accelerator, worker_pool
@@ -202,3 +203,19 @@ def test_prepare_computes_the_group_bounds_and_the_baselines_on_the_workers(tmp_
     assert len(list((tmp_path / "group_bounds").glob("*.npz"))) == 1
     assert evaluate_accelerator(resources, resources.space[17], 17, compute=False) is not None
     assert evaluate_accelerator(Resources.build(other), chip, compute=False) is not None
+
+
+@pytest.mark.parametrize("colliding", [False, True], ids=["hashed", "every-hash-equal"])
+def test_distinct_columns_groups_equal_columns_bit_for_bit(monkeypatch, colliding):
+    """Each distinct column once (as numpy's lexicographic unique finds them), every column rebuilt
+    from its representative; with every hash equal, the check sends it to the lexicographic way."""
+    if colliding:
+        monkeypatch.setattr(bounds, "_hash_multipliers", lambda count: np.zeros(count, np.uint64))
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        palette = rng.choice([0.0, -0.0, 1.5, 3e-9, np.inf], size=(int(rng.integers(1, 6)), int(rng.integers(1, 12))))
+        values = palette[:, rng.integers(0, palette.shape[1], int(rng.integers(1, 200)))]
+        first, inverse = distinct_columns(values)
+        bits = values.view(np.uint64)
+        assert np.array_equal(bits[:, first][:, inverse], bits)
+        assert len(first) == len(np.unique(bits, axis=1).T)

@@ -13,7 +13,7 @@ from graph_extract import KernelOptions, extract, get_spec
 from phaze_hardware import Cluster
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement.layouts import megatron_chunks
-from solver.training_step.over_chips import time_lower_bound
+from solver.training_step.over_chips import least_pipeline_time, time_lower_bound
 from solver.training_step import (
     Device,
     ModelState,
@@ -292,3 +292,23 @@ def test_search_bound_never_exceeds_the_model(seed):
             result = step.price(placement)
             if result.feasible:
                 assert bound <= result.time_per_batch * (1 + 1e-12), (placement, bound, result.time_per_batch)
+
+
+def test_least_pipeline_time_equals_the_minimum_over_every_stage_count():
+    """The four stage counts priced per chip give the minimum over every p (to a rounding, never below)."""
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        count, blocks, micro_batches = (int(x) for x in rng.integers(1, 130, 3))
+        stages = np.arange(1, count + 1)
+        interleave = np.maximum(1, blocks // stages) if rng.random() < 0.7 else np.ones(count)
+        factor = micro_batches + (stages - 1) / interleave
+        per_layer = rng.random((int(rng.integers(1, 100)), 40)) * rng.choice([1e-6, 1e-3, 1.0])
+        per_layer[:, :3] = 0.0  # chips with no work
+        per_layer[0, 3:5] = np.inf  # and chips that cannot run a layer
+        heaviest, total = per_layer.max(axis=0), per_layer.sum(axis=0)
+        every = (factor[:, None] * np.maximum(heaviest, total / stages[:, None])).min(axis=0)
+        found = least_pipeline_time(factor, heaviest, total)
+        assert np.array_equal(np.isinf(found), np.isinf(every))
+        finite = np.isfinite(every)
+        assert np.all(found[finite] >= every[finite])
+        assert np.allclose(found[finite], every[finite], rtol=1e-15, atol=0.0)

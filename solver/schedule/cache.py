@@ -12,12 +12,12 @@ from typing import Any
 from solver.kvstore import KeyValueStore
 from solver.schedule import MODEL_VERSION
 from solver.schedule.problem import ScheduleProblem
+from solver.schedule.result import ScheduleResult
+from solver.schedule.solve import solve
 
 #: Significant digits of the latencies and energies a schedule is computed on; the search's
 #: bounds (`solver.bounds`) round the candidates' latencies to as many, so they bound the schedules.
 SCHEDULE_DIGITS = 6
-from solver.schedule.result import ScheduleResult
-from solver.schedule.solve import solve
 
 #: The table of the schedules in their SQLite file.
 SCHEDULES_TABLE = "schedules"
@@ -38,16 +38,13 @@ def stored_result(ops: int, stored: Any) -> ScheduleResult:
 class ScheduleCache:
     """Solve each distinct layer once per run and, with an SQLite `path`, once across runs.
 
-    Latencies and energies are rounded to `digits` significant digits and the rounded problem is the
-    one solved, so every problem with the same key gets the result of the same problem. The key
-    also holds the core counts, the backend, the time limit and the options. SQLite transactions
-    make the file safe for several processes of a multirun.
+    Latencies and energies are rounded to SCHEDULE_DIGITS significant digits (as the search's bounds
+    round them) and the rounded problem is the one solved, so every problem with the same key gets the
+    result of the same problem. The key also holds the core counts, the backend, the time limit and
+    the options. SQLite transactions make the file safe for several processes of a multirun.
     """
 
-    def __init__(self, path: str | Path | None = None, digits: int = SCHEDULE_DIGITS, store: Any = None):
-        if not (isinstance(digits, int) and 1 <= digits <= 17):
-            raise ValueError(f"digits: must be an integer in 1..17, got {digits!r}")
-        self.digits = digits
+    def __init__(self, path: str | Path | None = None, store: Any = None):
         self.solved = 0  # solver runs made by this cache object (misses)
         self._memory: dict[str, ScheduleResult] = {}
         # `store`: instead of a file, any object with KeyValueStore's get and put
@@ -66,7 +63,7 @@ class ScheduleCache:
 
     def problem_solved(self, problem: ScheduleProblem) -> ScheduleProblem:
         """The rounded problem whose schedule `solve` returns (draw or validate that one)."""
-        return problem.rounded(self.digits)
+        return problem.rounded(SCHEDULE_DIGITS)
 
     def solve(
         self, problem: ScheduleProblem, backend: str = "cpsat", time_limit: float = 10.0, **options

@@ -5,10 +5,11 @@ candidates), `outcomes` (one candidate evaluated through the caches) and `driver
 run over the candidates).
 """
 
-from solver.search.driver import STRATEGIES, Baseline, Objective, Search
+from solver.search.driver import STRATEGIES, Baseline, Objective, Search, evaluate_baseline
 from solver.search.keys import ScheduleSettings, SearchContext
 from solver.search.outcomes import CandidateOutcome, accelerator_costs, chip_costs, evaluate_accelerator
 from solver.search.resources import EXECUTORS, Resources, worker_pool
 
 __all__ = ["EXECUTORS", "STRATEGIES", "Baseline", "CandidateOutcome", "Objective", "Resources", "ScheduleSettings", "Search",
-           "SearchContext", "accelerator_costs", "chip_costs", "evaluate_accelerator", "worker_pool"]
+           "SearchContext", "accelerator_costs", "chip_costs", "evaluate_accelerator", "evaluate_baseline",
+           "worker_pool"]

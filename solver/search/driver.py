@@ -13,7 +13,7 @@ import numpy as np
 
 from phaze_hardware import AcceleratorConfig
 from solver import strategies
-from solver.bounds import optimistic_throughputs
+from solver.bounds import GroupBounds, optimistic_throughputs
 from solver.evaluate import Evaluation
 from solver.ray_pool import RayPool
 from solver.search.outcomes import (CandidateOutcome, RefinedBound, refined_bound, evaluate_accelerator, evaluate_candidates,
@@ -37,13 +37,26 @@ class Baseline:
     index: int = -1
 
 
-def prepare_item(item: SearchContext | Baseline) -> None:
-    """A context's group bounds, or a baseline's evaluations, computed into the cache folder (a
-    worker's stateless call, `WorkerPool.call`: the state it holds for another context is kept)."""
+def _own_resources(baseline: Baseline, resources: Resources | None) -> Resources:
+    """`resources` if built for the baseline's context, else the baseline's own."""
+    return resources if resources is not None and resources.context == baseline.context else Resources.build(
+        baseline.context)
+
+
+def evaluate_baseline(baseline: Baseline, resources: Resources | None = None) -> CandidateOutcome:
+    """A baseline's evaluations, through the caches (`resources`: used if of the baseline's context)."""
+    return evaluate_accelerator(_own_resources(baseline, resources), baseline.accelerator, baseline.index)
+
+
+def prepare_item(item: Baseline | tuple[SearchContext, int]) -> GroupBounds | None:
+    """A baseline's evaluations computed into the caches (None), or the group bounds of one width of
+    a context (a worker's stateless call, `WorkerPool.call`: the state it holds for another context
+    is kept)."""
     if isinstance(item, Baseline):
-        evaluate_accelerator(Resources.build(item.context), item.accelerator, item.index)
-    else:
-        Resources.build(item).group_bounds()
+        evaluate_baseline(item)
+        return None
+    context, width = item
+    return width_bounds(Resources.build(context), [width])[0]
 
 
 def evaluate_or_refine(resources: Resources, items: list[tuple[str, int]], hbm_bytes: int,
@@ -58,9 +71,8 @@ def evaluate_or_refine(resources: Resources, items: list[tuple[str, int]], hbm_b
 def baseline_missing(baseline: Baseline, resources: Resources | None = None) -> bool:
     """Whether the caches lack some of a baseline's evaluations (`resources`: built already, used if
     of the baseline's context)."""
-    own = resources if resources is not None and resources.context == baseline.context else Resources.build(
-        baseline.context)
-    return evaluate_accelerator(own, baseline.accelerator, baseline.index, compute=False) is None
+    return evaluate_accelerator(_own_resources(baseline, resources), baseline.accelerator, baseline.index,
+                                compute=False) is None
 
 
 def _prepared(resources: Resources, tasks: list[int], work: list) -> list:
@@ -72,8 +84,7 @@ def _prepared(resources: Resources, tasks: list[int], work: list) -> list:
         if isinstance(item, int):
             done.extend(width_bounds(resources, [item]))
             continue
-        own = resources if item.context == resources.context else Resources.build(item.context)
-        done.append(evaluate_accelerator(own, item.accelerator, item.index))
+        done.append(evaluate_baseline(item, resources))
     return done
 
 

@@ -35,7 +35,31 @@ def time_lower_bound(step: TrainingStep, compute: np.ndarray, degrees) -> np.nda
         if not len(stages):
             continue
         interleave = np.maximum(1, blocks // stages) if step.graph.is_chain() else np.ones(len(stages))
-        factor = (step.micro_batches // degree + (stages - 1) / interleave).reshape((-1,) + (1,) * total.ndim)
-        load = np.maximum(heaviest, total / stages.reshape(factor.shape))
-        best = np.minimum(best, (factor * load).min(axis=0) + float(step.tail_floor(degree)))
+        factor = step.micro_batches // degree + (stages - 1) / interleave
+        best = np.minimum(best, least_pipeline_time(factor, heaviest, total) + float(step.tail_floor(degree)))
+    return best
+
+
+def least_pipeline_time(factor: np.ndarray, heaviest: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """min over p = 1..len(factor) of factor[p − 1] · max(heaviest, total / p), elementwise over
+    `heaviest` and `total` (arrays of one shape), for a `factor` that does not decrease with p.
+
+    Where total / p ≤ heaviest (p ≥ q = ⌈total / heaviest⌉) the term is factor · heaviest, least at
+    the first such p; below q it is total · factor[p − 1] / p, least at the p ≤ q − 1 of least
+    factor / p, which does not depend on the chip. So four p per chip are priced (that one, q − 1, q
+    and q + 1, the neighbours covering the division's rounding): their least term is the full
+    minimum, or one rounding above it where two p tie in factor / p (the bounds' FLOAT_MARGIN
+    covers it)."""
+    count = len(factor)
+    stages = np.arange(1, count + 1)
+    per_stage = factor / stages
+    # the p of least factor / p among 1..k, for each k
+    least = np.maximum.accumulate(np.where(per_stage == np.minimum.accumulate(per_stage), stages, 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.ceil(total / heaviest)
+    first = np.clip(np.nan_to_num(ratio, nan=1.0, posinf=count + 1.0), 1, count + 1).astype(np.int64)
+    best = np.full(total.shape, np.inf)
+    for p in (least[np.clip(first - 1, 1, count) - 1], first - 1, first, first + 1):
+        p = np.clip(p, 1, count)
+        best = np.minimum(best, factor[p - 1] * np.maximum(heaviest, total / p))
     return best
