@@ -22,7 +22,7 @@ from graph_extract.trace import TRAINING_DTYPE_BYTES
 from phaze_hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult, critical_path_and_work
 from solver.schedule.cache import SCHEDULE_DIGITS
-from solver.training_step.memory import recomputed_modules
+from solver.training_step.memory import Recompute
 from solver.training_step.records import StepGraph, StepLayer
 
 DIRECTIONS = ("forward", "backward")
@@ -61,9 +61,10 @@ class LayerCost:
     def recomputed(self, mode: str) -> float:
         """The forward seconds recomputation mode `mode` re-runs of this layer (if it is a block):
         `full` all of it, a set of recompute modules each module's (`selective`: the attention core)."""
-        if mode == "full":
+        recompute = Recompute.of(mode)
+        if recompute.full:
             return self.forward
-        modules = recomputed_modules(mode)
+        modules = recompute.modules
         return ((self.attention_core_forward if "core_attn" in modules else 0.0)
                 + sum(seconds for name, seconds in self.module_forward if name in modules))
 

@@ -24,7 +24,7 @@ from solver.layout import FitRules, Layout, MegatronSplit
 from solver.placement.layouts import megatron_chunks
 from solver.question import Axes, Question, context_problem
 from solver.step_models import TrainingStepModel
-from solver.training_step import Placement, StepGraph, StepResult, TrainingStep, recomputed_modules
+from solver.training_step import Placement, Recompute, StepGraph, StepResult, TrainingStep
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,9 @@ def flops_per_micro_batch(graphs: ExtractedModel, recompute: str, kernels: Kerne
     width = graphs.tensor_parallel_width
     layers = graphs.layer_graph.layers
     forward = sum(layer.forward_flops * (width if layer.tensor_parallel else 1) for layer in layers)
-    if recompute == "full":
+    if Recompute.of(recompute).full:
         return float(forward), float(sum(layer.forward_flops for layer in layers if layer.is_block) * width)
-    modules = recomputed_modules(recompute)
+    modules = Recompute.of(recompute).modules
     recomputed = (kernels.recomputed_core(graphs.attention_core) if "core_attn" in modules else frozenset()).union(
         *(ids for name, ids in graphs.recompute_modules.items() if name in modules))
     representative = {member: group[0] for group in graphs.repeat_groups for member in group}

@@ -144,10 +144,10 @@ def test_interleaving_is_searched_and_bounded():
     steps = random_steps(7, 10)["none"]
     step = steps[max(steps)]
     space = state_space(step)
-    found = interleaved(step, space, step.stage_terms(space.members), None, math.inf)
+    found = interleaved(step, step.stage_terms(space.members), None, math.inf)
     assert found is None or found[0].layout.virtual_stages > 1
     if found:
-        assert interleaved(step, space, step.stage_terms(space.members), None, found[1].time_per_batch) is None
+        assert interleaved(step, step.stage_terms(space.members), None, found[1].time_per_batch) is None
 
 
 def test_fixed_megatron_layout():

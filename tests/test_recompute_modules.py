@@ -19,7 +19,7 @@ from phaze.validation.cases import case, stated_modules
 from solver.layout import Layout
 from solver.question import Axes
 from solver.training_step import (Device, Placement, StepGraph, StepLayer, TrainingOptions, TrainingStep,
-                                  held_activations, recompute_mode, recomputed_modules)
+                                  Recompute, held_activations, recompute_mode)
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
 # A Llama-family mixture: first block dense (SwiGLU 96), then experts (4 of width 32, 2 per token)
@@ -34,8 +34,11 @@ def test_each_mode_has_one_name_and_a_bad_one_is_one_line():
     assert recompute_mode("moe_act+layernorm") == "layernorm+moe_act"  # in one (alphabetical) order
     assert recompute_mode("layernorm+core_attn") == "core_attn+layernorm"
     assert [recompute_mode(mode) for mode in ("none", "selective", "full")] == ["none", "selective", "full"]
-    assert recomputed_modules("selective") == {"core_attn"} and recomputed_modules("full") == set()
-    assert recomputed_modules("layernorm+moe") == {"layernorm", "moe"}
+    assert Recompute.of("selective") == Recompute(modules=frozenset({"core_attn"}))
+    assert Recompute.of("full") == Recompute(full=True) and Recompute.of("none") == Recompute()
+    assert Recompute.of("moe+layernorm") == Recompute(modules=frozenset({"layernorm", "moe"}))
+    assert [Recompute.of(name).name for name in ("none", "full", "selective", "core_attn", "moe+layernorm")] == [
+        "none", "full", "selective", "selective", "layernorm+moe"]
     assert Axes((1,), (1,), ("core_attn", "selective", "moe_act+layernorm")).recompute == (
         "selective", "layernorm+moe_act")
     with pytest.raises(InputError, match=r"^recompute: unknown 'attention'; allowed: none, selective, full, or "
@@ -90,8 +93,8 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
                            replicated_activation_bytes=dense.replicated_activation_bytes, is_block=True,
                            fused_attention_activation_bytes=dense.fused_attention_activation_bytes,
                            recompute_modules=dense.recompute_modules)
-    none = held_activations([step_layer], "none", t, kernels)[0][0]
-    held, working = held_activations([step_layer], "layernorm+mlp", t, kernels)
+    none = held_activations([step_layer], Recompute.of("none"), t, kernels)[0][0]
+    held, working = held_activations([step_layer], Recompute.of("layernorm+mlp"), t, kernels)
     share = 1 - 1 / t
     assert none - held[0] == pytest.approx(4 * b * s * h * (1 - share) + 8 * b * s * f / t, rel=1e-12)
     assert working[0] == pytest.approx(8 * b * s * f / t, rel=1e-12)  # one FFN rebuilt at a time

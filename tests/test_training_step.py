@@ -17,6 +17,7 @@ from solver.training_step.over_chips import least_pipeline_time, time_lower_boun
 from solver.training_step import (
     Device,
     ModelState,
+    Recompute,
     Placement,
     StepGraph,
     StepLayer,
@@ -44,7 +45,8 @@ def test_activations_of_a_traced_gpt_block_follow_the_table(width):
         ("full", True): 2 * sbh / t,
     }
     for (mode, sequence_parallel), value in expected.items():
-        held, working = held_activations([block], mode, width, KernelOptions(sequence_parallel, flash_attention=False))
+        held, working = held_activations([block], Recompute.of(mode), width,
+                                         KernelOptions(sequence_parallel, flash_attention=False))
         assert held[0] == pytest.approx(value, rel=1e-12), (mode, sequence_parallel)
         if mode == "full":  # while recomputed, the block's whole activations are back
             assert working[0] == pytest.approx(expected["none", sequence_parallel], rel=1e-12)
@@ -55,8 +57,8 @@ def test_activations_of_a_traced_gpt_block_follow_the_table(width):
         fused = KernelOptions(sequence_parallel, flash_attention=True)
         kept = expected["selective", sequence_parallel] + statistics
         for mode in ("none", "selective"):
-            assert held_activations([block], mode, width, fused)[0][0] == pytest.approx(kept, rel=1e-12)
-        held, working = held_activations([block], "full", width, fused)
+            assert held_activations([block], Recompute.of(mode), width, fused)[0][0] == pytest.approx(kept, rel=1e-12)
+        held, working = held_activations([block], Recompute.of("full"), width, fused)
         assert (held[0], working[0]) == pytest.approx((expected["full", sequence_parallel], kept), rel=1e-12)
 
 
@@ -69,8 +71,9 @@ def test_fp8_keeps_the_inputs_of_weight_products_in_one_byte(width):
     sbh, t = S * B * H, width
     statistics = 4 * B * (A // t) * S
     for sequence_parallel, saved in ((True, 7 * sbh / t), (False, 2 * sbh + 5 * sbh / t)):
-        bf16 = held_activations([block], "none", width, KernelOptions(sequence_parallel))[0][0]
-        fp8 = held_activations([block], "none", width, KernelOptions(sequence_parallel, precision="fp8"))[0][0]
+        bf16 = held_activations([block], Recompute.of("none"), width, KernelOptions(sequence_parallel))[0][0]
+        fp8 = held_activations([block], Recompute.of("none"), width,
+                               KernelOptions(sequence_parallel, precision="fp8"))[0][0]
         assert bf16 == pytest.approx((34 / t if sequence_parallel else 10 + 24 / t) * sbh + statistics, rel=1e-12)
         assert bf16 - fp8 == pytest.approx(saved, rel=1e-12)
 

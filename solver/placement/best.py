@@ -33,7 +33,7 @@ def best_placement(steps: Sequence[TrainingStep], virtual_stages: tuple[int, ...
     that fits). Only a placement faster than `upper_bound` [s] is returned (none: an infeasible
     result)."""
     best: tuple[TrainingStep, Placement, StepResult] | None = None
-    terms_of, chunk_pairs = {}, {}  # kept for steps of equal layer values; of one graph
+    terms_of = {}  # kept for steps of equal layer values
     for step in steps:
         bound = best[2].time_per_batch if best else upper_bound
         if step_floor(step) >= bound:
@@ -44,8 +44,7 @@ def best_placement(steps: Sequence[TrainingStep], virtual_stages: tuple[int, ...
         terms = terms_of[step.terms_key]
         found = []
         if virtual_stages is None or any(v > 1 for v in virtual_stages):
-            pairs = chunk_pairs.setdefault(step.graph.width, {})
-            found.append(interleaved(step, space, terms, virtual_stages, bound, pairs))
+            found.append(interleaved(step, terms, virtual_stages, bound))
             if found[-1] is not None:
                 bound = min(bound, found[-1][1].time_per_batch)
         if virtual_stages is None or 1 in virtual_stages:

@@ -17,7 +17,7 @@ from solver.training_step.model import TrainingStep
 from solver.training_step.records import Placement, StageTerms, StepGraph, StepResult
 from solver.training_step.stages import per_device
 
-from .candidates import StateSpace
+from .candidates import chain_space
 
 
 def block_span(graph: StepGraph) -> tuple[int, int] | None:
@@ -38,8 +38,14 @@ def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1, spli
     hold one block fewer; or the first and last stage's blocks are given.
     """
     span = block_span(graph)
-    if span is None:
-        return None
+    return None if span is None else _chunks(span, graph.n, stages, virtual_stages, split)
+
+
+@lru_cache(maxsize=4096)
+def _chunks(span: tuple[int, int], layers: int, stages: int, virtual_stages: int, split: MegatronSplit | None
+            ) -> tuple[tuple[int, ...], ...] | None:
+    """`megatron_chunks` of a chain of `layers` whose blocks are at `span` (it depends on nothing else
+    of the graph: kept per process)."""
     blocks, chunks = span[1] - span[0], stages * virtual_stages
     if split is not None and split.uneven:
         sizes = _uneven_sizes(blocks, stages, virtual_stages, split)
@@ -53,10 +59,20 @@ def megatron_chunks(graph: StepGraph, stages: int, virtual_stages: int = 1, spli
     if sizes is None:
         return None
     bounds = list(itertools.accumulate(sizes, initial=span[0]))
-    layers = [list(range(bounds[index], bounds[index + 1])) for index in range(len(sizes))]
-    layers[0] = list(range(span[0])) + layers[0]  # the layers before the blocks with the first chunk
-    layers[-1] = layers[-1] + list(range(span[1], graph.n))  # and those after with the last
-    return tuple(tuple(chunk) for chunk in layers)
+    found = [list(range(bounds[index], bounds[index + 1])) for index in range(len(sizes))]
+    found[0] = list(range(span[0])) + found[0]  # the layers before the blocks with the first chunk
+    found[-1] = found[-1] + list(range(span[1], layers))  # and those after with the last
+    return tuple(tuple(chunk) for chunk in found)
+
+
+@lru_cache(maxsize=4096)
+def _chunk_stages(span: tuple[int, int], layers: int, stages: int, virtual_stages: int) -> np.ndarray:
+    """The candidate stage (`chain_space(layers)`'s pair) of each of Megatron's even chunks."""
+    pair_start = chain_space(layers).pair_start
+    found = np.array([int(pair_start[layers - chunk[0]]) + len(chunk) - 1
+                      for chunk in _chunks(span, layers, stages, virtual_stages, None)])
+    found.flags.writeable = False
+    return found
 
 
 def _uneven_sizes(blocks: int, stages: int, virtual_stages: int, split: MegatronSplit) -> list[int] | None:
@@ -83,31 +99,26 @@ def interleaved_layouts(rules: FitRules, shard: Layout, choices: tuple[int, ...]
     return tuple((key, tuple(options)) for key, options in sorted(by_chunks.items()))
 
 
-def interleaved(step: TrainingStep, space: StateSpace, terms: StageTerms, choices: tuple[int, ...] | None,
-                upper_bound: float, chunk_pairs: dict | None = None) -> tuple[Placement, StepResult] | None:
+def interleaved(step: TrainingStep, terms: StageTerms, choices: tuple[int, ...] | None,
+                upper_bound: float) -> tuple[Placement, StepResult] | None:
     """The fastest interleaved (v > 1) Megatron layout faster than `upper_bound`, or None.
 
-    `terms` are the chain's interval terms of `space` (every chunk is an interval); `choices`
-    restricts v (None: every v); `chunk_pairs` (the caller's, for steps of one graph) keeps each
-    (p, v)'s chunks and their candidate stages.
+    `terms` are the chain's interval terms (`chain_space`: every chunk is an interval); `choices`
+    restricts v (None: every v).
     """
-    if block_span(step.graph) is None:
+    span = block_span(step.graph)
+    if span is None:
         return None
-    chunk_pairs = {} if chunk_pairs is None else chunk_pairs
     best, order, busy, groups = None, (upper_bound,), step.busy(terms), []
     for (stages, v), options in interleaved_layouts(step.fit_rules(), step.shard, choices):
-        if (stages, v) not in chunk_pairs:
-            chunks = megatron_chunks(step.graph, stages, v)
-            chunk_pairs[stages, v] = chunks, np.array([int(space.pair_start[step.graph.n - chunk[0]]) + len(chunk) - 1
-                                                       for chunk in chunks])
-        heaviest = float(per_device(busy[chunk_pairs[stages, v][1]], stages).max())
+        heaviest = float(per_device(busy[_chunk_stages(span, step.graph.n, stages, v)], stages).max())
         degrees = np.array([layout.data_parallel_width for layout in options])
         groups.append((float(step.time_floor(degrees, stages, v, heaviest).min()), stages, v, options))
     # the best is the least (time, d, p, v) whatever the order: the likeliest first, the rest cut by their floor
     for floor, stages, v, options in sorted(groups, key=lambda group: group[:3]):
         if floor > order[0]:
             break  # no width of this p and v, nor of any later, can beat the best so far
-        chunks, pairs = chunk_pairs[stages, v]
+        chunks, pairs = _chunks(span, step.graph.n, stages, v, None), _chunk_stages(span, step.graph.n, stages, v)
         chunk_terms = StageTerms(**{name: getattr(terms, name)[pairs] for name in StageTerms.__dataclass_fields__})
         fewest = step.micro_batches // max(layout.data_parallel_width for layout in options)
         if (step.memory_floor(step.device_terms(chunk_terms, stages), in_flight(stages, v, fewest))

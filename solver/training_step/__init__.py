@@ -15,10 +15,10 @@ from solver.training_step.memory import (
                                         RECOMPUTE_ALLOWED,
                                         RECOMPUTE_MODES,
                                         ModelState,
+                                        Recompute,
                                         held_activations,
                                         in_flight,
                                         recompute_mode,
-                                        recomputed_modules,
 )
 from solver.training_step.model import TrainingStep
 from solver.training_step.records import BREAKDOWN_KEYS, Device, Placement, StepGraph, StepLayer, StepResult
@@ -37,6 +37,7 @@ __all__ = [
     "SHARDINGS",
     "Device",
     "ModelState",
+    "Recompute",
     "Placement",
     "StepGraph",
     "StepLayer",
@@ -46,5 +47,4 @@ __all__ = [
     "held_activations",
     "in_flight",
     "recompute_mode",
-    "recomputed_modules",
 ]

@@ -26,7 +26,7 @@ import numpy as np
 from graph_extract.kernels import KernelOptions
 from phaze_hardware import Collective, Group, Network
 from solver.layout import Layout
-from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES
+from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES, Recompute
 from solver.training_step.options import (GATHER_COPY_PASSES, GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME,
                                           REDUCE_COPY_PASSES, TrainingOptions)
 from solver.training_step.records import Device, StageTerms
@@ -56,7 +56,7 @@ class DataParallel:
     kernels: KernelOptions
     device: Device
     shard: Layout
-    recompute: str
+    recompute: Recompute
     _collectives: dict = field(default_factory=dict, repr=False, compare=False)
     _data_groups: dict = field(default_factory=dict, repr=False, compare=False)
     _class_groups: dict = field(default_factory=dict, repr=False, compare=False)
@@ -210,7 +210,7 @@ class DataParallel:
         collectives = terms.gathers if blocking else 1
         # with `blocking_tensors` and full recomputation the backward's gathers are the recomputed
         # forward's and, for the share of the weights freed before their backward, its own
-        third = blocking and self.recompute == "full"
+        third = blocking and self.recompute.full
         regathered = np.divide(terms.regathered, terms.parameters, out=np.zeros_like(terms.parameters),
                                where=terms.parameters > 0) if third else zero
         regathers = terms.regathers if third else zero

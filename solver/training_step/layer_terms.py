@@ -18,7 +18,7 @@ from graph_extract.kernels import KernelOptions
 from graph_extract.layergraph import RecomputedModule
 from phaze_hardware import Collective, Network
 from solver.layout import Layout
-from solver.training_step.memory import held_activations, recomputed_modules
+from solver.training_step.memory import Recompute, held_activations
 from solver.training_step.options import PERSISTENCE_THRESHOLD, REUSE_DISTANCE, TrainingOptions
 from solver.training_step.records import StepGraph, StepLayer
 
@@ -36,7 +36,7 @@ class Shard:
     cluster: Network
     training: TrainingOptions
     kernels: KernelOptions
-    recompute: str
+    recompute: Recompute
     shard: Layout
 
     @property
@@ -67,7 +67,7 @@ class Shard:
 
     def recomputed(self) -> list[list[RecomputedModule]]:
         """Each layer's modules the mode recomputes (none for `none`, `selective` and `full`)."""
-        chosen = recomputed_modules(self.recompute)
+        chosen = self.recompute.modules
         return [[module for module in layer.recompute_modules if module.name in chosen] for layer in self.layers]
 
 
@@ -102,7 +102,7 @@ def tensor_parallel(shard: Shard) -> dict[str, np.ndarray]:
         return (sum(tensor.scalar(b * tokens) for b in plain)
                 + sum(experts_tensor.scalar(b * experts_tokens) for b in expert))
 
-    again_blocks = shard.blocks() & (shard.recompute == "full")
+    again_blocks = shard.blocks() & shard.recompute.full
     forward = np.array([collectives(layer.forward_collective_bytes, layer.expert_forward_collective_bytes)
                         for layer in layers], float)
     backward = np.array([collectives(layer.backward_collective_bytes, layer.expert_backward_collective_bytes)
@@ -140,7 +140,7 @@ def ring_attention(shard: Shard) -> dict[str, np.ndarray]:
     forward_send, backward_send = link.time(key_value_bytes), link.time(2 * key_value_bytes)
     forward = (c - 1) * np.maximum(forward_send - shard.values("attention_forward") * tokens / c, 0.0)
     backward = (c - 1) * np.maximum(backward_send - shard.values("attention_backward") * tokens / c, 0.0)
-    again = shard.blocks() & (shard.recompute == "full")
+    again = shard.blocks() & shard.recompute.full
     exposed = forward + backward + np.where(again, forward, 0.0)
     sent_forward, sent_backward = (c - 1) * forward_send, (c - 1) * backward_send
     raw = sent_forward + sent_backward + np.where(again, sent_forward, 0.0)
@@ -161,7 +161,7 @@ def expert_dispatch(shard: Shard, compute: np.ndarray) -> dict[str, np.ndarray]:
     all_to_all = np.array([exchanges(layer.all_to_all_bytes) for layer in shard.layers], float)
     again = np.array([sum(exchanges(module.all_to_all_bytes) for module in found) for found in shard.recomputed()],
                      float)
-    raw = 2 * all_to_all + np.where(shard.blocks() & (shard.recompute == "full"), all_to_all, 0.0) + again
+    raw = 2 * all_to_all + np.where(shard.blocks() & shard.recompute.full, all_to_all, 0.0) + again
     exposed = raw
     if shard.training.overlap_expert_dispatch:
         exposed = np.maximum(raw - compute, shard.training.expert_dispatch_compute_share * raw)
@@ -174,14 +174,14 @@ def recomputation(shard: Shard) -> np.ndarray:
     forward (a mixture's experts at this shard's split differ by the layer's own difference: only the
     experts' products read what the split changes) and the attention core's with `core_attn`."""
     tokens, layers = shard.token_share, shard.layers
-    if shard.recompute == "full":
+    if shard.recompute.full:
         rerun = shard.values("forward") * tokens
     else:
         at_split = shard.values("forward") - np.array([layer.forward for layer in layers], float)
         rerun = tokens * np.array([sum(dict(layer.module_forward).get(module.name, 0.0)
                                        + (shift if module.name == "moe" else 0.0) for module in found)
                                    for layer, found, shift in zip(layers, shard.recomputed(), at_split)], float)
-        if "core_attn" in recomputed_modules(shard.recompute):
+        if "core_attn" in shard.recompute.modules:
             rerun = rerun + shard.values("attention_core_forward") * tokens
     return np.where(shard.blocks(), rerun, 0.0)
 

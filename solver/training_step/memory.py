@@ -39,6 +39,7 @@ Only transformer blocks are recomputed; the embedding and the head always keep t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -121,11 +122,29 @@ def recompute_mode(value: object, field: str = "recompute") -> str:
     return "selective" if ordered == ["core_attn"] else "+".join(ordered)
 
 
-def recomputed_modules(mode: str) -> frozenset[str]:
-    """The recompute modules a mode re-runs (`none` and `full`: none; `full` re-runs whole blocks)."""
-    if mode in ("none", "full"):
-        return frozenset()
-    return frozenset({"core_attn"}) if mode == "selective" else frozenset(mode.split("+"))
+@dataclass(frozen=True)
+class Recompute:
+    """A recomputation mode as a value: whole blocks re-run (`full`), or the recompute modules
+    `modules` re-run (Megatron-Core's; `core_attn` alone is `selective`), or nothing (`none`)."""
+
+    full: bool = False
+    modules: frozenset[str] = frozenset()
+
+    @staticmethod
+    @lru_cache(maxsize=256)
+    def of(name: str) -> Recompute:
+        """The mode named `name` (`recompute_mode`'s one name, or any name it accepts)."""
+        name = recompute_mode(name)
+        if name in ("none", "full"):
+            return Recompute(full=name == "full")
+        return Recompute(modules=frozenset({"core_attn"}) if name == "selective" else frozenset(name.split("+")))
+
+    @property
+    def name(self) -> str:
+        """Its one name (`recompute_mode`)."""
+        if self.full:
+            return "full"
+        return recompute_mode("+".join(sorted(self.modules))) if self.modules else "none"
 
 
 def device_bytes(total: float, replicated: float, saved, share: float, fp8: bool) -> float:
@@ -148,22 +167,21 @@ def module_bytes(module, fused: bool, share: float, fp8: bool) -> float:
     return device_bytes(module.activation_bytes, module.replicated_activation_bytes, module, share, fp8)
 
 
-def held_activations(layers, mode: str, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
+def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed). A layer
     without a fused-attention figure keeps with a fused kernel what it keeps without."""
-    mode = recompute_mode(mode)
     share = kernels.replicated_share(width)
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
     saved = np.array([device_bytes(layer.fused_attention_activation_bytes if here else layer.activation_bytes,
                                    layer.replicated_activation_bytes, layer, share, kernels.fp8)
                       for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
-    if mode == "none":
-        return saved, np.zeros(len(layers))
-    if mode == "full":
+    if recompute.full:
         inputs = np.array([layer.input_bytes - share * layer.replicated_input_bytes for layer in layers], float)
         return np.where(recomputed, inputs, saved), np.where(recomputed, saved, 0.0)
-    modules = recomputed_modules(mode)
+    modules = recompute.modules
+    if not modules:
+        return saved, np.zeros(len(layers))
     held = saved
     if "core_attn" in modules:
         held = saved - np.array([0.0 if here else layer.attention_core_activation_bytes

@@ -71,7 +71,7 @@ from phaze_hardware import Network
 from solver.layout import FitRules, Layout
 from solver.training_step.data_parallel import DataParallel
 from solver.training_step.layer_terms import Shard, layer_terms
-from solver.training_step.memory import in_flight, recompute_mode
+from solver.training_step.memory import Recompute, in_flight, recompute_mode
 from solver.training_step.options import TrainingOptions
 from solver.training_step.records import (BUSY_TERMS, SUMMED_TERMS, Device, Placement, StageTerms, StepGraph,
                                           StepResult)
@@ -120,14 +120,15 @@ class TrainingStep:
             raise ValueError(f"shard: {self.shard.text()} is not the shard of a width-{self.graph.width} graph "
                              "(t its width, p = d = v = 1)")
         object.__setattr__(self, "layers_split", Shard(graph=self.graph, cluster=self.cluster, training=self.training,
-                                                      kernels=self.kernels, recompute=self.recompute, shard=self.shard))
+                                                      kernels=self.kernels, recompute=Recompute.of(self.recompute),
+                                                      shard=self.shard))
         object.__setattr__(self, "layer_values", layer_terms(self.layers_split))
         object.__setattr__(self, "_pipeline_tiers", {})
 
     @cached_property
     def data_parallel(self) -> DataParallel:
         return DataParallel(cluster=self.cluster, training=self.training, kernels=self.kernels, device=self.device,
-                            shard=self.shard, recompute=self.recompute)
+                            shard=self.shard, recompute=Recompute.of(self.recompute))
 
     @property
     def token_share(self) -> float:
