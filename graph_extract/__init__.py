@@ -1,8 +1,10 @@
 """Stage 1 of phaze: the model zoo, meta-device tracing, op graphs, layer graphs and repeats.
 
 The names below load their module on first use: the graphs and their passes (opgraph, layergraph,
-kernels, regions, zoo) import no torch, so code that only reads graphs (the placement DP's command)
-starts without it; tracing (extraction, verify) imports torch when first asked for.
+kernels, regions, zoo) and `extract` reading a cached graph import no torch, so the command line, the
+search's workers and a run from cached graphs start without it (about 1.5 s); tracing or exporting a
+model (a graph not in the cache, `verify`, a factory's or a config.json's model) imports torch when
+first asked for.
 """
 
 from importlib import import_module

@@ -14,16 +14,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from phaze_common.checks import InputError, positive_integer
 from phaze_common.files import atomic_write, read_cache_file
 from phaze_common.log import warn_once
-from graph_extract import factory
-from graph_extract.export import export
 from graph_extract.layergraph import LayerEdge, LayerGraph, build_layer_graph
-from graph_extract.opgraph import OpGraph, weight_sizes
+from graph_extract.opgraph import TRAINING_DTYPE_BYTES, OpGraph, weight_sizes
 from graph_extract.regions import attention_core, recompute_modules
 from graph_extract.repeats import repeat_groups as find_repeat_groups
 from graph_extract.serialize import (
@@ -34,9 +31,10 @@ from graph_extract.serialize import (
     op_graph_from_dict,
     op_graph_to_dict,
 )
-from graph_extract.trace import TRAINING_DTYPE_BYTES, to_op_graph, trace
-from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
+
+if TYPE_CHECKING:
+    import torch
 
 #: Transformer blocks traced (after a mixture's first dense blocks). The blocks of a zoo model are one
 #: module class with one shape, so every further block is the last traced one again: its layer is
@@ -120,7 +118,11 @@ def check_request(spec: ModelSpec, micro_batch_size: object, sequence_length: ob
 def is_exported(spec: ModelSpec) -> bool:
     """Whether `spec`'s graphs come from `torch.export` and a plan: a factory that builds the whole
     model (no tensor_parallel_width), or a config.json transformers builds."""
-    return spec.factory is not None and not factory.takes_width(spec.factory)
+    if spec.factory is None:
+        return False
+    from graph_extract import factory  # torch: loaded for a factory's model only
+
+    return not factory.takes_width(spec.factory)
 
 
 def parameter_count(model: torch.nn.Module, width: int) -> int:
@@ -151,6 +153,8 @@ def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence
         length -= 1
     fields = fields[:length]
     if spec.factory is not None:
+        from graph_extract import factory  # torch: loaded for a factory's model only
+
         fields += (factory.source_digest(spec.factory),)
     if spec.plan is not None:
         from graph_extract.plan import plan_digest  # torch.distributed.tensor: loaded when first needed
@@ -195,6 +199,9 @@ def _from_record(record: dict) -> ExtractedModel:
 
 
 def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int) -> ExtractedModel:
+    from graph_extract import factory
+    from graph_extract.trace import trace
+
     traced = spec.with_overrides(num_layers=traced_blocks(spec))
     if spec.factory is None or is_exported(spec):
         return _exported(spec, traced, micro_batch_size, sequence_length, width)
@@ -210,6 +217,7 @@ def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequenc
               width: int) -> ExtractedModel:
     """Apply the model's plan at `width` to its one export (`graph_extract.export`): the zoo's model
     (its vocabulary padded for the width, Megatron's rule), a factory's or a config.json's."""
+    from graph_extract import factory
     from graph_extract.plan import derived_plan, read_plan  # torch.distributed.tensor: loaded here
     from graph_extract.plan_pass import apply_plan
 
@@ -227,6 +235,11 @@ def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequenc
 def _export_zoo(traced: ModelSpec, micro_batch_size: int, sequence_length: int,
                 padded_vocab: int) -> tuple[torch.nn.Module, str, torch.fx.GraphModule]:
     """The zoo's model of `traced`'s blocks, unsharded, and its export, once per process and shape."""
+    import torch
+
+    from graph_extract.export import export
+    from graph_extract.transformer import TransformerModel, example_inputs
+
     with torch.device("meta"):
         model = TransformerModel(traced, sequence_length, padded_vocab, micro_batch_size)
     return model, "layers", export(model, example_inputs(model, micro_batch_size, sequence_length))
@@ -237,6 +250,9 @@ def _export(reference: str, digest: str, micro_batch_size: int, sequence_length:
             blocks: int) -> tuple[torch.nn.Module, str, torch.fx.GraphModule]:
     """The factory's model cut to `blocks` blocks, its blocks' path and its export, once per process
     for each file version (`digest`) and input shape."""
+    from graph_extract import factory
+    from graph_extract.export import export
+
     model, path = factory.build(reference, sequence_length, 1, blocks)
     inputs = factory.model_inputs(model, micro_batch_size, sequence_length)
     try:
@@ -250,6 +266,8 @@ def _extracted(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequen
                model: torch.nn.Module, module: torch.fx.GraphModule, blocks: str, built_width: int) -> ExtractedModel:
     """The graphs of rank 0's module `module` at `width`, the blocks beyond the traced ones copied;
     `model` is the module built at `built_width` (1: unsharded) whose parameters are counted."""
+    from graph_extract.trace import to_op_graph
+
     op_graph = to_op_graph(module, traced.num_layers, width, blocks)
     layer_graph = _named_layers(build_layer_graph(op_graph, TRAINING_DTYPE_BYTES), traced.num_layers)
     groups = find_repeat_groups(op_graph)

@@ -55,12 +55,6 @@ _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _LOADED: dict[tuple[Path, str], ModuleType] = {}
 
 
-def is_factory_reference(config: str) -> bool:
-    """Whether a `model.config` value names a factory (`x:function`) rather than a model file."""
-    location, colon, function = config.rpartition(":")
-    return bool(colon) and bool(location) and not any(character in function for character in "./\\")
-
-
 def _split(reference: str) -> tuple[str, str]:
     """(module name or file path, function name); ValueError if `reference` is neither form."""
     location, _, function = reference.rpartition(":")

@@ -16,6 +16,9 @@ from functools import cached_property
 
 Shape = tuple[int, ...]
 
+#: Bytes per element of floating-point activations and weights in training (fp16, as the original).
+TRAINING_DTYPE_BYTES = 2
+
 #: Operator kinds, the coarse class a cost model dispatches on.
 #: gemm: a product with a weight matrix; bmm: a product of two activations;
 #: elementwise: one output element per input element (add, gelu, dropout, masked_fill, ...);

@@ -22,11 +22,8 @@ from torch import fx, nn
 from torch.fx._symbolic_trace import _assert_is_none
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
-from graph_extract.opgraph import GemmDims, OpGraph, OpNode
+from graph_extract.opgraph import TRAINING_DTYPE_BYTES, GemmDims, OpGraph, OpNode
 from graph_extract.parallel import LEAF_FUNCTIONS, all_reduce, all_to_all, copy_to_tensor_parallel_region, route
-
-#: Bytes per element of floating-point activations and weights in training (fp16, as the original).
-TRAINING_DTYPE_BYTES = 2
 
 
 class PhazeTracer(fx.Tracer):

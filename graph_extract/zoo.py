@@ -374,3 +374,9 @@ def get_spec(model: str | ModelSpec) -> ModelSpec:
     if model not in ZOO:
         raise InputError(f"model: unknown {model!r}; allowed: {', '.join(MODELS)}")
     return ZOO[model]
+
+
+def is_factory_reference(config: str) -> bool:
+    """Whether a `model.config` value names a factory (`x:function`) rather than a model file."""
+    location, colon, function = config.rpartition(":")
+    return bool(colon) and bool(location) and not any(character in function for character in "./\\")

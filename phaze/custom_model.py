@@ -33,9 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from graph_extract import ModelSpec, extract, hf
+from graph_extract import ModelSpec, extract
 from graph_extract.extraction import is_exported
-from graph_extract.factory import exit_call, factory_spec, source_digest
 from graph_extract.zoo import LLAMA_FAMILY
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -374,6 +373,8 @@ def built_by_transformers(path: Path) -> bool:
     builds: its model is built by `transformers` and exported (graph_extract.hf)."""
     if path.suffix.lower() not in JSON_SUFFIXES or not path.is_file():
         return False
+    from graph_extract import hf  # torch and transformers: loaded for a config.json only
+
     try:
         model_type = hf.read_config(path).get("model_type")
     except ValueError:  # not a JSON object: phaze's reader says what is wrong with it
@@ -385,6 +386,8 @@ def read_factory(reference: str) -> ModelSpec:
     """The ModelSpec of a `module:function` factory or a config.json transformers builds, checked by
     extracting its model once (micro-batch 1, width 1, its default sequence); a one-line ValueError
     for anything wrong with it."""
+    from graph_extract.factory import exit_call, factory_spec, source_digest  # torch: loaded for a factory only
+
     key = (reference, source_digest(reference), os.getcwd())
     if key not in _FACTORY_SPECS:
         spec = factory_spec(reference)

@@ -12,7 +12,7 @@ from pathlib import Path
 from phaze_common.checks import InputError, is_integer, positive_integer
 from graph_extract import ModelSpec, get_spec
 from graph_extract.extraction import is_exported
-from graph_extract.factory import is_factory_reference
+from graph_extract.zoo import is_factory_reference
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
 from phaze.custom_model import NAME_PATTERN, built_by_transformers, folder_error, read_factory, read_model_file
 from solver.layout import Layout, MegatronSplit

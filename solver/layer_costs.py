@@ -18,7 +18,7 @@ from estimator.roofline import layer_times
 from estimator.work import expert_split_graph
 from graph_extract import KernelOptions
 from graph_extract.regions import block_weight_products
-from graph_extract.trace import TRAINING_DTYPE_BYTES
+from graph_extract.opgraph import TRAINING_DTYPE_BYTES
 from phaze_hardware import AcceleratorConfig, KnownChip
 from solver.schedule import ScheduleProblem, ScheduleResult, critical_path_and_work
 from solver.schedule.cache import SCHEDULE_DIGITS

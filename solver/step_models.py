@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from phaze_common.checks import InputError, choice
-from graph_extract.trace import TRAINING_DTYPE_BYTES
+from graph_extract.opgraph import TRAINING_DTYPE_BYTES
 from solver.layout import Layout, allowed_virtual_stages, data_parallel_widths
 from solver.placement import PlacementEdge, PlacementGraph, PlacementLayer, PlacementResult, PlacementSettings
 from solver.placement.best import best_placement, fixed_megatron

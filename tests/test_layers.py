@@ -5,6 +5,7 @@ import ast
 import os
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -99,3 +100,21 @@ def test_only_the_command_line_imports_a_command_mode():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [f"{path.relative_to(REPOSITORY)}:{node.lineno}" for name in names if name.startswith("phaze.modes")]
     assert not found, found
+
+
+def test_the_command_and_the_workers_start_without_torch():
+    """torch is imported only to trace or export a model (a graph not in the cache): the command line,
+    the search's worker processes and a run from cached graphs start without it (about 1.5 s)."""
+    code = ("import sys, phaze.cli, solver.search.resources, solver.workers\n"
+            "from graph_extract import extract\n"
+            "extract('bertbase', 1, 64, 2, cache_dir=sys.argv[1])\n"  # traced: torch comes in
+            "assert 'torch' in sys.modules\n")
+    probe = ("import sys, phaze.cli, solver.search.resources, solver.workers\n"
+             "from graph_extract import extract\n"
+             "extract('bertbase', 1, 64, 2, cache_dir=sys.argv[1])\n"  # read from the cache folder
+             "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n")
+    with tempfile.TemporaryDirectory() as cache:
+        subprocess.run([sys.executable, "-c", code, cache], check=True, cwd=REPOSITORY)
+        found = subprocess.run([sys.executable, "-c", probe, cache], check=True, cwd=REPOSITORY,
+                               capture_output=True, text=True).stdout.strip()
+    assert found == "[]"
