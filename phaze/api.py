@@ -40,7 +40,7 @@ from phaze.config_keys import CUSTOM_MODEL, config_key_error, config_schema, mod
 from phaze.settings import Settings, settings_from_config, unread_key_error
 from solver.search import chip_costs
 from solver.layer_costs import step_graphs
-from solver.predict import Prediction, flops_per_micro_batch, megatron_placement, prediction
+from solver.layout_step import Prediction, flops_per_micro_batch, megatron_placement, prediction
 from solver.step_models import TrainingStepModel
 from solver.training_step import StepGraph
 

@@ -26,7 +26,7 @@ from phaze_hardware import (
 from phaze import environment
 from solver.search import ScheduleSettings
 from solver.layout import Layout
-from solver.predict import check_layout
+from solver.layout_step import check_layout
 from solver.question import Axes, Question, context_widths
 from solver.schedule import BACKENDS, MILP_SOLVERS
 from solver.step_models import STEP_MODELS
@@ -164,7 +164,7 @@ def read_virtual_stages(config: Mapping, spec: ModelSpec, step_model: str) -> tu
     given = tuple(dict.fromkeys(values("virtual_stages", config["virtual_stages"])))
     for value in given:
         if config["mode"] == "predict" and is_integer(value) and value > 0:
-            continue  # the layout's rules check it against the given pipeline (solver.predict.fit_rules)
+            continue  # the layout's rules check it against the given pipeline (solver.layout_step.fit_rules)
         if value not in choices:
             raise InputError(f"virtual_stages: {value!r} divides no pipeline of two or more stages of the "
                              f"{spec.num_layers} blocks of {spec.name}; allowed: {', '.join(map(str, choices))}")
@@ -207,7 +207,7 @@ def read_schedule(schedule: Mapping) -> ScheduleSettings:
 
 def predicted_layout(config: Mapping, question: Question, axes: Axes, known: KnownChip | None) -> Layout:
     """`phaze predict`'s layout: one value of every axis, a chip that exists, the training-step model,
-    and the layout's rules (solver.predict.check_layout)."""
+    and the layout's rules (solver.layout_step.check_layout)."""
     step_model = question.step_model
     if not STEP_MODELS[step_model].prices_layouts:
         raise InputError(f"system: predict prices with the training-step model; system={step_model} has none")

@@ -18,7 +18,7 @@ from phaze_hardware import KNOWN_CHIPS, cluster, known_chip
 from phaze.validation.cases import case, prediction, sharded_or_context_parallel, validate
 from solver.layer_costs import roofline_costs, step_graphs
 from solver.layout import Layout
-from solver.predict import Prediction, predict
+from solver.layout_step import Prediction, predict
 from solver.question import Axes, Question
 from solver.training_step import data_parallel as step_model
 from solver.training_step.options import LIST_MEMBER_HOST_TIME

@@ -25,7 +25,7 @@ from phaze.console import setup_logging, show, show_table
 from phaze.settings import Settings
 from phaze.sweep import Infeasible
 from solver.layout import Layout
-from solver.predict import Prediction
+from solver.layout_step import Prediction
 from solver.training_step import MEMORY_KINDS
 from solver.training_step.options import pipeline_sharding_note
 

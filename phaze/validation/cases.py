@@ -20,7 +20,7 @@ from phaze_hardware import KNOWN_CHIPS, SYSTEMS, KnownChip, Network, system_of
 from solver.search import chip_costs
 from solver.layer_costs import step_graphs
 from solver.layout import Layout
-from solver.predict import Prediction, predict
+from solver.layout_step import Prediction, predict
 from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, TrainingOptions, recompute_mode
 
