@@ -30,6 +30,7 @@ from solver.schedule import (
     solve,
     violations,
 )
+from solver.schedule.cache import SCHEDULE_DIGITS
 from solver.schedule.milp import SOLVER_TOLERANCE, solve_milp
 
 # --- the problem -------------------------------------------------------------------------------
@@ -391,9 +392,9 @@ def test_cache_solves_each_layer_once_per_run_and_across_runs(tmp_path) -> None:
 
 def test_cache_key_rounds_latencies_consistently() -> None:
     cache = ScheduleCache()
-    a = ScheduleProblem([Op("TC", 1.23456789e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
-    b = ScheduleProblem([Op("TC", 1.23456791e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
-    c = ScheduleProblem([Op("TC", 1.23466789e-5, 1e-6)], [], 1, 1).rounded(cache.digits)
+    a = ScheduleProblem([Op("TC", 1.23456789e-5, 1e-6)], [], 1, 1).rounded(SCHEDULE_DIGITS)
+    b = ScheduleProblem([Op("TC", 1.23456791e-5, 1e-6)], [], 1, 1).rounded(SCHEDULE_DIGITS)
+    c = ScheduleProblem([Op("TC", 1.23466789e-5, 1e-6)], [], 1, 1).rounded(SCHEDULE_DIGITS)
     assert cache.key(a, "cpsat", 10.0) == cache.key(b, "cpsat", 10.0) != cache.key(c, "cpsat", 10.0)
     assert cache.key(a, "cpsat", 10.0) != cache.key(a, "milp", 10.0)
 
