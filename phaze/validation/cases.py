@@ -25,6 +25,7 @@ from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, TrainingOptions, recompute_mode
 
 from phaze.validation.flops import framework_flops, measured_seconds
+from phaze.validation.settings import StatedSettings, unknown_variant, unmodelled_attention, unmodelled_setting
 from phaze.validation.recipes import GPT_FAMILY, MOE_VOCABULARY, ModelRecipe, RECIPES, Recipe, STATED_OVERLAPS, UNFUSED_ATTENTION_FRAMEWORKS, VALIDATED_CHIPS
 
 
@@ -171,6 +172,10 @@ def case(run: dict) -> Case | str:
     if found is None:
         return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
     chip, system = found.chip, found.name
+    unmodelled = (unknown_variant(hardware["device_type"], KNOWN_CHIPS[chip].hbm_capacity)
+                  or unmodelled_setting(StatedSettings.of(training)) or unmodelled_attention(model["architecture"] or ""))
+    if unmodelled is not None:
+        return unmodelled
     parallel, batch = run["parallelism"], run["batch"]
     recipe_name = run_recipe(run)
     recipe = RECIPES.get(recipe_name)

@@ -96,6 +96,11 @@ def _shape(layers: int, hidden: int, heads: int, vocabulary: int, kv_heads: int 
 
 _ADAM_SHARDED = dict(optimizer="adam", data_parallel_sharding="optimizer", overlap_grad_reduce=True)
 
+#: Megatron-Bridge's performance recipes' training options (distributed optimizer, gradient-sync and
+#: weight-gather overlap, gradients reduced in bf16, Transformer Engine's tensor-parallel overlap).
+_MEGATRON_BRIDGE_TRAINING = TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, grad_reduce_in_bf16=True,
+                                            tensor_parallel_overlap=True)
+
 def _maxtext(flop_count: str, attention: float) -> Recipe:
     """MaxText's recipe for one README table (the three differ only in the FLOP count of their day)."""
     return Recipe(
@@ -135,12 +140,19 @@ RECIPES = {
                                          recompute="selective"),
         }),
     "Megatron-Bridge / NeMo 25.11": Recipe(
-        "none", True, TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, grad_reduce_in_bf16=True,
-                                      tensor_parallel_overlap=True),
+        "none", True, _MEGATRON_BRIDGE_TRAINING,
         "Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py (llama3_70b_pretrain_config): "
         "recompute_granularity None, sequence_parallel True, use_distributed_optimizer, overlap_grad_reduce, "
         "overlap_param_gather, tp_comm_overlap (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192), "
         "grad_reduce_in_fp32 False; scripts/performance configs LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS: t4 p8 v5"),
+    "Megatron-Bridge / NeMo 26.02": Recipe(
+        "none", True, _MEGATRON_BRIDGE_TRAINING,
+        "Megatron-Bridge @ cfeddcd9445817a85ff58549d407fa700b1f8ace (the 26.02 and 26.02.01 tables): "
+        "src/megatron/bridge/recipes/llama/llama3.py and recipes/qwen/qwen3_moe.py: recompute_granularity "
+        "None (the perf scripts' set_llama3_common_configs / set_qwen3_common_configs set it None), "
+        "use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather; the perf scripts set "
+        "grad_reduce_in_fp32 False and tp_comm_overlap (userbuffers configs); "
+        "scripts/performance/utils/utils.py WorkloadBaseConfig: sequence parallel = TP > 1"),
     "Megatron-Core r0.8.0": Recipe(
         "none", True, TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, tensor_parallel_overlap=True),
         "Megatron-LM README (2024 weak scaling, Megatron-Core r0.8.0): --overlap-grad-reduce "

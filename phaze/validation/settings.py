@@ -1,0 +1,124 @@
+"""What a published run states of the settings phaze's training options may come to model: its
+number format (BF16, FP8 with current or delayed scaling, MXFP8), FP8 parameters gathered in FP8,
+CUDA graphs, host offload of activations; and which of those, its model's attention and its chip's
+variant phaze does not model (the run is then left out with the reason).
+
+A run states them in `training.precision` and `training.other_settings` in the calibration set's
+words: "FP8-CS" (Megatron-Bridge's current scaling), "MXFP8" or "FP8-MX", "fp8 recipe: current
+scaling" / "delayed scaling", "FP8 parameter all-gather: yes", "CUDA graphs: <scope>" (or "none"),
+"host offload of activations: yes"."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: The number formats a run may state, as phaze names them.
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
+#: How an FP8 run scales its tensors: per tensor from this step's maximum (current) or from a
+#: history of earlier steps' maxima (delayed, Transformer Engine's DelayedScaling).
+FP8_RECIPES = ("current", "delayed")
+
+
+def stated_precision(precision: str) -> str:
+    """The number format of a run's `training.precision`: "mxfp8" (MXFP8, FP8-MX: FP8 with a scale per
+    block of 32 elements), "fp8", "fp16", else "bf16"."""
+    words = precision.upper()
+    if "MXFP8" in words or "FP8-MX" in words:
+        return "mxfp8"
+    if "FP8" in words:
+        return "fp8"
+    return "fp16" if "FP16" in words else "bf16"
+
+
+def stated_fp8_recipe(precision: str, other_settings: str) -> str | None:
+    """How an FP8 run scales: "current" (Megatron-Bridge's FP8-CS; torchao's tensorwise dynamic
+    scaling, stated "current scaling"), "delayed" (stated "delayed scaling"), or None (not FP8, MXFP8,
+    or not stated)."""
+    if stated_precision(precision) != "fp8":
+        return None
+    if "FP8-CS" in precision.upper() or "current scaling" in other_settings.lower():
+        return "current"
+    return "delayed" if "delayed scaling" in other_settings.lower() else None
+
+
+def stated_fp8_parameters(other_settings: str) -> bool:
+    """Whether the run gathers its sharded weights in FP8 ("FP8 parameter all-gather: yes"; torchtitan's
+    enable_fsdp_float8_all_gather)."""
+    return re.search(r"fp8 parameter all-gather: yes", other_settings, re.IGNORECASE) is not None
+
+
+def stated_cuda_graphs(other_settings: str) -> str | None:
+    """The scope of the run's CUDA graphs as stated after "CUDA graphs:" (up to the next ";"), or None
+    when it states none."""
+    found = re.search(r"CUDA graphs:\s*([^;]*)", other_settings, re.IGNORECASE)
+    scope = found.group(1).strip() if found else ""
+    return None if scope.lower() in ("", "none") else scope
+
+
+def stated_host_offload(other_settings: str) -> bool:
+    """Whether the run moves activations to host memory between the forward and backward passes
+    ("host offload of activations: yes"; MaxText's remat_policy custom with "offload", Megatron's
+    cpu_offloading)."""
+    return re.search(r"host offload of activations: yes", other_settings, re.IGNORECASE) is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatedSettings:
+    """A run's number format, FP8 scaling, FP8 weight gathers, CUDA graph scope and host offload, as it
+    states them (`of`)."""
+
+    precision: str
+    fp8_recipe: str | None
+    fp8_parameters: bool
+    cuda_graphs: str | None
+    host_offload: bool
+
+    @classmethod
+    def of(cls, training: dict) -> StatedSettings:
+        """The settings a run's `training` section states (a missing text states nothing)."""
+        precision, other = training.get("precision") or "", training.get("other_settings") or ""
+        return cls(precision=stated_precision(precision), fp8_recipe=stated_fp8_recipe(precision, other),
+                   fp8_parameters=stated_fp8_parameters(other), cuda_graphs=stated_cuda_graphs(other),
+                   host_offload=stated_host_offload(other))
+
+
+def unmodelled_setting(settings: StatedSettings) -> str | None:
+    """Why phaze cannot predict a run of these settings, or None: MXFP8, FP8 weight gathers, CUDA
+    graphs and host offload are not modelled (FP8 with current or delayed scaling is priced alike, at
+    the chip's FP8 rate)."""
+    if settings.precision == "mxfp8":
+        return "MXFP8 precision: not modelled"
+    if settings.fp8_parameters:
+        return "FP8 parameter all-gather: not modelled"
+    if settings.cuda_graphs is not None:
+        return "CUDA graphs: not modelled"
+    if settings.host_offload:
+        return "host offload of activations: not modelled"
+    return None
+
+
+def unmodelled_attention(architecture: str) -> str | None:
+    """Why phaze cannot predict a model of this stated architecture, or None: sliding-window attention
+    is not modelled; multi-head latent attention is (`graph_extract.ModelSpec.kv_lora_rank`) but a
+    run's row has no field for its ranks."""
+    words = architecture.lower()
+    if "sliding window" in words:
+        return "sliding-window attention: not modelled"
+    if "latent attention" in words:
+        return "multi-head latent attention: a run's row does not give its ranks (q_lora_rank, kv_lora_rank)"
+    return None
+
+
+def unknown_variant(device_type: str, hbm_capacity: float) -> str | None:
+    """Why a run's chip is another variant than the chip phaze knows by its name, or None: its device
+    type states a memory size ("96GB") that is neither the known chip's capacity in GB nor in GiB
+    (vendors state 80 GiB as "80 GB")."""
+    stated = re.search(r"(\d+)\s*GB", device_type)
+    if stated is None:
+        return None
+    gigabytes = int(stated.group(1))
+    if gigabytes in (round(hbm_capacity / 1e9), round(hbm_capacity / 2**30)):
+        return None
+    return (f"hardware {device_type}: {gigabytes} GB, another variant than the "
+            f"{hbm_capacity / 2**30:.0f} GiB chip phaze knows by that name")
