@@ -23,8 +23,21 @@ Q, K, V, O and the softmax statistics in HBM (re-reads of K and V are served by 
 backward 2.5 times its products (the scores recomputed) and twice its bytes. Collectives take no
 time here: the training-step model charges them on the cluster. The operators the kernel options
 split (sequence parallelism: those replicated over the tensor-parallel group) move 1/t of their
-bytes. Simplifications: vector arithmetic is never the bound, caches do not keep tensors between
-kernels, a kernel costs nothing to launch, and FP8's scaling factors (amax reductions) cost nothing.
+bytes.
+
+Every kernel takes at least its launch (`kernel_floor`): eager PyTorch issues kernels asynchronously,
+so a kernel shorter than the host's time to issue one (the framework's per-operator dispatch and the
+CUDA launch, the chip's `kernel_host_seconds`) leaves the GPU idle; replayed from a CUDA graph
+(`KernelOptions.cuda_graphs`) the host issues none and each kernel takes at least the graph's own
+per-kernel cost (`graph_kernel_seconds`). A fused group issuing k kernels takes
+max(its roofline time, k · floor) (`launched`): one forward, one per GEMM of its direction backward
+(data and weight gradient), one more for an FP8 cast; a fused attention kernel one each way; a collective none here (the
+training-step model prices it on the cluster). What the
+floor adds is the layer's `launch_forward` / `launch_backward`. Simplifications: vector arithmetic is
+never the bound, caches do not keep tensors between kernels, the host running ahead over longer
+kernels is ignored (each group's floor stands alone: an upper bound on the host's share), the
+graph's per-kernel cost is a floor as the host's is, and FP8's scaling factors (amax reductions)
+cost nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from estimator.fusion import FusedOp, fuse_layers
-from estimator.work import BACKWARD, FORWARD, Gemm, expert_shaped, op_work
+from estimator.work import BACKWARD, COLLECTIVE, FORWARD, Gemm, expert_shaped, op_work
 from graph_extract.attention import TILE as ATTENTION_TILE
 from graph_extract.attention import AttentionKernel, attention_kernels
 from graph_extract.kernels import KernelOptions
@@ -58,6 +71,8 @@ class LayerTimes:
     matrix_backward: float = 0.0
     attention_forward: float = 0.0  # of `forward`, the fused attention kernels
     attention_backward: float = 0.0
+    launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (`launched`)
+    launch_backward: float = 0.0
     # (module, forward seconds of the kernels holding its operators) per recompute module of the layer
     module_forward: tuple[tuple[str, float], ...] = ()
 
@@ -122,6 +137,28 @@ def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, spl
     return max(compute, moved / bandwidth) + cast_bytes(graph, op, direction, split, narrow) / bandwidth
 
 
+def kernel_floor(chip: KnownChip, kernels: KernelOptions) -> float:
+    """The least seconds of a kernel on `chip` (module docstring): the graph's per-kernel cost with
+    CUDA graphs, else the host's time to issue one (0 on a chip that states neither)."""
+    return chip.graph_kernel_seconds if kernels.cuda_graphs else chip.kernel_host_seconds
+
+
+def launches(graph: OpGraph, op: FusedOp, direction: str, narrow: Sequence[bool] = ()) -> int:
+    """The kernels a fused group issues in one direction: one per GEMM of the direction (at least
+    one), and Transformer Engine's FP8 cast of an FP8 product (`cast_bytes`); none for a collective
+    (the training-step model prices it on the cluster)."""
+    if op.core_type == COLLECTIVE:
+        return 0
+    gemms = op_work(graph.nodes[op.members[0]], direction).gemms
+    return max(1, len(gemms)) + (1 if narrow and narrow[op.members[0]] else 0)
+
+
+def launched(device_seconds: float, kernels: int, floor: float) -> float:
+    """The seconds of `kernels` kernels that take `device_seconds` on the device when each takes at
+    least `floor`: max(device_seconds, kernels · floor)."""
+    return max(device_seconds, kernels * floor)
+
+
 def attention_seconds(graph: OpGraph, kernel: AttentionKernel, direction: str, chip: KnownChip) -> float:
     """The roofline time of a fused attention kernel in one direction (module docstring): its units
     of work, one per (sequence, head, query tile), in waves over the streaming multiprocessors."""
@@ -158,17 +195,29 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
         if kernels.flash_attention else []
     inside = frozenset().union(*(kernel.members for kernel in fused_kernels))
     ops = [op for op in fused.ops if op.members[0] not in inside]
-    forward = [op_seconds(graph, op, FORWARD, chip, split, narrow, expert_width) for op in ops]
-    backward = [op_seconds(graph, op, BACKWARD, chip, split, narrow, expert_width) for op in ops]
-    attention_forward = [attention_seconds(graph, kernel, FORWARD, chip) for kernel in fused_kernels]
-    attention_backward = [attention_seconds(graph, kernel, BACKWARD, chip) for kernel in fused_kernels]
+    floor = kernel_floor(chip, kernels)
+
+    def seconds(op: FusedOp, direction: str) -> float:
+        return launched(op_seconds(graph, op, direction, chip, split, narrow, expert_width),
+                        launches(graph, op, direction, narrow), floor)
+
+    device = {direction: sum(op_seconds(graph, op, direction, chip, split, narrow, expert_width) for op in ops)
+              + sum(attention_seconds(graph, kernel, direction, chip) for kernel in fused_kernels)
+              for direction in (FORWARD, BACKWARD)}
+    forward = [seconds(op, FORWARD) for op in ops]
+    backward = [seconds(op, BACKWARD) for op in ops]
+    attention_forward = [launched(attention_seconds(graph, kernel, FORWARD, chip), 1, floor) for kernel in fused_kernels]
+    attention_backward = [launched(attention_seconds(graph, kernel, BACKWARD, chip), 1, floor)
+                          for kernel in fused_kernels]
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
     products = block_weight_products(graph)
     matrix = [any(products[member] for member in op.members) for op in ops]
     parts = {name: module_kernels(ops, ids) for name, ids in (modules or {}).items()}
-    module_forward = tuple((name, sum(op_seconds(graph, part, FORWARD, chip, split, narrow, expert_width)
-                                      for part in kernels_of)) for name, kernels_of in parts.items() if kernels_of)
-    return LayerTimes(sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward), sum(attention),
-                      sum(seconds for seconds, is_matrix in zip(forward, matrix) if is_matrix),
-                      sum(seconds for seconds, is_matrix in zip(backward, matrix) if is_matrix),
-                      sum(attention_forward), sum(attention_backward), module_forward)
+    module_forward = tuple((name, sum(seconds(part, FORWARD) for part in kernels_of))
+                           for name, kernels_of in parts.items() if kernels_of)
+    total_forward, total_backward = sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward)
+    return LayerTimes(total_forward, total_backward, sum(attention),
+                      sum(time for time, is_matrix in zip(forward, matrix) if is_matrix),
+                      sum(time for time, is_matrix in zip(backward, matrix) if is_matrix),
+                      sum(attention_forward), sum(attention_backward),
+                      total_forward - device[FORWARD], total_backward - device[BACKWARD], module_forward)

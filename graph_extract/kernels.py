@@ -11,6 +11,11 @@ estimates and schedules, a GPU's roofline, the memory model) and every cache key
   Engine runs it: the blocks' weight products (`fp8_operators`) take FP8 inputs at the chip's FP8
   rate and keep their inputs in FP8; the attention, the embedding, the logits and every other
   operator stay 16-bit.
+* `cuda_graphs`: the kernels are captured once and replayed from CUDA graphs (Megatron-Core's
+  `--enable-cuda-graph` / `--cuda-graph-scope`, Transformer Engine's `make_graphed_callables`): no
+  host dispatch per operator, each kernel at least the graph's own per-kernel cost; false: eager
+  PyTorch, each kernel at least the host's time to issue it (`estimator.roofline`; a GPU's only).
+  Left out of `record()` when false, so every earlier cache key stays as it was.
 A new kernel option is a field here and the pass that reads it.
 """
 
@@ -29,16 +34,18 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """Sequence parallelism, the attention kernel and the precision (module docstring)."""
+    """Sequence parallelism, the attention kernel, the precision and CUDA graphs (module docstring)."""
 
     sequence_parallel: bool = True
     flash_attention: bool = True
     precision: str = "bf16"
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         boolean("sequence_parallel", self.sequence_parallel)
         boolean("flash_attention", self.flash_attention)
         choice("precision", self.precision, PRECISIONS)
+        boolean("cuda_graphs", self.cuda_graphs)
 
     @property
     def fp8(self) -> bool:
@@ -66,4 +73,8 @@ class KernelOptions:
         return 1.0 - 1.0 / width if self.sequence_parallel else 0.0
 
     def record(self) -> dict:
-        return dataclasses.asdict(self)
+        """Its fields by name (cache keys, results), `cuda_graphs` only when true."""
+        fields = dataclasses.asdict(self)
+        if not self.cuda_graphs:
+            del fields["cuda_graphs"]
+        return fields

@@ -47,6 +47,7 @@ def question_record(question: Question) -> dict:
                    "tiers": [tier.to_dict() for tier in question.cluster.tiers]},
         **question.training.record(),
         **question.kernels.record(),
+        "cuda_graphs": question.kernels.cuda_graphs,
     }
 
 

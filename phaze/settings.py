@@ -222,7 +222,7 @@ GRAPH_KEYS = ("max_tensor_parallel_width", "tensor_parallel_width")
 STEP_KEYS = ("hbm_size", "chip", "schedule", "global_batch_size", "num_devices", "optimizer", "data_parallel_sharding",
              "data_parallel_shard_width", "reshard_after_forward", "sharded_collectives", "expert_dispatch",
              "overlap_expert_dispatch", "expert_dispatch_sms", "recompute", "sequence_parallel", "flash_attention",
-             "precision", "grad_reduce_in_bf16", "virtual_stages", "overlap_grad_reduce", "overlap_param_gather",
+             "precision", "cuda_graphs", "grad_reduce_in_bf16", "virtual_stages", "overlap_grad_reduce", "overlap_param_gather",
              "tensor_parallel_overlap", "master_weight_remainders", "framework_reserve_gb",
              "overlap_pipeline_transfers", "expert_parallel_width", "expert_tensor_parallel_width",
              "context_parallel_width")
@@ -337,7 +337,8 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  choice("sharded_collectives", config["sharded_collectives"], SHARDED_COLLECTIVES)),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
-                              choice("precision", config["precision"], PRECISIONS)),
+                              choice("precision", config["precision"], PRECISIONS),
+                              boolean("cuda_graphs", config["cuda_graphs"])),
         step_model=step_model,
         baseline=baseline,
         baseline_split=baseline_split,
@@ -346,6 +347,10 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     check_options_apply(config, spec, shardings)
     if known is not None:
         known.check_precision(question.kernels.precision)
+        known.check_cuda_graphs(question.kernels.cuda_graphs)
+    elif question.kernels.cuda_graphs:  # a template chip runs compiled programs: no kernel is launched per operator
+        raise InputError("cuda_graphs: a template chip launches no kernel per operator; allowed: false "
+                         "(true on a GPU: chip=h100_sxm)")
     elif question.kernels.fp8:  # the template's area and energy model has 16-bit multiply-accumulates only
         raise InputError("precision: a template chip prices 16-bit multiply-accumulates only; allowed: bf16, fp16 "
                          "(fp8 on a chip with FP8 figures: chip=h100_sxm)")

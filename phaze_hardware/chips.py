@@ -8,6 +8,10 @@ Rates: a 16-bit GEMM that fills the chip runs at `peak_flops` × `matrix_efficie
 attention kernel at `peak_flops` × `attention_efficiency` (the matrix efficiency where the chip
 states none); an FP8 GEMM at `fp8_peak_flops` × `fp8_matrix_efficiency` (a chip without them has no
 FP8 tensor cores).
+
+Launches: a kernel issued by eager PyTorch takes at least `kernel_host_seconds` (the host's time to
+dispatch the operator and launch its kernel), one replayed from a CUDA graph at least
+`graph_kernel_seconds` (`estimator.roofline`); a chip without them launches for free.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ CHIPS = hardware_file("chips")
 COST_MODELS = ("roofline", "template")
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
-           "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency")
+           "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency",
+           "kernel_host_seconds", "graph_kernel_seconds")
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,9 @@ class KnownChip:
     """A chip that exists: peak dense 16-bit FLOP/s, HBM capacity [bytes] and bandwidth [bytes/s],
     on-chip memory [bytes]; for the roofline, its streaming multiprocessors and the achievable
     fractions of peak (matrix; attention: a fused attention kernel's, 0 = the matrix one) and of
-    HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores); for
-    a template chip, its template."""
+    HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores), the
+    least seconds of a kernel issued by eager PyTorch and of one replayed from a CUDA graph (0: no
+    floor); for a template chip, its template."""
 
     name: str
     cost_model: str
@@ -50,6 +56,8 @@ class KnownChip:
     attention_efficiency: float = 0.0
     fp8_peak_flops: float = 0.0
     fp8_matrix_efficiency: float = 0.0
+    kernel_host_seconds: float = 0.0
+    graph_kernel_seconds: float = 0.0
     template: AcceleratorConfig | None = None
     template_name: str | None = None
     names: tuple[str, ...] = ()  # how published runs name it
@@ -65,6 +73,17 @@ class KnownChip:
         if precision == "fp8" and not self.has_fp8:
             raise InputError(f"precision: {self.name} has no FP8 tensor cores (no fp8_peak_flops and "
                              "fp8_matrix_efficiency figures); allowed: bf16, fp16")
+
+    def check_cuda_graphs(self, cuda_graphs: bool) -> None:
+        """InputError if `cuda_graphs` is asked of a chip that has no CUDA graphs (a template chip: a TPU
+        runs XLA programs, no operator is dispatched by the host) or no figure for them."""
+        if not cuda_graphs:
+            return
+        if self.cost_model != "roofline":
+            raise InputError(f"cuda_graphs: {self.name} is a template chip (XLA programs, no per-operator "
+                             "launches); allowed: false")
+        if self.graph_kernel_seconds <= 0:
+            raise InputError(f"cuda_graphs: {self.name} states no graph_kernel_seconds; allowed: false")
 
     @property
     def matrix_flops(self) -> float:

@@ -51,6 +51,8 @@ class LayerCost:
     matrix_backward: float = 0.0
     attention_forward: float = 0.0  # of `forward`, the attention cores (what ring attention's transfers hide behind)
     attention_backward: float = 0.0
+    launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (a GPU's roofline)
+    launch_backward: float = 0.0
     # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
     # experts (`Layout.expert_split`; a GPU's roofline; empty: the same at every split)
     expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
@@ -225,6 +227,7 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
                              attention_core_forward=times.attention_core_forward, **dict.fromkeys(SCHEDULE_FIGURES, 0.0),
                              matrix_forward=times.matrix_forward, matrix_backward=times.matrix_backward,
                              attention_forward=times.attention_forward, attention_backward=times.attention_backward,
+                             launch_forward=times.launch_forward, launch_backward=times.launch_backward,
                              expert_parallel_times=split, module_forward=times.module_forward)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
@@ -263,6 +266,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 matrix_backward=cost[layer.id].matrix_backward,
                 attention_forward=cost[layer.id].attention_forward,
                 attention_backward=cost[layer.id].attention_backward,
+                launch_forward=cost[layer.id].launch_forward,
+                launch_backward=cost[layer.id].launch_backward,
                 key_value_bytes=layer.key_value_bytes,
                 expert_parallel_times=cost[layer.id].expert_parallel_times,
                 expert_forward_collective_bytes=layer.expert_forward_collective_bytes,

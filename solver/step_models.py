@@ -154,6 +154,7 @@ class OriginalStepModel:
             raise InputError("system.tiers: the original's model has one flat link; give one tier")
         for key, value, allowed in (("sequence_parallel", question.kernels.sequence_parallel, False),
                                     ("flash_attention", question.kernels.flash_attention, False),
+                                    ("cuda_graphs", question.kernels.cuda_graphs, False),
                                     ("data_parallel_sharding", question.training.data_parallel_sharding, "none"),
                                     ("overlap_grad_reduce", question.training.overlap_grad_reduce, False),
                                     ("grad_reduce_in_bf16", question.training.grad_reduce_in_bf16, False),

@@ -110,7 +110,7 @@ def test_a_prediction_term_by_term():
     ring = 2 * (2 - 1) / 2 / nvlink  # a tensor-parallel pair inside a node, per byte
 
     def stage(ids):
-        compute = sum(costs[i].forward + costs[i].backward for i in ids)
+        compute = sum(costs[i].forward + costs[i].backward for i in ids)  # with the kernels' launch floor
         rerun = sum(costs[i].attention_core_forward for i in ids if layers[i].is_block)
         collectives = sum(ring * b + 2 * latency for i in ids
                           for b in layers[i].forward_collective_bytes + layers[i].backward_collective_bytes)
@@ -120,12 +120,15 @@ def test_a_prediction_term_by_term():
     # 1/t of it (scatter/gather); stages are t·d = 8 devices apart, in two nodes: over InfiniBand
     sent = 2 * S * H * 2 / width
     transfer = sent / infiniband + cluster.tiers[1].latency
-    terms = [stage((0, 1)), stage((2, 3))]
+    terms_ids = ((0, 1), (2, 3))
+    terms = [stage(ids) for ids in terms_ids]
     loads = [sum(term) + transfer for term in terms]
     slowest = max(range(2), key=lambda i: loads[i])
     m = 2
     compute, rerun, collectives = terms[slowest]
-    assert result.step.breakdown["compute"] == pytest.approx(m * compute, rel=1e-12)
+    launch = sum(costs[i].launch_forward + costs[i].launch_backward for i in terms_ids[slowest])
+    assert result.step.breakdown["compute"] == pytest.approx(m * (compute - launch), rel=1e-12)
+    assert result.step.breakdown["kernel_launch"] == pytest.approx(m * launch, rel=1e-12)
     assert result.step.breakdown["recompute"] == pytest.approx(m * rerun, rel=1e-12)
     assert result.step.breakdown["tensor_parallel"] == pytest.approx(m * collectives, rel=1e-12)
     assert result.step.breakdown["pipeline_transfer"] == pytest.approx(m * transfer, rel=1e-12)
@@ -229,8 +232,8 @@ def test_predict_writes_prediction_json(tmp_path):
     assert run.returncode == 0, run.stderr
     record = json.loads((tmp_path / "run" / "prediction.json").read_text())
     assert record["feasible"] and record["reason"] is None
-    assert set(record["breakdown_s"]) == {"compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
-                                          "sharded_data_parallel", "bubble", "pipeline_transfer",
+    assert set(record["breakdown_s"]) == {"compute", "kernel_launch", "recompute", "tensor_parallel",
+                                          "context_parallel", "expert_parallel", "sharded_data_parallel", "bubble", "pipeline_transfer",
                                           "data_parallel_sync", "optimizer"}
     assert math.isclose(sum(record["breakdown_s"].values()), record["time_per_batch_s"], rel_tol=1e-12)
     assert set(record["memory_bytes"]) == {"weights", "gradients", "optimizer_state", "activations", "framework_reserve",

@@ -186,6 +186,14 @@ def recomputation(shard: Shard) -> np.ndarray:
     return np.where(shard.blocks(), rerun, 0.0)
 
 
+def launch(shard: Shard) -> np.ndarray:
+    """Of each layer's compute (forward + backward), the seconds its kernels' launch floor adds
+    (`estimator.roofline`: idle time while the host issues short kernels), at the layer's expert split
+    of 1 and divided by c like every per-token cost (simplifications: the floor of a context-parallel
+    rank's kernels is taken as the whole sequence's over c)."""
+    return (shard.values("launch_forward") + shard.values("launch_backward")) * shard.token_share
+
+
 def blocking_gathers(layers: Sequence[StepLayer]) -> tuple[np.ndarray, np.ndarray]:
     """DeepSpeed's early ZeRO-3 (`TrainingOptions.sharded_collectives` = `blocking_tensors`): per layer,
     ([the weight tensors it gathers a pass, those a backward after a recomputed forward gathers again],
@@ -225,6 +233,7 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
                            else (np.zeros((2, len(shard.layers))), np.zeros(len(shard.layers))))
     return {
         "compute": forward + backward,
+        "launch": launch(shard),
         "recompute": recomputation(shard),
         "tensor_parallel": tensor["exposed"],
         "tensor_parallel_hidden": tensor["hidden"],

@@ -342,7 +342,8 @@ class TrainingStep:
         tails = scored["sync"][0] + scored["optimizer"][0]
         slowest, last_out = int(np.argmax(loads)), int(np.argmax(tails))
         breakdown = {
-            "compute": micro_batches * float(terms.compute[slowest]),
+            "compute": micro_batches * float(terms.compute[slowest] - terms.launch[slowest]),
+            "kernel_launch": micro_batches * float(terms.launch[slowest]),
             "recompute": micro_batches * float(terms.recompute[slowest]),
             "tensor_parallel": micro_batches * float(terms.tensor_parallel[slowest]),
             "context_parallel": micro_batches * float(terms.context_parallel[slowest]),

@@ -21,9 +21,9 @@ SUMMED_TERMS = {"compute": "compute", "recompute": "recompute", "tensor_parallel
                 "expert_parallel_hidden": "expert_parallel_hidden", "forward": "forward", "backward": "backward",
                 "parameters": "parameters", "expert_parameters": "expert_parameters",
                 "matrix_parameters": "matrix_parameters", "held_activations": "held", "gathers": "gathers",
-                "regathers": "regathers", "regathered": "regathered"}
+                "regathers": "regathers", "regathered": "regathered", "launch": "launch"}
 #: The terms of `StepResult.breakdown`, in the order they happen.
-BREAKDOWN_KEYS = ("compute", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
+BREAKDOWN_KEYS = ("compute", "kernel_launch", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
                   "sharded_data_parallel", "bubble", "pipeline_transfer", "data_parallel_sync", "optimizer")
 
 
@@ -60,6 +60,8 @@ class StepLayer:
     matrix_backward: float = 0.0  # of `backward`, the weight products' time
     attention_forward: float = 0.0  # of `forward`, the attention core's time (what ring attention hides behind)
     attention_backward: float = 0.0  # of `backward`, the attention core's time
+    launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (`estimator.roofline`)
+    launch_backward: float = 0.0  # of `backward`, likewise
     key_value_bytes: float = 0.0  # the keys and values the attention core reads (what ring attention passes on)
     # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
     # experts (s = e·τ/t, `Layout.expert_split`), where they differ from s = 1 (a GPU's roofline: 1/s of
@@ -134,6 +136,7 @@ class StageTerms:
     """Per-micro-batch costs of several stages (arrays over stages) on one device of each."""
 
     compute: np.ndarray  # forward + backward [s]
+    launch: np.ndarray  # of `compute`, what the kernels' launch floor adds
     recompute: np.ndarray
     tensor_parallel: np.ndarray  # exposed
     tensor_parallel_hidden: np.ndarray  # hidden behind weight products (`tensor_parallel_overlap`)
