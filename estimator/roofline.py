@@ -9,10 +9,11 @@ elementwise operators), each group one kernel. Forward, a group takes
   tiles over the streaming multiprocessors (tiles / (⌈tiles / SMs⌉ · SMs)); a mixture's grouped
   expert products are one kernel over the experts a device holds, each expert's tiles at its real
   token count (`estimator.work.expert_shaped`: with expert parallelism, fewer experts of more
-  tokens each). In FP8 training the blocks' weight products (`KernelOptions.fp8_operators`) run
-  at the chip's FP8 dense peak times its FP8 GEMM efficiency and read their inputs and weights in
-  one byte an element (Transformer Engine casts them in the kernels that produce them); every
-  other product runs at the 16-bit rate.
+  tokens each). In 8-bit training the blocks' weight products (`KernelOptions.fp8_operators`) run
+  at the chip's dense peak for the precision times its GEMM efficiency for it (FP8's, or MXFP8's)
+  and read their inputs and weights in `KernelOptions.narrow_bytes` an element (one byte; MXFP8's
+  with its block's scale byte, 1 + 1/32; Transformer Engine casts them in the kernels that produce
+  them); every other product runs at the 16-bit rate.
 * bytes: what the group reads from HBM (inputs made outside it, weights) and writes (outputs used
   outside it).
 Backward, a GEMM gives its data- and weight-gradient GEMMs (as many FLOPs each as forward) and a
@@ -23,7 +24,9 @@ Q, K, V, O and the softmax statistics in HBM (re-reads of K and V are served by 
 backward 2.5 times its products (the scores recomputed) and twice its bytes. Collectives take no
 time here: the training-step model charges them on the cluster. The operators the kernel options
 split (sequence parallelism: those replicated over the tensor-parallel group) move 1/t of their
-bytes.
+bytes. The casts to 8 bits around an 8-bit product are kernels of their own (`cast_bytes`); with
+FP8 current scaling each first reads its tensor once more for the amax (the amax's all-reduce over
+the tensor-parallel group is a collective: the training-step model's).
 
 Every kernel takes at least its launch (`kernel_floor`): eager PyTorch issues kernels asynchronously,
 so a kernel shorter than the host's time to issue one (the framework's per-operator dispatch and the
@@ -31,13 +34,13 @@ CUDA launch, the chip's `kernel_host_seconds`) leaves the GPU idle; replayed fro
 (`KernelOptions.cuda_graphs`) the host issues none and each kernel takes at least the graph's own
 per-kernel cost (`graph_kernel_seconds`). A fused group issuing k kernels takes
 max(its roofline time, k · floor) (`launched`): one forward, one per GEMM of its direction backward
-(data and weight gradient), one more for an FP8 cast; a fused attention kernel one each way; a collective none here (the
-training-step model prices it on the cluster). What the
-floor adds is the layer's `launch_forward` / `launch_backward`. Simplifications: vector arithmetic is
-never the bound, caches do not keep tensors between kernels, the host running ahead over longer
-kernels is ignored (each group's floor stands alone: an upper bound on the host's share), the
-graph's per-kernel cost is a floor as the host's is, and FP8's scaling factors (amax reductions)
-cost nothing.
+(data and weight gradient), one more for an 8-bit cast; a fused attention kernel one each way; a
+collective none here (the training-step model prices it on the cluster). What the floor adds is the
+layer's `launch_forward` / `launch_backward`. Simplifications: vector arithmetic is never the bound,
+caches do not keep tensors between kernels, the host running ahead over longer kernels is ignored
+(each group's floor stands alone: an upper bound on the host's share), the graph's per-kernel cost
+is a floor as the host's is, and delayed scaling's amax bookkeeping (a history of a few numbers a
+tensor) costs nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ from phaze_hardware import KnownChip
 
 #: Output tile of a GEMM kernel (rows x columns), for the wave quantisation.
 TILE = 128
+#: The kernel options of a caller that gives none: 16-bit, no 8-bit casts.
+DEFAULT_KERNELS = KernelOptions()
 
 
 @dataclass(frozen=True)
@@ -84,9 +89,10 @@ def waves(gemm: Gemm, processors: int) -> float:
 
 
 def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Sequence[bool] = (),
-                expert_width: float = 1) -> float:
+                expert_width: float = 1, narrow_bytes: float = 1.0) -> float:
     """Bytes a fused group reads and writes forward; `split[v]` scales what operator v moves; an
-    operator marked in `narrow` (an FP8 product) reads its inputs and weights in one byte an element;
+    operator marked in `narrow` (an 8-bit product) reads its inputs and weights in `narrow_bytes` an
+    element (`KernelOptions.narrow_bytes`);
     a grouped expert product split `expert_width` = s more ways than the graph's (s = e·τ/t: e
     expert-parallel ranks, each expert over τ ranks) reads 1/s of the experts' weights (E/s of the
     graph's experts for s times their tokens each; s < 1 when τ < t: more experts, fewer tokens each)."""
@@ -100,7 +106,7 @@ def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Seq
         weights = sum(math.prod(shape) for shape in node.weight_shapes) * node.dtype_bytes
         read += weights / expert_width if node.op == "grouped_linear" else weights
         if narrow and narrow[member]:
-            read /= node.dtype_bytes
+            read = read / node.dtype_bytes * narrow_bytes
         moved = read
         if not graph.successors(member) or any(user not in members for user in graph.successors(member)):
             moved += node.output_bytes
@@ -108,12 +114,14 @@ def group_bytes(graph: OpGraph, op: FusedOp, split: Sequence[float], narrow: Seq
     return total
 
 
-def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[float], narrow: Sequence[bool] = ()
-               ) -> float:
-    """Bytes of Transformer Engine's casts to FP8 around an FP8 product, each its own kernel: forward
-    the activation input read in 16 bits and written in 8 bits twice (as is, and the transposed copy
-    the weight gradient reads), backward the output gradient likewise; 0 for other groups. (The
-    weights' casts, once per step, and the amax reductions, a few bytes, are not charged.)"""
+def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[float], narrow: Sequence[bool] = (),
+               kernels: KernelOptions = DEFAULT_KERNELS) -> float:
+    """Bytes of Transformer Engine's casts to 8 bits around an 8-bit product, each its own kernel:
+    forward the activation input read in 16 bits and written in 8 bits twice (row-wise, and the
+    column-wise copy the weight gradient reads: FP8's transpose on Hopper, MXFP8's column-wise blocks,
+    each `kernels.narrow_bytes` an element), backward the output gradient likewise; with current
+    scaling (`kernels.current_scaling`) the 16-bit tensor is read once more first, for its amax; 0 for
+    other groups. (The weights' casts, once per step, are not charged.)"""
     head = op.members[0]
     if not (narrow and narrow[head]):
         return 0.0
@@ -122,19 +130,24 @@ def cast_bytes(graph: OpGraph, op: FusedOp, direction: str, split: Sequence[floa
         elements = node.output_bytes / node.dtype_bytes
     else:
         elements = sum(math.prod(shape) for shape in node.input_shapes)
-    return elements * (node.dtype_bytes + 2) * split[head]
+    reads = 2 if kernels.current_scaling else 1
+    return elements * (reads * node.dtype_bytes + 2 * kernels.narrow_bytes) * split[head]
 
 
 def op_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, split: Sequence[float],
-               narrow: Sequence[bool] = (), expert_width: float = 1) -> float:
-    """The roofline time of one fused group in one direction (module docstring), with the FP8 casts
-    of an FP8 product after it, its expert products at expert-parallel width `expert_width`."""
+               narrow: Sequence[bool] = (), expert_width: float = 1, kernels: KernelOptions = DEFAULT_KERNELS
+               ) -> float:
+    """The roofline time of one fused group in one direction (module docstring), with the 8-bit casts
+    of an 8-bit product after it (`kernels`: its precision and recipe), its expert products at
+    expert-parallel width `expert_width`."""
     gemms = op_work(expert_shaped(graph.nodes[op.members[0]], expert_width), direction).gemms
-    rate = chip.fp8_matrix_flops if narrow and narrow[op.members[0]] else chip.matrix_flops
+    low = narrow and narrow[op.members[0]]
+    rate = chip.narrow_matrix_flops(kernels.precision) if low else chip.matrix_flops
     compute = sum(2 * gemm.macs / (rate * waves(gemm, chip.streaming_multiprocessors)) for gemm in gemms)
-    moved = group_bytes(graph, op, split, narrow, expert_width) * (2 if direction == BACKWARD else 1)
+    moved = group_bytes(graph, op, split, narrow, expert_width, kernels.narrow_bytes)
+    moved *= 2 if direction == BACKWARD else 1
     bandwidth = chip.hbm_bandwidth * chip.memory_efficiency
-    return max(compute, moved / bandwidth) + cast_bytes(graph, op, direction, split, narrow) / bandwidth
+    return max(compute, moved / bandwidth) + cast_bytes(graph, op, direction, split, narrow, kernels) / bandwidth
 
 
 def kernel_floor(chip: KnownChip, kernels: KernelOptions) -> float:
@@ -198,10 +211,10 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
     floor = kernel_floor(chip, kernels)
 
     def seconds(op: FusedOp, direction: str) -> float:
-        return launched(op_seconds(graph, op, direction, chip, split, narrow, expert_width),
+        return launched(op_seconds(graph, op, direction, chip, split, narrow, expert_width, kernels),
                         launches(graph, op, direction, narrow), floor)
 
-    device = {direction: sum(op_seconds(graph, op, direction, chip, split, narrow, expert_width) for op in ops)
+    device = {direction: sum(op_seconds(graph, op, direction, chip, split, narrow, expert_width, kernels) for op in ops)
               + sum(attention_seconds(graph, kernel, direction, chip) for kernel in fused_kernels)
               for direction in (FORWARD, BACKWARD)}
     forward = [seconds(op, FORWARD) for op in ops]

@@ -31,7 +31,7 @@ from phaze_common.checks import (
 )
 from estimator import candidate_space
 from graph_extract import KernelOptions, ModelSpec
-from graph_extract.kernels import PRECISIONS
+from graph_extract.kernels import FP8_RECIPES, PRECISIONS
 from graph_extract.extraction import check_request
 from phaze_hardware import (
     DEFAULT_BUDGET,
@@ -222,7 +222,8 @@ GRAPH_KEYS = ("max_tensor_parallel_width", "tensor_parallel_width")
 STEP_KEYS = ("hbm_size", "chip", "schedule", "global_batch_size", "num_devices", "optimizer", "data_parallel_sharding",
              "data_parallel_shard_width", "reshard_after_forward", "sharded_collectives", "expert_dispatch",
              "overlap_expert_dispatch", "expert_dispatch_sms", "recompute", "sequence_parallel", "flash_attention",
-             "precision", "cuda_graphs", "grad_reduce_in_bf16", "virtual_stages", "overlap_grad_reduce", "overlap_param_gather",
+             "precision", "fp8_recipe", "fp8_parameters", "cuda_graphs", "grad_reduce_in_bf16", "virtual_stages",
+             "overlap_grad_reduce", "overlap_param_gather",
              "tensor_parallel_overlap", "master_weight_remainders", "framework_reserve_gb",
              "overlap_pipeline_transfers", "expert_parallel_width", "expert_tensor_parallel_width",
              "context_parallel_width")
@@ -334,10 +335,12 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  choice("expert_dispatch", config["expert_dispatch"], EXPERT_DISPATCHES),
                                  boolean("overlap_expert_dispatch", config["overlap_expert_dispatch"]),
                                  read_dispatch_share(config, known),
-                                 choice("sharded_collectives", config["sharded_collectives"], SHARDED_COLLECTIVES)),
+                                 choice("sharded_collectives", config["sharded_collectives"], SHARDED_COLLECTIVES),
+                                 boolean("fp8_parameters", config["fp8_parameters"])),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS),
+                              choice("fp8_recipe", config["fp8_recipe"], FP8_RECIPES),
                               boolean("cuda_graphs", config["cuda_graphs"])),
         step_model=step_model,
         baseline=baseline,

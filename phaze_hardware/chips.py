@@ -7,7 +7,8 @@ GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze
 Rates: a 16-bit GEMM that fills the chip runs at `peak_flops` × `matrix_efficiency`; a fused
 attention kernel at `peak_flops` × `attention_efficiency` (the matrix efficiency where the chip
 states none); an FP8 GEMM at `fp8_peak_flops` × `fp8_matrix_efficiency` (a chip without them has no
-FP8 tensor cores).
+FP8 tensor cores); an MXFP8 GEMM (one scale per block of 32 elements, Blackwell's tensor cores) at
+`mxfp8_peak_flops` × `mxfp8_matrix_efficiency` (a chip without them does not run MXFP8).
 
 Launches: a kernel issued by eager PyTorch takes at least `kernel_host_seconds` (the host's time to
 dispatch the operator and launch its kernel), one replayed from a CUDA graph at least
@@ -32,7 +33,7 @@ COST_MODELS = ("roofline", "template")
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
            "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency",
-           "kernel_host_seconds", "graph_kernel_seconds")
+           "mxfp8_peak_flops", "mxfp8_matrix_efficiency", "kernel_host_seconds", "graph_kernel_seconds")
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,10 @@ class KnownChip:
     """A chip that exists: peak dense 16-bit FLOP/s, HBM capacity [bytes] and bandwidth [bytes/s],
     on-chip memory [bytes]; for the roofline, its streaming multiprocessors and the achievable
     fractions of peak (matrix; attention: a fused attention kernel's, 0 = the matrix one) and of
-    HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores), the
-    least seconds of a kernel issued by eager PyTorch and of one replayed from a CUDA graph (0: no
-    floor); for a template chip, its template."""
+    HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores), its
+    dense MXFP8 peak and MXFP8 GEMM efficiency (0: no MXFP8), the least seconds of a kernel issued by
+    eager PyTorch and of one replayed from a CUDA graph (0: no floor); for a template chip, its
+    template."""
 
     name: str
     cost_model: str
@@ -56,6 +58,8 @@ class KnownChip:
     attention_efficiency: float = 0.0
     fp8_peak_flops: float = 0.0
     fp8_matrix_efficiency: float = 0.0
+    mxfp8_peak_flops: float = 0.0
+    mxfp8_matrix_efficiency: float = 0.0
     kernel_host_seconds: float = 0.0
     graph_kernel_seconds: float = 0.0
     template: AcceleratorConfig | None = None
@@ -68,11 +72,22 @@ class KnownChip:
         """Whether the chip has FP8 tensor cores (and their figures)."""
         return self.fp8_peak_flops * self.fp8_matrix_efficiency > 0
 
+    @property
+    def has_mxfp8(self) -> bool:
+        """Whether the chip runs MXFP8 products (and has their figures)."""
+        return self.mxfp8_peak_flops * self.mxfp8_matrix_efficiency > 0
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The training precisions the chip runs (of `graph_extract.kernels.PRECISIONS`)."""
+        return ("bf16", "fp16") + (("fp8",) if self.has_fp8 else ()) + (("mxfp8",) if self.has_mxfp8 else ())
+
     def check_precision(self, precision: str) -> None:
         """InputError unless the chip can train in `precision` (`graph_extract.kernels.PRECISIONS`)."""
-        if precision == "fp8" and not self.has_fp8:
-            raise InputError(f"precision: {self.name} has no FP8 tensor cores (no fp8_peak_flops and "
-                             "fp8_matrix_efficiency figures); allowed: bf16, fp16")
+        if precision in ("fp8", "mxfp8") and precision not in self.precisions:
+            raise InputError(f"precision: {self.name} has no {precision.upper()} tensor cores (no "
+                             f"{precision}_peak_flops and {precision}_matrix_efficiency figures); allowed: "
+                             f"{', '.join(self.precisions)}")
 
     def check_cuda_graphs(self, cuda_graphs: bool) -> None:
         """InputError if `cuda_graphs` is asked of a chip that has no CUDA graphs (a template chip: a TPU
@@ -94,6 +109,15 @@ class KnownChip:
     def fp8_matrix_flops(self) -> float:
         """Achievable FLOP/s of an FP8 GEMM that fills the chip."""
         return self.fp8_peak_flops * self.fp8_matrix_efficiency
+
+    @property
+    def mxfp8_matrix_flops(self) -> float:
+        """Achievable FLOP/s of an MXFP8 GEMM that fills the chip."""
+        return self.mxfp8_peak_flops * self.mxfp8_matrix_efficiency
+
+    def narrow_matrix_flops(self, precision: str) -> float:
+        """Achievable FLOP/s of an 8-bit GEMM in `precision` (`fp8` or `mxfp8`) that fills the chip."""
+        return self.mxfp8_matrix_flops if precision == "mxfp8" else self.fp8_matrix_flops
 
     @property
     def attention_flops(self) -> float:

@@ -40,6 +40,10 @@ class Question:
         if self.training.tensor_parallel_overlap and not self.kernels.sequence_parallel:
             raise InputError("tensor_parallel_overlap: needs sequence_parallel=true (Transformer Engine's "
                              "userbuffers overlap its all-gathers and reduce-scatters); allowed here: false")
+        if self.training.fp8_parameters and self.kernels.precision != "fp8":
+            why = ("Megatron-Core gathers MXFP8 weights in BF16 and quantises them after: not priced"
+                   if self.kernels.precision == "mxfp8" else "16-bit training has no FP8 weights")
+            raise InputError(f"fp8_parameters: needs precision=fp8 ({why}); allowed here: false")
 
     def micro_batches(self, micro_batch_size: int) -> int:
         """Micro-batches per global batch."""

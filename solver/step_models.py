@@ -163,7 +163,9 @@ class OriginalStepModel:
                                     ("master_weight_remainders", question.training.master_weight_remainders, False),
                                     ("framework_reserve_gb", question.training.framework_reserve, 0.0),
                                     ("expert_dispatch", question.training.expert_dispatch, "all_to_all"),
-                                    ("overlap_expert_dispatch", question.training.overlap_expert_dispatch, False)):
+                                    ("overlap_expert_dispatch", question.training.overlap_expert_dispatch, False),
+                                    ("fp8_recipe", question.kernels.fp8_recipe, "delayed"),
+                                    ("fp8_parameters", question.training.fp8_parameters, False)):
             if value != allowed:
                 shown = str(allowed).lower() if isinstance(allowed, bool) else allowed
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")

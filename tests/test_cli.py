@@ -47,6 +47,10 @@ def phaze(*arguments, cwd):
         (["precision=fp4"], "precision: unknown 'fp4'; allowed: bf16, fp16, fp8"),
         (["chip=a100_80gb", "precision=fp8"], "precision: a100_80gb has no FP8 tensor cores"),
         (["precision=fp8"], "precision: a template chip prices 16-bit multiply-accumulates only; allowed: bf16, fp16"),
+        (["chip=h100_sxm", "precision=mxfp8"], "precision: h100_sxm has no MXFP8 tensor cores (no mxfp8_peak_flops "
+                                               "and mxfp8_matrix_efficiency figures); allowed: bf16, fp16, fp8"),
+        (["fp8_recipe=current"], "fp8_recipe: current applies to precision=fp8 only"),
+        (["fp8_parameters=true"], "fp8_parameters: needs precision=fp8"),
         (["grad_reduce_in_bf16=2"], "grad_reduce_in_bf16: must be true or false, got 2"),
         (["overlap_param_gather=true"], "overlap_param_gather: needs data_parallel_sharding=optimizer or gradients and "
                                         "overlap_grad_reduce=true"),

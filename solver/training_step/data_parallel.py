@@ -14,6 +14,11 @@ sharded traffic every micro-batch, and the optimizer step.
 * Sharded data parallelism (`TrainingOptions.data_parallel_sharding`, ZeRO stages 1-3 / FSDP):
   the ranks holding the same weights (c·d, or groups of `data_parallel_shard_width` of them) split
   the optimizer state, the gradients and the weights.
+* FP8 weights (`TrainingOptions.fp8_parameters`): the weight all-gathers move the weights of the
+  8-bit products in `FP8_PARAMETER_GATHER_BYTES` a parameter; the gradients are reduced as without.
+  Each class of parameters (dense, experts) holds the stage's share of those weights in proportion
+  to its parameters: a simplification where a mixture's experts sync over other ranks than the
+  rest (exact where they sync together, e = 1).
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ import numpy as np
 from graph_extract.kernels import KernelOptions
 from phaze_hardware import Collective, Group, Network
 from solver.layout import Layout
-from solver.training_step.memory import FP8_WEIGHT_COPY_BYTES, Recompute
-from solver.training_step.options import (GATHER_COPY_PASSES, GATHER_HOST_TIME, LIST_MEMBER_HOST_TIME,
-                                          REDUCE_COPY_PASSES, TrainingOptions)
+from solver.training_step.memory import Recompute, narrow_weight_bytes
+from solver.training_step.options import (FP8_PARAMETER_GATHER_BYTES, GATHER_COPY_PASSES, GATHER_HOST_TIME,
+                                          LIST_MEMBER_HOST_TIME, REDUCE_COPY_PASSES, TrainingOptions)
 from solver.training_step.records import Device, StageTerms
 
 def list_collective_overhead(members: int, collectives, size, copy_passes: int, hbm_bandwidth: float,
@@ -124,20 +129,40 @@ class DataParallel:
     def gathered_weight_bytes(self, terms: StageTerms) -> np.ndarray:
         """The whole weights a device holds besides its shards with `full` sharding: those of the layer
         running and of the one prefetched (twice its largest layer's), or with
-        `reshard_after_forward` false every weight of the stage, kept all step."""
+        `reshard_after_forward` false every weight of the stage, kept all step; in 16 bits, with
+        `fp8_parameters` too (a simplification: FSDP then gathers the 8-bit products' weights in FP8)."""
         if not self.training.model_state.splits("weights"):
             return np.zeros_like(terms.parameters)
         whole = terms.parameters if not self.training.reshard_after_forward else 2.0 * terms.largest_parameters
         return whole * self.training.model_state.weights
 
     def weight_bytes(self, terms: StageTerms, degree: int):
-        """16-bit weights (their shards and what `full` sharding gathers), and in FP8 the 8-bit copies
-        of the weights FP8 products read (sharded as the weights)."""
+        """16-bit weights (their shards and what `full` sharding gathers), and in 8-bit training the
+        8-bit copies of the weights 8-bit products read (sharded as the weights), which replace their
+        16-bit copies with `fp8_parameters` (`memory.narrow_weight_bytes`)."""
         weights = self.state_bytes("weights", terms.parameters, degree, terms.expert_parameters)
         if self.kernels.fp8:
             share = weights / np.where(terms.parameters > 0, terms.parameters, 1.0) / self.training.model_state.weights
-            weights = weights + FP8_WEIGHT_COPY_BYTES * terms.matrix_parameters * share
+            extra = narrow_weight_bytes(self.kernels, self.training.fp8_parameters)
+            weights = weights + extra * terms.matrix_parameters * share
         return weights + self.gathered_weight_bytes(terms)
+
+    @property
+    def narrow_gather(self) -> bool:
+        """Whether the weight all-gathers move the 8-bit products' weights in FP8 (`fp8_parameters`)."""
+        return self.training.fp8_parameters and self.kernels.fp8
+
+    def gathered_bytes(self, count, parameters, matrix_parameters):
+        """Bytes an all-gather of `count` parameters' weights moves, of stages holding `parameters` of
+        which `matrix_parameters` are read by 8-bit products: 16-bit weights, those in FP8 with
+        `fp8_parameters` (each class its proportional share of them: module docstring)."""
+        weights = count * self.training.model_state.weights
+        if not self.narrow_gather:
+            return weights
+        share = np.divide(matrix_parameters, parameters, out=np.zeros_like(parameters, dtype=float),
+                          where=np.asarray(parameters) > 0) if not np.isscalar(parameters) else (
+            matrix_parameters / parameters if parameters > 0 else 0.0)
+        return weights - count * share * (self.training.model_state.weights - FP8_PARAMETER_GATHER_BYTES)
 
     def static_bytes(self, terms: StageTerms, degree: int):
         """Weights, gradients and optimizer state per device of each stage, and the framework's
@@ -158,9 +183,10 @@ class DataParallel:
             self._collectives[(shard, replicas)] = found
         return found
 
-    def sync_times(self, parameters, degree: int, expert_parameters=0.0):
+    def sync_times(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
         """(gradient reduction, weight all-gather) once a step, after the last backward, of stages
-        holding `parameters` per device, not overlapped, each class over its own groups:
+        holding `parameters` per device (`matrix_parameters` of them read by 8-bit products: what
+        `fp8_parameters` gathers in FP8), not overlapped, each class over its own groups:
 
             none       all-reduce of the gradients over the ranks holding the weights
             optimizer  reduce-scatter within the shard group, all-reduce of the shard across the
@@ -173,7 +199,7 @@ class DataParallel:
         state, sharding, reduction, gather = self.training.model_state, self.training.data_parallel_sharding, 0.0, 0.0
         for shard, replicas, count in self.parameter_classes(parameters, degree, expert_parameters):
             collective = self.collectives(shard, replicas)
-            gradients, weights = count * state.gradients, count * state.weights
+            gradients, weights = count * state.gradients, self.gathered_bytes(count, parameters, matrix_parameters)
             if sharding == "none":
                 reduction = reduction + collective["all_reduce"].time(gradients)
                 continue
@@ -228,7 +254,8 @@ class DataParallel:
                                  else (REDUCE_COPY_PASSES, 0.0))
                 return time + list_collective_overhead(shard.size, number, size, passes, hbm, fetch)
 
-            reduced, weights = count * state.gradients, count * state.weights
+            reduced = count * state.gradients
+            weights = self.gathered_bytes(count, terms.parameters, terms.matrix_parameters)
             backward = backward + priced("reduce_scatter", reduced, collectives)
             if regather:
                 gathered = priced("all_gather", weights, collectives)
@@ -246,19 +273,19 @@ class DataParallel:
             exposed = forward + backward
         return exposed, forward + backward - exposed
 
-    def sync_time(self, parameters, degree: int, expert_parameters=0.0):
+    def sync_time(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
         """Data-parallel sync once a step of stages holding `parameters` per device, not overlapped."""
-        reduction, gather = self.sync_times(parameters, degree, expert_parameters)
+        reduction, gather = self.sync_times(parameters, degree, expert_parameters, matrix_parameters)
         return reduction + gather
 
     def optimizer_time(self, parameters, degree: int, expert_parameters=0.0):
         """Reading and writing the device's optimizer state once at HBM bandwidth."""
         return 2.0 * self.optimizer_state_bytes(parameters, degree, expert_parameters) / self.device.hbm_bandwidth
 
-    def tail_time(self, parameters, degree: int, expert_parameters=0.0):
+    def tail_time(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
         """Sync and optimizer step of stages holding `parameters` per device, the sync not hidden:
         what such a stage adds after the last backward (it grows with the parameters)."""
-        return (self.sync_time(parameters, degree, expert_parameters)
+        return (self.sync_time(parameters, degree, expert_parameters, matrix_parameters)
                 + self.optimizer_time(parameters, degree, expert_parameters))
 
     def tail(self, terms: StageTerms, degree: int) -> tuple[np.ndarray, np.ndarray]:
@@ -266,7 +293,7 @@ class DataParallel:
         less the last backward pass it hides behind (`overlap_grad_reduce`), the weight all-gather less
         the next step's first forward pass (`overlap_param_gather`, and `full` sharding's one gather a
         step, prefetched), each never below zero."""
-        reduction, gather = self.sync_times(terms.parameters, degree, terms.expert_parameters)
+        reduction, gather = self.sync_times(terms.parameters, degree, terms.expert_parameters, terms.matrix_parameters)
         if self.training.overlap_grad_reduce:
             reduction = np.maximum(reduction - terms.backward, 0.0)
         if self.training.overlap_param_gather or self.training.data_parallel_sharding == "full":
@@ -281,6 +308,7 @@ class DataParallel:
     def tail_keys_are_parameters(self) -> bool:
         """Whether every stage's tail grows with its parameters alone (so a cap on parameters is a
         cap on the tail); not so when the sync overlaps the backward pass, nor when the experts sync
-        over other replicas than the rest."""
+        over other replicas than the rest, nor when FP8 weights are gathered (the gather depends on
+        which parameters 8-bit products read)."""
         data, expert_data = self.data_groups(self.shard.expert_parallel_width)
-        return not self.sync_overlaps and expert_data == data
+        return not self.sync_overlaps and expert_data == data and not self.narrow_gather

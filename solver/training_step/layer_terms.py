@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graph_extract.kernels import KernelOptions
+from graph_extract.kernels import AMAX_BYTES, KernelOptions
 from graph_extract.layergraph import RecomputedModule
 from phaze_hardware import Collective, Network
 from solver.layout import Layout
@@ -88,12 +88,33 @@ def expert_parallel_collective(shard: Shard) -> Collective:
     return shard.cluster.all_to_all(group)
 
 
+def amax_reductions(shard: Shard, tensor: Collective) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of FP8 current scaling's amax all-reduces of each layer, (forward, backward): with
+    sequence parallelism an 8-bit product's input gathered over the tensor-parallel group has its
+    amax (`AMAX_BYTES`) all-reduced over the group before its cast (`KernelOptions.fp8_recipe`), one
+    for each of a block's tensor-parallel collectives (each gathers the input of the column-parallel
+    products it feeds forward, and the output gradient of the row-parallel products before it
+    backward); none without current scaling or sequence parallelism, or at t = 1."""
+    zero = np.zeros(len(shard.layers))
+    kernels = shard.kernels
+    if not (kernels.current_scaling and kernels.sequence_parallel and shard.graph.width > 1):
+        return zero, zero
+    once = tensor.scalar(AMAX_BYTES)
+    blocks = shard.blocks()
+    forward = np.array([len(layer.forward_collective_bytes) * once for layer in shard.layers], float)
+    backward = np.array([len(layer.backward_collective_bytes) * once for layer in shard.layers], float)
+    return np.where(blocks, forward, 0.0), np.where(blocks, backward, 0.0)
+
+
 def tensor_parallel(shard: Shard) -> dict[str, np.ndarray]:
     """Seconds of the tensor-parallel collectives of each layer: the forward's and backward's, the
     forward's again where recomputed (whole blocks with `full`, the recomputed modules' otherwise);
     with `tensor_parallel_overlap` each direction's hide behind its weight products (the re-run ones
     as much as the forward's). The routed experts' own run over the τ ranks splitting each expert, on
-    the tokens of τ/t of a width-t rank. Returns exposed, hidden and the exposed backward."""
+    the tokens of τ/t of a width-t rank. FP8 current scaling adds its amax all-reduces
+    (`amax_reductions`), exposed, and again in a fully recomputed block's forward (a recompute
+    module's re-run casts are not charged: a simplification). Returns exposed, hidden and the exposed
+    backward."""
     layers, tokens, width = shard.layers, shard.token_share, shard.graph.width
     tensor, experts_tensor = tensor_parallel_collective(shard), expert_tensor_collective(shard)
     experts_tokens = tokens * shard.shard.expert_tensor_width / width
@@ -116,6 +137,10 @@ def tensor_parallel(shard: Shard) -> dict[str, np.ndarray]:
         backward = np.maximum(backward - shard.values("matrix_backward") * tokens, 0.0)
         again = again * np.divide(forward, raw_forward, out=np.ones(len(layers)), where=raw_forward > 0)
     exposed = forward + backward + np.where(again_blocks, forward, 0.0) + again
+    amax_forward, amax_backward = amax_reductions(shard, tensor)
+    if amax_forward.any() or amax_backward.any():  # never hidden: each precedes the cast it scales
+        amax = amax_forward + amax_backward + np.where(again_blocks, amax_forward, 0.0)
+        exposed, raw, backward = exposed + amax, raw + amax, backward + amax_backward
     return {"exposed": exposed, "hidden": raw - exposed, "backward": backward}
 
 

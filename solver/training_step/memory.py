@@ -14,8 +14,18 @@ ranks, or `data_parallel_shard_width` of them): `optimizer` the optimizer state 
 distributed optimizer), `gradients` also the gradients (ZeRO-2), `full` also the weights (ZeRO-3,
 PyTorch FSDP's FULL_SHARD, MaxText's fsdp axis), whose gathered copies the step holds while it runs
 (`TrainingStep.gathered_weight_bytes`).
-In FP8 training (Transformer Engine) each weight of a block's weight products also has 8-bit copies
-(`FP8_WEIGHT_COPY_BYTES`) that its GEMMs read.
+In 8-bit training (Transformer Engine) each weight of a block's weight products also has 8-bit copies
+that its GEMMs read (`narrow_weight_bytes`): row-wise for the forward GEMM and column-wise for the data
+gradient, cached across the micro-batches of a step (Megatron-Core passes TE's is_first_microbatch):
+FP8 on Hopper transposes the row-wise copy, MXFP8 quantises each direction itself (its 32-element
+blocks run along rows for one and columns for the other) and each copy carries its scale bytes
+(NVIDIA/TransformerEngine docs/features/low_precision_training/performance_considerations/
+performance_considerations.rst and mxfp8/mxfp8.rst @ 3ceb248e, "Handling transposes"). With
+`fp8_parameters` (TE's fp8_model_init, Megatron's --fp8-param-gather) those weights have no 16-bit
+copy: the 8-bit copies are the weights, the fp32 master weights stay in the optimizer state.
+Delayed scaling's amax history (TE's DelayedScaling, amax_history_len 1,024 fp32 numbers for each of
+a product's five scaled tensors: 20 KiB a product, about 1 MiB for GPT-3 175B's 48 products on a
+device of 8 stages) is not charged: a named simplification.
 
 Activations kept per transformer block and micro-batch (Korthikanti et al. 2022, Table 2), from the
 traced graph's split of each layer's saved tensors (`graph_extract.layergraph.Layer`):
@@ -32,7 +42,9 @@ traced graph's split of each layer's saved tensors (`graph_extract.layergraph.La
                 as working memory
 
 With a fused attention kernel a block keeps Q, K, V and the softmax statistics instead of the
-core's s × s tensors; in FP8 the inputs only weight products keep are kept in one byte an element.
+core's s × s tensors; in 8 bits the inputs only weight products keep are kept in one byte an element
+(`KernelOptions.narrow_bytes`: MXFP8's with its scale byte per 32; TE keeps the column-wise copy the
+weight gradient reads).
 Only transformer blocks are recomputed; the embedding and the head always keep their activations.
 """
 
@@ -58,10 +70,21 @@ SHARDED_KINDS = {"none": (), "optimizer": ("optimizer_state",), "gradients": ("o
                  "full": ("optimizer_state", "gradients", "weights")}
 
 
-#: Bytes per parameter of the 8-bit copies of a weight FP8 products read: on Hopper Transformer Engine
-#: keeps it row-wise (forward) and transposed (the data gradient), cached across the micro-batches of a
-#: step (NVIDIA/TransformerEngine docs, performance_considerations.rst, "Handling transposes").
-FP8_WEIGHT_COPY_BYTES = 2.0
+#: The 8-bit copies Transformer Engine keeps of a weight its 8-bit products read: row-wise (forward)
+#: and column-wise (the data gradient), cached across the micro-batches of a step
+#: (NVIDIA/TransformerEngine docs, performance_considerations.rst, "Handling transposes").
+FP8_WEIGHT_COPIES = 2
+#: Bytes of a 16-bit weight, which `fp8_parameters` does not keep for the weights of 8-bit products.
+WEIGHT_16BIT_BYTES = 2.0
+
+
+def narrow_weight_bytes(kernels: KernelOptions, fp8_parameters: bool = False) -> float:
+    """Bytes per parameter of a weight that 8-bit products read, beyond the model state's 16-bit
+    weight (module docstring): its two 8-bit copies (`FP8_WEIGHT_COPIES` × `kernels.narrow_bytes`),
+    less the 16-bit weight with `fp8_parameters`; 0 in 16-bit training."""
+    if not kernels.fp8:
+        return 0.0
+    return FP8_WEIGHT_COPIES * kernels.narrow_bytes - (WEIGHT_16BIT_BYTES if fp8_parameters else 0.0)
 
 
 @dataclass(frozen=True)
@@ -147,33 +170,36 @@ class Recompute:
         return recompute_mode("+".join(sorted(self.modules))) if self.modules else "none"
 
 
-def device_bytes(total: float, replicated: float, saved, share: float, fp8: bool) -> float:
+def device_bytes(total: float, replicated: float, saved, share: float, narrow: float) -> float:
     """What one device keeps of `total` bytes of saved tensors (a layer's, or a recompute module's),
     `replicated` of them identical over the tensor-parallel group (`saved` gives the part only
-    weight products keep): the replicated part `share` less (sequence parallelism), and in FP8 the
-    inputs only weight products keep in one byte an element instead of two."""
+    weight products keep): the replicated part `share` less (sequence parallelism), and in 8-bit
+    training (`narrow`: bytes an 8-bit element takes, `KernelOptions.narrow_bytes`; 0: 16-bit) the
+    inputs only weight products keep in `narrow` bytes an element instead of two."""
     kept = total - share * replicated
-    if fp8:
-        kept -= 0.5 * (saved.matrix_input_activation_bytes - share * saved.replicated_matrix_input_activation_bytes)
+    if narrow:
+        kept -= (1.0 - narrow / 2.0) * (saved.matrix_input_activation_bytes
+                                        - share * saved.replicated_matrix_input_activation_bytes)
     return kept
 
 
-def module_bytes(module, fused: bool, share: float, fp8: bool) -> float:
+def module_bytes(module, fused: bool, share: float, narrow: float) -> float:
     """What recomputing a recompute module frees on one device (`device_bytes` of what it made),
     with or without a fused attention kernel."""
     if fused and module.fused_attention_activation_bytes is not None:
         return device_bytes(module.fused_attention_activation_bytes, module.fused_replicated_activation_bytes, module,
-                            share, fp8)
-    return device_bytes(module.activation_bytes, module.replicated_activation_bytes, module, share, fp8)
+                            share, narrow)
+    return device_bytes(module.activation_bytes, module.replicated_activation_bytes, module, share, narrow)
 
 
 def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed). A layer
     without a fused-attention figure keeps with a fused kernel what it keeps without."""
     share = kernels.replicated_share(width)
+    narrow = kernels.narrow_bytes if kernels.fp8 else 0.0
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
     saved = np.array([device_bytes(layer.fused_attention_activation_bytes if here else layer.activation_bytes,
-                                   layer.replicated_activation_bytes, layer, share, kernels.fp8)
+                                   layer.replicated_activation_bytes, layer, share, narrow)
                       for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if recompute.full:
@@ -186,7 +212,7 @@ def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOp
     if "core_attn" in modules:
         held = saved - np.array([0.0 if here else layer.attention_core_activation_bytes
                                  for layer, here in zip(layers, fused)], float)
-    dropped = [[module_bytes(module, here, share, kernels.fp8) for module in layer.recompute_modules
+    dropped = [[module_bytes(module, here, share, narrow) for module in layer.recompute_modules
                 if module.name in modules] for layer, here in zip(layers, fused)]
     held = held - np.array([sum(each) for each in dropped], float)
     working = np.array([max(each, default=0.0) for each in dropped], float)

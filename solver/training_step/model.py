@@ -262,7 +262,7 @@ class TrainingStep:
         parameters (the chips of a search: they differ only in the layers' costs)."""
         values = self.layer_values
         return _shared_tail_floors((self.data_parallel, values["parameters"].tobytes(),
-                                    values["expert_parameters"].tobytes()))
+                                    values["expert_parameters"].tobytes(), values["matrix_parameters"].tobytes()))
 
     def tail_floor(self, degrees) -> np.ndarray:
         """No stage's tail at width d is shorter (for each of `degrees`, an array): that of the layer
@@ -270,9 +270,13 @@ class TrainingStep:
         optimizer step when the sync may hide)."""
         degrees, known = np.asarray(degrees), self._tail_floors
         parameters, experts = self.layer_values["parameters"], self.layer_values["expert_parameters"]
-        tail = self.data_parallel.optimizer_time if self.data_parallel.sync_overlaps else self.data_parallel.tail_time
+        matrix = self.layer_values["matrix_parameters"]
         for degree in set(degrees.flat) - known.keys():
-            known[degree] = float(np.max(tail(parameters, int(degree), experts), initial=0.0))
+            if self.data_parallel.sync_overlaps:
+                tail = self.data_parallel.optimizer_time(parameters, int(degree), experts)
+            else:
+                tail = self.data_parallel.tail_time(parameters, int(degree), experts, matrix)
+            known[degree] = float(np.max(tail, initial=0.0))
         return np.array([known[degree] for degree in degrees.flat]).reshape(degrees.shape)
 
     @cached_property
@@ -361,7 +365,8 @@ class TrainingStep:
             "sharded_data_parallel": micro_batches * float(scored["sharded_hidden"][0][slowest]),
             "pipeline_transfer": micro_batches * float(scored["transfer_hidden"][0][slowest]),
             "data_parallel_sync": float(self.data_parallel.sync_time(terms.parameters[last_out], degree,
-                                                       terms.expert_parameters[last_out])
+                                                                     terms.expert_parameters[last_out],
+                                                                     terms.matrix_parameters[last_out])
                                         - scored["sync"][0][last_out]),
         }
         activations = self.activation_bytes(terms, scored["in_flight"][0])

@@ -48,6 +48,11 @@ search and every cache key read.
   Megatron-LM's command line, and only ever for the interleaved schedule);
 * `grad_reduce_in_bf16`: the gradients are kept and reduced in 16-bit instead of fp32 main gradients
   (Megatron's --grad-reduce-in-bf16);
+* `fp8_parameters` (precision fp8 only, `solver.question.Question` checks it): the weights of the
+  8-bit products are held in FP8 only, with no 16-bit copy (TE's fp8_model_init, Megatron's
+  --fp8-param-gather, NeMo's fp8_params; the fp32 master weights stay in the optimizer state), and
+  the sharded optimizer's or FSDP's all-gather of them moves `FP8_PARAMETER_GATHER_BYTES` a
+  parameter instead of the 16-bit weight's 2; the gradients are reduced in their own dtype;
 * `expert_dispatch`: how a mixture's tokens reach their experts: `all_to_all` (each of a token's k
   copies sent to its expert's device: Megatron's alltoall dispatcher) or `deduplicated` (one copy a
   destination node over the scale-out links, forwarded inside the node: DeepEP, Megatron's flex
@@ -107,6 +112,10 @@ GATHER_COPY_PASSES = 3
 #: (`average_tensor`), and PyTorch 1.8 copying each rank's piece into a flat buffer for NCCL
 #: (ProcessGroupNCCL::reduce_scatter).
 REDUCE_COPY_PASSES = 4
+#: Bytes per parameter the weight all-gather moves for a weight held in FP8 (`fp8_parameters`): its
+#: E4M3 byte (Megatron-Core's --fp8-param-gather gathers the FP8 data; its per-tensor scales are
+#: a few numbers).
+FP8_PARAMETER_GATHER_BYTES = 1.0
 #: How a mixture's tokens reach their experts (`TrainingOptions.expert_dispatch`).
 EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
 
@@ -155,6 +164,7 @@ class TrainingOptions:
     overlap_expert_dispatch: bool = False
     expert_dispatch_compute_share: float = 0.0
     sharded_collectives: str = "prefetched_layers"
+    fp8_parameters: bool = False
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -172,6 +182,7 @@ class TrainingOptions:
         choice("sharded_collectives", self.sharded_collectives, SHARDED_COLLECTIVES)
         choice("expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
         boolean("overlap_expert_dispatch", self.overlap_expert_dispatch)
+        boolean("fp8_parameters", self.fp8_parameters)
         share = self.expert_dispatch_compute_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
             raise InputError(f"expert_dispatch_compute_share: {share!r}; allowed: a number in [0, 1)")
