@@ -7,7 +7,8 @@
                   micro_batch_size=1, recompute="selective")
 
 `model` is a zoo model's name, a path or `module:function` of a custom model (`model.config`), or a
-`graph_extract.ModelSpec`; `chip` is `chip`; a nested key is a mapping (`schedule={"backend": "milp"}`)
+`graph_extract.ModelSpec`; `chip` and `system` are a packaged name or a file's path
+(`chip="my/chip.yaml"`, read and checked as the packaged files); a nested key is a mapping (`schedule={"backend": "milp"}`)
 or a dotted string (`**{"schedule.backend": "milp"}`). Bad input raises `phaze_common.checks.InputError`
 with the command line's one line. The caches are in the per-user cache folder
 ($XDG_CACHE_HOME/phaze, else ~/.cache/phaze), as the command line's, unless `cache_dir=` says
@@ -36,7 +37,8 @@ import pandas as pd
 from phaze_common.checks import InputError
 from phaze_common.progress import Progress
 from graph_extract import ExtractedModel, ModelSpec, extract
-from phaze.config_keys import CUSTOM_MODEL, config_key_error, config_schema, model_name_error, system_name_error
+from phaze.config_keys import (CUSTOM_MODEL, SYSTEM_FILE, config_key_error, config_schema, model_name_error,
+                               system_group, system_name_error)
 from phaze.settings import Settings, settings_from_config, unread_key_error
 from solver.search import chip_costs
 from solver.layer_costs import step_graphs
@@ -111,6 +113,7 @@ def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dic
     system = keys.get("system", "tpuv4_pod")
     if error := system_name_error(system):
         raise error
+    system, system_file = system_group(system)
     group = _model_group(model)
     if error := model_name_error(group):
         raise error
@@ -118,6 +121,8 @@ def configuration(mode: str, model: str | ModelSpec, keys: Mapping) -> tuple[dic
     config, schema = copy.deepcopy(default), config_schema(default)
     if group == CUSTOM_MODEL:
         config["model"]["config"] = None if isinstance(model, ModelSpec) else model
+    if system_file is not None:
+        config["system"][SYSTEM_FILE] = system_file
     for key, value in keys.items():
         if key != "system":
             _set(config, key, value)

@@ -28,7 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 from phaze_common.checks import InputError
 from phaze_common.files import user_cache_dir
 from phaze import interrupt, rundir, sweep
-from phaze.config_keys import config_key_error, config_schema, model_name_error, override_key_error, system_name_error
+from phaze.config_keys import (config_key_error, config_schema, model_name_error, override_key_error,
+                               system_file_overrides, system_name_error)
 from phaze.settings import MODES, settings_from_config, unread_key_error
 from phaze.sweep import Infeasible
 
@@ -78,8 +79,10 @@ def _argument_error(message: str) -> None:
 
 
 def split_command_line(arguments: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """hydra's reading of the arguments (overrides and flags in any order) and the flags alone
-    (the arguments that are not overrides, in their order)."""
+    """hydra's reading of the arguments (overrides and flags in any order; a system file's path,
+    `system=PATH`, as the system group's `file` option and its path) and the flags alone (the
+    arguments that are not overrides, in their order)."""
+    arguments = [given for argument in arguments for given in system_file_overrides(argument)]
     parser = get_args_parser()
     parser.error = _argument_error
     parsed = parser.parse_intermixed_args(arguments)

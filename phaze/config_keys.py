@@ -12,6 +12,7 @@ from pathlib import Path
 from phaze_common.checks import InputError
 from graph_extract import MODELS, ModelSpec
 from phaze_hardware import SYSTEMS
+from phaze_hardware.chips import is_path
 
 #: The model group option of a user's model file (`model=custom model.config=PATH`).
 CUSTOM_MODEL = "custom"
@@ -30,11 +31,37 @@ def model_name_error(name: object) -> InputError | None:
     return InputError(f"model: unknown {name!r}; allowed: {', '.join(MODELS)}, {CUSTOM_MODEL} (model.config=PATH)")
 
 
+#: The system group's option of a system file (phaze/conf/system/file.yaml), and its key.
+SYSTEM_FILE = "file"
+
+
 def system_name_error(name: object) -> InputError | None:
-    """The error for an unknown cluster preset, or None."""
-    if name in SYSTEM_OPTIONS:
+    """The error for an unknown cluster preset (a system file's path is one), or None."""
+    if name in SYSTEM_OPTIONS or is_path(name):
         return None
-    return InputError(f"system: unknown {name!r}; allowed: {', '.join(SYSTEM_OPTIONS)}")
+    presets = ", ".join(option for option in SYSTEM_OPTIONS if option != SYSTEM_FILE)
+    return InputError(f"system: unknown {name!r}; allowed: {presets} or a system file's path (system=path/to/system.yaml)")
+
+
+def system_group(name: str) -> tuple[str, str | None]:
+    """The system group's option of a `system` value and the system file's path (None for a preset)."""
+    return (SYSTEM_FILE, name) if is_path(name) else (name, None)
+
+
+def system_file_overrides(override: str) -> list[str]:
+    """A command line's `system=PATH` (or a sweep of paths, `system=a.yaml,b.yaml`) as hydra's group
+    option of a system file and its path (`system=file`, `system.file=PATH`); any other override as
+    given. InputError for a sweep mixing paths and presets."""
+    key, equals, value = override.partition("=")
+    if key != "system" or not equals:
+        return [override]
+    values = [item.strip().strip("'\"") for item in value.split(",")]
+    paths = [is_path(item) for item in values]
+    if not any(paths):
+        return [override]
+    if not all(paths):
+        raise InputError(f"system: {value!r} mixes system files and presets; sweep either (give files as paths)")
+    return [f"system={SYSTEM_FILE}", f"system.file={value}"]
 
 
 def unknown_key_error(path: str, allowed: Iterable[str]) -> InputError:

@@ -212,7 +212,8 @@ def predicted_layout(config: Mapping, question: Question, axes: Axes, known: Kno
     if not STEP_MODELS[step_model].prices_layouts:
         raise InputError(f"system: predict prices with the training-step model; system={step_model} has none")
     if known is None:
-        raise InputError(f"chip: predict prices a chip that exists; allowed: {', '.join(KNOWN_CHIPS)}")
+        raise InputError(f"chip: predict prices a chip that exists; allowed: {', '.join(KNOWN_CHIPS)} or a chip "
+                         "file's path")
     if config["tensor_parallel_width"] is None:
         raise InputError("tensor_parallel_width: predict prices one placement; give tensor_parallel_width=t")
     for key, given in (("micro_batch_size", axes.micro_batch_sizes), ("hbm_size", axes.memory_capacities),

@@ -42,11 +42,13 @@ from phaze_hardware import (
     accelerator_names,
     named_accelerator,
 )
-from phaze_hardware.systems import TOPOLOGIES
+from phaze_hardware.chips import chip_of, is_path
+from phaze_hardware.systems import TOPOLOGIES, system_of_file
 from phaze import environment
 from phaze.parallel_settings import (GIB, MAX_DEVICES, check_options_apply, predicted_layout, read_context_widths,
                                      read_dispatch_share, read_expert_tensor_widths, read_expert_widths, read_recompute,
                                      read_schedule, read_shardings, read_virtual_stages, read_widths, shown)
+from phaze.config_keys import SYSTEM_FILE
 from phaze.model_config import fixed_megatron, model_spec
 from solver.search import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
 from solver.layout import Layout
@@ -126,6 +128,17 @@ def _system(system: Mapping, devices: int) -> tuple[Network, str]:
                                       system.get("slices", 1)), step_model
 
 
+def system_mapping(system: Mapping) -> Mapping:
+    """The `system` node as a system's fields: a system file's (`system.file`, read and checked as the
+    packaged systems are), else the node itself."""
+    if set(system) != {SYSTEM_FILE}:
+        return system
+    path = system[SYSTEM_FILE]
+    if not isinstance(path, str) or not path.strip():
+        raise InputError(f"system.file: give the path of a system file (system=path/to/system.yaml), got {path!r}")
+    return system_of_file(path if is_path(path) else f"./{path}").record()
+
+
 def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip | None]:
     """The template (technology and area budget), the area budget, and the known chip if one is
     named (null: the system's chip for predict, the default template otherwise)."""
@@ -133,7 +146,7 @@ def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip |
     if name is None:
         name = (config["mode"] == "predict" and config["system"].get("chip")) or DEFAULT_BUDGET
     overrides = {key: value for key, value in config["accelerator"].items() if value is not None}
-    known = KNOWN_CHIPS.get(name)
+    known = chip_of(name) if is_path(name) else KNOWN_CHIPS.get(name)
     if known is None and name not in accelerator_names():
         raise InputError(chip_error(name))
     if known is not None and overrides:  # a chip that exists is priced with its own figures
@@ -160,14 +173,12 @@ def _chip(config: Mapping) -> tuple[AcceleratorConfig, float | None, KnownChip |
 
 
 def chip_error(name: object) -> InputError:
-    """The error for a `chip` that is neither a chip that exists nor a template, saying where chips are
-    defined (a chip is added as a file there, not given by path)."""
+    """The error for a `chip` that is neither a chip that exists, nor a chip file's path, nor a template,
+    saying where chips are defined."""
     allowed = ", ".join(dict.fromkeys((*accelerator_names(), *KNOWN_CHIPS)))
     where = ("chips that exist are phaze_hardware/chips/<name>.yaml, one YAML file each with the source of "
-             "every figure, templates phaze_hardware/templates/<name>.yaml")
-    if isinstance(name, str) and ("/" in name or name.endswith((".yaml", ".yml"))):
-        return InputError(f"chip: {name!r} is a path; a chip by path is not supported yet ({where}: add one there "
-                          f"and give its name); allowed: {allowed}")
+             "every figure, or a file of the same fields given by its path (chip=path/to/chip.yaml); templates "
+             "phaze_hardware/templates/<name>.yaml")
     return InputError(f"chip: unknown {name!r}; allowed: {allowed} ({where})")
 
 
@@ -292,6 +303,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     instead of the `model` node's."""
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=True)
+    config = {**config, "system": system_mapping(config["system"])}
     mode = choice("mode", config["mode"], MODES)
     spec = model_spec(config["model"], config["sequence_length"]) if spec is None else spec
     micro_batch_sizes = tuple(positive_integer("micro_batch_size", size, MAX_BATCH)

@@ -16,9 +16,9 @@ from phaze_hardware.accelerator import (
                                   named_accelerator,
 )
 from phaze_hardware.area import MIB, area_um2
-from phaze_hardware.chips import KNOWN_CHIPS, KnownChip, known_chip
-from phaze_hardware.cluster import NO_COMMUNICATION, Cluster, Collective, Group, Network, Tier
-from phaze_hardware.systems import SYSTEMS, System, cluster, system, system_of
+from phaze_hardware.chips import KNOWN_CHIPS, KnownChip, chip_of, known_chip
+from phaze_hardware.cluster import NO_COMMUNICATION, Cluster, Collective, FullyConnected, Group, Network, Tier
+from phaze_hardware.systems import SYSTEMS, System, cluster, system, system_of, system_of_file
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -32,6 +32,7 @@ __all__ = [
     "Collective",
     "CoreConfig",
     "EnergyCosts",
+    "FullyConnected",
     "Group",
     "KnownChip",
     "Network",
@@ -39,9 +40,11 @@ __all__ = [
     "Tier",
     "accelerator_names",
     "area_um2",
+    "chip_of",
     "cluster",
     "known_chip",
     "named_accelerator",
     "system",
     "system_of",
+    "system_of_file",
 ]

@@ -1,5 +1,6 @@
-"""Known accelerators (`chip=a100_80gb | h100_sxm | tpuv4`): chips that exist, one file each in
-phaze_hardware/chips/ with their public figures, where every number names its source.
+"""Known accelerators (`chip=h100_sxm | b200 | tpuv6e | ...`): chips that exist, one file each in
+phaze_hardware/chips/ with their public figures, where every number names its source; a user's chip
+is a file of the same fields given by its path (`chip=path/to/chip.yaml`), read and checked alike.
 
 GPUs are priced by a roofline (`estimator.roofline`); `tpuv4` is a chip of phaze's template
 (`cost_model: template`), priced by the estimator and the layer schedules like a searched chip.
@@ -21,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from phaze_common.checks import InputError, unknown_fields
 from phaze_hardware.accelerator import AcceleratorConfig, named_accelerator
@@ -30,6 +33,12 @@ from phaze_hardware.data import hardware_file, yaml_files
 #: The known chips, one file each (the file's name is the chip's).
 CHIPS = hardware_file("chips")
 COST_MODELS = ("roofline", "template")
+#: Figures every chip states.
+REQUIRED = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes")
+#: Figures a chip priced by its roofline also states.
+ROOFLINE_REQUIRED = ("streaming_multiprocessors", "matrix_efficiency", "memory_efficiency")
+#: Figures that are fractions (at most 1).
+FRACTIONS = ("matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_matrix_efficiency")
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
            "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency",
@@ -140,16 +149,52 @@ def sourced_figure(where: str, figure: str, entry: object) -> tuple[float, str]:
     return value, str(entry["source"])
 
 
+def is_path(name: object) -> bool:
+    """Whether a `chip` or `system` value names a file (a path or a .yaml/.yml name) rather than a
+    packaged one."""
+    return isinstance(name, str) and ("/" in name or "\\" in name or name.endswith((".yaml", ".yml")))
+
+
+def read_mapping(path: Path) -> dict:
+    """A data file's mapping; InputError naming the file when it is missing or not a YAML mapping."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        entry = OmegaConf.to_container(OmegaConf.load(path))
+    except (OmegaConfBaseException, yaml.YAMLError) as problem:
+        raise InputError(f"{path.name}: not a YAML mapping ({str(problem).splitlines()[0]})") from None
+    if not isinstance(entry, dict):
+        raise InputError(f"{path.name}: must be a mapping of fields, got {type(entry).__name__}")
+    return entry
+
+
 def read_chip(path: Path) -> KnownChip:
-    """The known chip of one data file (its name: the file's)."""
-    where, entry = path.name, OmegaConf.to_container(OmegaConf.load(path))
+    """The known chip of one data file (its name: the file's); InputError naming the file and the
+    field for a missing, unsourced, non-positive or out-of-range figure."""
+    where, entry = path.name, read_mapping(path)
     cost_model = entry.pop("cost_model", None)
     if cost_model not in COST_MODELS:
         raise InputError(f"{where}: cost_model must be one of {', '.join(COST_MODELS)}, got {cost_model!r}")
-    template_name = entry.pop("template") if cost_model == "template" else None
+    template_name = entry.pop("template", None) if cost_model == "template" else None
+    if cost_model == "template" and not isinstance(template_name, str):
+        raise InputError(f"{where}: template must name a template chip (phaze_hardware/templates/), got "
+                         f"{template_name!r}")
     names = tuple(entry.pop("names", ()))
+    unknown_fields(where, entry, FIGURES)
     figures = {figure: sourced_figure(where, figure, value) for figure, value in entry.items()}
-    unknown_fields(where, figures, FIGURES)
+    required = (*REQUIRED, *(ROOFLINE_REQUIRED if cost_model == "roofline" else ()))
+    missing = [figure for figure in required if figure not in figures]
+    if missing:
+        raise InputError(f"{where}: {missing[0]} missing; a {cost_model} chip states {', '.join(required)}")
+    for figure in FRACTIONS:
+        if figure in figures and figures[figure][0] > 1:
+            raise InputError(f"{where}: {figure}.value must be a fraction of the peak in (0, 1], got "
+                             f"{figures[figure][0]!r}")
+    if ("fp8_peak_flops" in figures) != ("fp8_matrix_efficiency" in figures):
+        raise InputError(f"{where}: fp8_peak_flops and fp8_matrix_efficiency go together (FP8 tensor cores); "
+                         "give both or neither")
+    if "streaming_multiprocessors" in figures and not float(figures["streaming_multiprocessors"][0]).is_integer():
+        raise InputError(f"{where}: streaming_multiprocessors.value must be a whole number")
     return KnownChip(path.stem, cost_model, template=named_accelerator(template_name) if template_name else None,
                      template_name=template_name, names=names,
                      sources=MappingProxyType({figure: source for figure, (_, source) in figures.items()}),
@@ -164,3 +209,12 @@ def known_chip(name: str) -> KnownChip:
     if name not in KNOWN_CHIPS:
         raise InputError(f"chip: unknown {name!r}; allowed: {', '.join(KNOWN_CHIPS)}")
     return KNOWN_CHIPS[name]
+
+
+def chip_of(name: str) -> KnownChip:
+    """A packaged chip by name, or a user's chip file by path (read as the packaged ones)."""
+    if not is_path(name):
+        return known_chip(name)
+    if not Path(name).is_file():
+        raise InputError(f"chip: no such chip file {name!r}; allowed: {', '.join(KNOWN_CHIPS)} or a chip file's path")
+    return read_chip(Path(name))

@@ -81,7 +81,8 @@ def test_a_layout_that_does_not_fit_is_a_prediction(keys):
                                  "equal num_devices=16"),
     ({"model": "gpt5"}, "model: unknown 'gpt5'; allowed: bertbase"),
     ({"system": "dgx_a200"}, "system: unknown 'dgx_a200'; allowed: deepseek_h800, dgx_a100"),
-    ({"chip": "tpuv4_like"}, "chip: predict prices a chip that exists; allowed: a100_80gb, h100_sxm, h800_sxm, tpuv4, tpuv5e, tpuv5p"),
+    ({"chip": "tpuv4_like"}, "chip: predict prices a chip that exists; allowed: a100_80gb, b200, gb200, h100_sxm, "
+                             "h200_sxm, h800_sxm, mi300x, tpuv4, tpuv5e, tpuv5p, tpuv6e or a chip file's path"),
     ({"hbm_size": 1000}, "hbm_size: must be a finite number in (0, 80] GiB (the HBM of a100_80gb), got 1000"),
     ({"schedule": {"backend": "magic"}}, "schedule.backend: unknown 'magic'; allowed: cpsat, milp, heuristic"),
 ])

@@ -32,7 +32,9 @@ def phaze(*arguments, cwd):
         (["accelerator.tc_width=96"], "accelerator.tc_width: must be a positive power of two"),
         (["accelerator.num_vc=0"], "accelerator.num_vc: must be a positive power of two"),
         (["area_budget=1000"], "area_budget: 1,000.00 µm² admits no accelerator configuration"),
-        (["system=dgx_a200"], "system: unknown 'dgx_a200'; allowed: deepseek_h800, dgx_a100, dgx_h100, original, tpuv4_pod, tpuv5e_pod, tpuv5p_pod"),
+        (["system=dgx_a200"], "system: unknown 'dgx_a200'; allowed: deepseek_h800, dgx_a100, dgx_b200, dgx_h100, dgx_h200, "
+                               "gb200_nvl72, mi300x_platform, original, tpuv4_pod, tpuv5e_pod, tpuv5p_pod, tpuv6e_pod "
+                               "or a system file's path"),
         (["-m", "system=dgx_a100,dgx_a200"], "system: unknown 'dgx_a200'"),
         (["system=dgx_a100", "num_devices=1028"], "num_devices: 1028 is not a multiple of system.node_size=8; "
                                                   "allowed: a multiple of 8"),

@@ -26,7 +26,8 @@ def write(path, data):
 def test_every_system_names_a_chip_that_exists():
     assert {name: system.chip for name, system in SYSTEMS.items()} == {
         "dgx_a100": "a100_80gb", "dgx_h100": "h100_sxm", "tpuv4_pod": "tpuv4", "deepseek_h800": "h800_sxm",
-        "tpuv5e_pod": "tpuv5e", "tpuv5p_pod": "tpuv5p"}
+        "tpuv5e_pod": "tpuv5e", "tpuv5p_pod": "tpuv5p", "dgx_h200": "h200_sxm", "dgx_b200": "b200",
+        "gb200_nvl72": "gb200", "mi300x_platform": "mi300x", "tpuv6e_pod": "tpuv6e"}
     assert system_of("A100 SXM 80GB").name == "dgx_a100" and system_of("H100 (DGX-H100)").name == "dgx_h100"
     assert system_of("H800 SXM5").name == "deepseek_h800"
     assert system_of("TPU v5e").name == "tpuv5e_pod" and system_of("TPU v4").name == "tpuv4_pod"
@@ -47,8 +48,9 @@ def test_a_new_system_is_a_data_file(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"chip": "b200"}, "a.yaml: chip: unknown 'b200'; allowed: a100_80gb, h100_sxm, h800_sxm, tpuv4, tpuv5e, tpuv5p"),
-    ({"topology": "dragonfly"}, "a.yaml: topology: unknown 'dragonfly'; allowed: tiers, torus"),
+    ({"chip": "b300"}, "a.yaml: chip: unknown 'b300'; allowed: a100_80gb, b200, gb200, h100_sxm, h200_sxm, h800_sxm, "
+                       "mi300x, tpuv4, tpuv5e, tpuv5p, tpuv6e"),
+    ({"topology": "dragonfly"}, "a.yaml: topology: unknown 'dragonfly'; allowed: tiers, torus, fully_connected"),
     ({"name": "b"}, "a.yaml: name must be the file's name 'a', got 'b'"),
     ({"links": 2}, "a.yaml: unknown field 'links'; allowed: name, chip, node_size, topology, tiers, slices"),
     ({"tiers": [{"bandwidth": 0}]}, "system.tiers[0].bandwidth: must be a finite number > 0, got 0"),

@@ -32,7 +32,8 @@ A100 = known_chip("a100_80gb")
 
 
 def test_known_chips_name_a_source_for_every_figure():
-    assert set(KNOWN_CHIPS) == {"a100_80gb", "h100_sxm", "h800_sxm", "tpuv4", "tpuv5e", "tpuv5p"}
+    assert set(KNOWN_CHIPS) == {"a100_80gb", "h100_sxm", "h800_sxm", "tpuv4", "tpuv5e", "tpuv5p", "h200_sxm", "b200", "gb200",
+                                "mi300x", "tpuv6e"}
     assert (A100.peak_flops, A100.hbm_bandwidth, A100.hbm_capacity) == (312e12, 2.039e12, 80 * 2**30)
     assert known_chip("h100_sxm").peak_flops == 989e12 and known_chip("tpuv4").template.num_tc == 8
     assert (known_chip("h100_sxm").fp8_peak_flops, known_chip("h100_sxm").fp8_matrix_efficiency) == (1979e12, 0.587)

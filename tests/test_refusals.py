@@ -148,10 +148,8 @@ def test_expert_dispatch_sms_needs_the_overlap_it_holds_sms_for(capsys, monkeypa
       "global_batch_size=8"],
      "pipeline_parallel_width: 40 stages divide neither the 32 blocks nor 32 + 2 (embedding and loss counted); "
      "allowed: 1, 2, 4, 8, 16, 17, 32, 34"),
-    (["chip=phaze_hardware/chips/b200.yaml"],
-     "chip: 'phaze_hardware/chips/b200.yaml' is a path; a chip by path is not supported yet (chips that exist are "
-     "phaze_hardware/chips/<name>.yaml, one YAML file each with the source of every figure"),
-], ids=["width-not-an-integer", "pipeline-of-more-stages-than-layers", "chip-by-path"])
+    (["chip=no/such/b300.yaml"], "chip: no such chip file 'no/such/b300.yaml'; allowed: a100_80gb, b200, gb200,"),
+], ids=["width-not-an-integer", "pipeline-of-more-stages-than-layers", "chip-file-missing"])
 def test_a_refusal_says_what_is_wrong_and_what_is_allowed(arguments, message, capsys, monkeypatch, tmp_path):
     said = refusal("predict", "model=llama3-8b", "system=dgx_h100", "num_devices=8", "tensor_parallel_width=8",
                    "pipeline_parallel_width=1", "data_parallel_width=1", "global_batch_size=8", "recompute=none",

@@ -66,7 +66,9 @@ def test_without_a_venv_the_phaze_on_path_is_used(tmp_path):
     result = run(scripts / "opt.sh", "[1]", "system=dgx_a200", cwd=tmp_path,
                  path=f"{tmp_path / 'bin'}:{SYSTEM_PATH}")
     assert result.returncode == 2
-    assert result.stderr == "phaze: error: system: unknown 'dgx_a200'; allowed: deepseek_h800, dgx_a100, dgx_h100, original, tpuv4_pod, tpuv5e_pod, tpuv5p_pod\n"
+    assert result.stderr == ("phaze: error: system: unknown 'dgx_a200'; allowed: deepseek_h800, dgx_a100, dgx_b200, "
+                             "dgx_h100, dgx_h200, gb200_nvl72, mi300x_platform, original, tpuv4_pod, tpuv5e_pod, "
+                             "tpuv5p_pod, tpuv6e_pod or a system file's path (system=path/to/system.yaml)\n")
 
 
 def test_without_any_phaze_one_line_says_to_install(tmp_path):

@@ -211,7 +211,8 @@ def test_an_absent_or_null_field_leaves_the_run_out(value, cwd, tmp_path, capsys
     captured = capsys.readouterr()
     assert (status, captured.err) == (0, "")
     assert f"not stated: model.num_layers: 1 ({GPT})" in captured.out
-    assert f"hardware V100 (DGX-2): not an A100 or H100 or H800 or TPU v4 or TPU v5e or TPU v5p: 1 ({V100})" in captured.out
+    assert (f"hardware V100 (DGX-2): not an A100 or B200 or GB200 or H100 or H200 or H800 or MI300X or TPU v4 or "
+            f"TPU v5e or TPU v5p or TPU v6e or Trillium: 1 ({V100})") in captured.out
     assert list(cwd.iterdir()) == []
 
 

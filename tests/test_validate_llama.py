@@ -208,8 +208,8 @@ def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):
     assert "h100_sxm" in row and "fp8" in row and f"{128 * 4096 / (16847 * 8):.4g}†" in row
     assert "‡ NeMo 24.07: NeMo-Framework-Launcher" in run.stdout
     assert "a100_80gb 16-bit: 1 runs" in run.stdout and "h100_sxm fp8: 1 runs" in run.stdout
-    assert ("hardware V100 (DGX-2): not an A100 or H100 or H800 or TPU v4 or TPU v5e or TPU v5p: 1 "
-            "(megatron2020_mp_1B_DGX-2)") in run.stdout
+    assert ("hardware V100 (DGX-2): not an A100 or B200 or GB200 or H100 or H200 or H800 or MI300X or TPU v4 or "
+            "TPU v5e or TPU v5p or TPU v6e or Trillium: 1 (megatron2020_mp_1B_DGX-2)") in run.stdout
 
 
 def test_fused_attention_flops_and_bytes_of_one_layer_by_hand():
