@@ -25,7 +25,8 @@ from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, TrainingOptions, recompute_mode
 
 from phaze.validation.flops import framework_flops, measured_seconds
-from phaze.validation.settings import StatedSettings, unknown_variant, unmodelled_attention, unmodelled_setting
+from phaze.validation.settings import (StatedSettings, stated_precision, unknown_variant, unmodelled_attention,
+                                      unmodelled_setting, whole_step_graphs)
 from phaze.validation.recipes import GPT_FAMILY, MOE_VOCABULARY, ModelRecipe, RECIPES, Recipe, STATED_OVERLAPS, UNFUSED_ATTENTION_FRAMEWORKS, VALIDATED_CHIPS
 
 
@@ -61,11 +62,16 @@ class Case:
     context_parallel_width: int = 1
     expert_tensor_parallel_width: int | None = None  # None: t
     slices: int = 1  # a TPU run's slices, joined by the data-centre network
+    fp8_recipe: str = "delayed"  # an FP8 run's scaling (`KernelOptions.fp8_recipe`)
+    cuda_graphs: bool = False  # the whole step's kernels replayed from CUDA graphs
 
     @property
     def kernels(self) -> KernelOptions:
-        """How the run's operators ran: its sequence parallelism, attention kernel and precision."""
-        return KernelOptions(self.sequence_parallel, self.flash_attention, "fp8" if self.precision == "fp8" else "bf16")
+        """How the run's operators ran: its sequence parallelism, attention kernel, precision (`precision`
+        names 16-bit ones "16-bit", priced as bf16), FP8 scaling and CUDA graphs."""
+        return KernelOptions(sequence_parallel=self.sequence_parallel, flash_attention=self.flash_attention,
+                             precision="bf16" if self.precision == "16-bit" else self.precision,
+                             fp8_recipe=self.fp8_recipe, cuda_graphs=self.cuda_graphs)
 
 
 def fully_sharded(sharding: str) -> bool:
@@ -172,8 +178,9 @@ def case(run: dict) -> Case | str:
     if found is None:
         return f"hardware {hardware['device_type']}: not an {' or '.join(VALIDATED_CHIPS)}"
     chip, system = found.chip, found.name
+    stated = StatedSettings.of(training)
     unmodelled = (unknown_variant(hardware["device_type"], KNOWN_CHIPS[chip].hbm_capacity)
-                  or unmodelled_setting(StatedSettings.of(training)) or unmodelled_attention(model["architecture"] or ""))
+                  or unmodelled_setting(stated) or unmodelled_attention(model["architecture"] or ""))
     if unmodelled is not None:
         return unmodelled
     parallel, batch = run["parallelism"], run["batch"]
@@ -211,9 +218,12 @@ def case(run: dict) -> Case | str:
         options = dataclasses.replace(options, expert_dispatch_compute_share=(
             DISPATCH_SMS / KNOWN_CHIPS[chip].streaming_multiprocessors))
     assumed += implied
-    precision_name = "fp8" if "FP8" in (precision or "").upper() else "16-bit"
-    if precision_name == "fp8" and not KNOWN_CHIPS[chip].has_fp8:
-        return f"FP8 precision: {chip} has no FP8 tensor cores"
+    precision_name = stated_precision(precision or "")
+    precision_name = "16-bit" if precision_name in ("bf16", "fp16") else precision_name
+    if precision_name != "16-bit" and precision_name not in KNOWN_CHIPS[chip].precisions:
+        return f"{precision_name.upper()} precision: {chip} has no {precision_name.upper()} tensor cores"
+    if stated.fp8_parameters:
+        options = dataclasses.replace(options, fp8_parameters=True)
     context = parallel["context_parallel"] or 1
     degree, slices = parallel["data_parallel"], 1
     multislice = recipe is not None and recipe.multislice
@@ -278,6 +288,8 @@ def case(run: dict) -> Case | str:
         expert_parallel_width=experts, expert_tensor_parallel_width=expert_width,
         flash_attention=not (training["framework"] or "").startswith(UNFUSED_ATTENTION_FRAMEWORKS),
         moe=is_moe(model), context_parallel_width=context, slices=slices,
+        fp8_recipe=(stated.fp8_recipe or "delayed") if precision_name == "fp8" else "delayed",
+        cuda_graphs=whole_step_graphs(stated.cuda_graphs),
     )
 
 

@@ -188,6 +188,13 @@ RECIPES = {
         "#1188, June 2021, 'the async version is not async at all'); each with that release's host "
         "work (a fetch a tensor, a Python view and a PyTorch 1.8 copy a member of the group) and "
         "copies in HBM", precision="fp16"),
+    "tpu-recipes MaxText": Recipe(
+        "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
+        "AI-Hypercomputer/tpu-recipes training/{trillium,v5p}/*-MaxText READMEs @ c8cfe2f689081d36701a101cd73a70965d80926b "
+        "and the MaxTextModel tuning parameters they embed: weights, gradients and optimizer state sharded over "
+        "each slice's ici_fsdp_parallelism ranks (FSDP), replicated over dcn slices; XLA's async collective "
+        "fusion flags overlap the collectives with the matrix products; the step's seconds from the README's "
+        "quoted log line", multislice=True),
     "MaxText TPU v5p": _maxtext("of that commit (half the s x s attention)", 0.5),
     "MaxText TPU v5e": _maxtext("as of its table's first publication, 2023-11-08 (the whole s x s attention, "
                                 "before 4e41a72d1 halved it)", 1.0),

@@ -83,16 +83,23 @@ class StatedSettings:
                    host_offload=stated_host_offload(other))
 
 
+#: The words of a CUDA-graph scope that captures every kernel of the step (Megatron-Core's
+#: --cuda-graph-scope full_iteration; "local": Megatron's per-layer graphs of the whole layer).
+WHOLE_STEP_SCOPES = ("full_iteration", "full-iteration", "full iteration", "local")
+
+
+def whole_step_graphs(scope: str | None) -> bool:
+    """Whether a stated CUDA-graph scope replays every kernel of the step (`WHOLE_STEP_SCOPES`). A
+    partial scope (Transformer Engine's graphs of the attention, the MoE router and preprocessing
+    only) is priced as eager: the kernels outside it, the experts' among them, still wait on the
+    host (a simplification: the graphed part's own launches are not taken off)."""
+    return scope is not None and any(words in scope.lower() for words in WHOLE_STEP_SCOPES)
+
+
 def unmodelled_setting(settings: StatedSettings) -> str | None:
-    """Why phaze cannot predict a run of these settings, or None: MXFP8, FP8 weight gathers, CUDA
-    graphs and host offload are not modelled (FP8 with current or delayed scaling is priced alike, at
-    the chip's FP8 rate)."""
-    if settings.precision == "mxfp8":
-        return "MXFP8 precision: not modelled"
-    if settings.fp8_parameters:
-        return "FP8 parameter all-gather: not modelled"
-    if settings.cuda_graphs is not None:
-        return "CUDA graphs: not modelled"
+    """Why phaze cannot predict a run of these settings, or None: host offload of activations is not
+    modelled (MXFP8, FP8 recipes, FP8 weight gathers and CUDA graphs are: `graph_extract.KernelOptions`,
+    `solver.training_step.TrainingOptions`)."""
     if settings.host_offload:
         return "host offload of activations: not modelled"
     return None
@@ -103,9 +110,9 @@ def unmodelled_attention(architecture: str) -> str | None:
     is not modelled; multi-head latent attention is (`graph_extract.ModelSpec.kv_lora_rank`) but a
     run's row has no field for its ranks."""
     words = architecture.lower()
-    if "sliding window" in words:
+    if re.search(r"sliding[- ]window", words):
         return "sliding-window attention: not modelled"
-    if "latent attention" in words:
+    if "latent attention" in words or re.search(r"\bmla\b", words):
         return "multi-head latent attention: a run's row does not give its ranks (q_lora_rank, kv_lora_rank)"
     return None
 
