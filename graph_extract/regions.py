@@ -30,6 +30,13 @@ from graph_extract.opgraph import OpGraph, OpNode
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 #: Modules that hold others: recomputing the outer re-runs the inner ones.
 NESTED = {"moe": ("moe_act", "shared_experts")}
+#: PyTorch's operator-level selective activation checkpointing as torchtitan applies it to each block
+#: (torchtitan/distributed/activation_checkpoint.py, `_save_list` and `_get_custom_policy`, with
+#: selective_ac_option "op"): the outputs of the attention kernels, of the collectives and of every
+#: other matrix product (the 1st, 3rd, ... of the block's forward: torchtitan counts the block's
+#: aten.mm calls and recomputes the even ones) are saved; every other operator is re-run
+#: (`op_level_operators`).
+OP_LEVEL = "op_level"
 
 
 def block_weight_products(graph: OpGraph) -> tuple[bool, ...]:
@@ -177,7 +184,25 @@ def recompute_modules(graph: OpGraph) -> dict[str, frozenset[int]]:
             for later in (later for later in after if graph.nodes[later].op == "grouped_linear"):
                 if between := after & _reach(later, predecessors, graph):
                     found.setdefault("moe_act", set()).update(between)
+    if blocks:
+        found[OP_LEVEL] = set(op_level_operators(graph, blocks, core))
     return {name: frozenset(ids) for name, ids in found.items()}
+
+
+def op_level_operators(graph: OpGraph, blocks: set[int], core: frozenset[int]) -> frozenset[int]:
+    """The operators of the blocks `blocks` that torchtitan's operator-level selective checkpointing
+    re-runs (`OP_LEVEL`): all but the attention core `core` (a fused kernel's saved outputs), the
+    collectives and every other weight product, in the order the block's forward issues them (a
+    simplification: phaze's products are the traced module's; a model that fuses Q, K and V into one
+    product counts one where torchtitan's Llama counts three)."""
+    found: set[int] = set()
+    for block in blocks:
+        members = [node for node in graph.nodes if node.layer == block]
+        products = [node.id for node in members if node.kind == "gemm"]
+        kept = set(products[0::2])
+        found.update(node.id for node in members
+                     if node.id not in kept and node.id not in core and node.kind not in ("allreduce", "alltoall"))
+    return frozenset(found)
 
 
 def _attention_products(graph: OpGraph, cores: frozenset[int], paths: dict[int, tuple[str, ...]]) -> list[int]:

@@ -54,10 +54,11 @@ from typing import Protocol
 
 import numpy as np
 
-from phaze_common.checks import InputError, fraction, non_negative_number, positive_integer, positive_number, unknown_fields
+from phaze_common.checks import (InputError, fraction, integer, non_negative_number, positive_integer, positive_number,
+                                 unknown_fields)
 
 #: The fields of a tier in a system's data.
-TIER_FIELDS = ("name", "devices", "bandwidth", "latency", "efficiency", "step_overhead")
+TIER_FIELDS = ("name", "devices", "bandwidth", "latency", "efficiency", "step_overhead", "ranks")
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,9 @@ class Cluster:
         (the last), a tier of `devices: slice` one of the `slices` equal slices of the cluster (a TPU
         slice's ICI; the slices joined by the data-centre network, as MaxText's multislice runs);
         latency and step_overhead default to 0, efficiency to 1. A tier's block larger than the cluster
-        is the whole cluster."""
+        is the whole cluster. A tier's `ranks` (at most its `devices`) are the devices of each block a
+        job's ranks fill, the others idle (an NVL72 rack's spare compute trays): its blocks are then
+        `ranks` consecutive ranks."""
         positive_integer("system.slices", slices)
         if slices > 1 and (num_devices % slices or (num_devices // slices) % node_size):
             raise InputError(f"system.slices: {slices} must split num_devices={num_devices} into slices of whole "
@@ -256,7 +259,13 @@ class Cluster:
             elif fields["devices"] == "slice":
                 fields["devices"] = num_devices // slices
             elif isinstance(fields["devices"], int) and not isinstance(fields["devices"], bool):
+                if "ranks" in fields:
+                    fields["devices"] = integer(f"system.tiers[{index}].ranks", fields["ranks"], 1, fields["devices"])
                 fields["devices"] = min(fields["devices"], num_devices)
+            if "ranks" in fields and not isinstance(tier.get("devices"), int):
+                raise InputError(f"system.tiers[{index}].ranks: applies to a tier of a number of devices; allowed: "
+                                 "leave it out, or give the tier's devices")
+            fields.pop("ranks", None)
             fields.setdefault("latency", 0.0)
             fields.setdefault("step_overhead", 0.0)
             fields.setdefault("efficiency", 1.0)

@@ -4,8 +4,8 @@
 
 A few numbers, no factor per run. In 16-bit: the chip's matrix efficiency (fraction of peak FLOP/s
 on its GEMMs) and memory efficiency (fraction of HBM bandwidth), and with --links the efficiency of
-each link tier of its cluster preset (NVLink, InfiniBand). In FP8: the FP8 matrix efficiency alone
-(the rest as fitted in 16-bit). They minimise the mean absolute relative error of the time per
+each link tier of its cluster preset (NVLink, InfiniBand). In FP8 (MXFP8): the FP8 (MXFP8) matrix
+efficiency alone (the rest as fitted in 16-bit). They minimise the mean absolute relative error of the time per
 iteration over the dense runs of that precision `phaze validate` predicts on that chip (mixtures of
 experts are left to their own model), by coordinate search on a grid refined three times. It
 prints the fitted values (to copy into phaze_hardware/chips/<chip>.yaml and phaze_hardware/systems/<system>.yaml)
@@ -30,7 +30,8 @@ from phaze_hardware import known_chip  # noqa: E402
 from phaze.validation.cases import case, prediction  # noqa: E402
 
 #: The chip's fractions fitted per precision; then the link tiers' (--links).
-CHIP_NAMES = {"16-bit": ("matrix_efficiency", "memory_efficiency"), "fp8": ("fp8_matrix_efficiency",)}
+CHIP_NAMES = {"16-bit": ("matrix_efficiency", "memory_efficiency"), "fp8": ("fp8_matrix_efficiency",),
+              "mxfp8": ("mxfp8_matrix_efficiency",)}
 LINK_NAMES = ("intra_node_efficiency", "inter_node_efficiency")
 #: The least a fraction may be fitted to where less is not physical: streaming kernels (copies,
 #: norms, element-wise) reach 80-90 % of HBM bandwidth on A100 and H100 (STREAM-like measurements,

@@ -1,12 +1,16 @@
-"""The system space's co-designed chip next to TPU v4 and H100 at their power and at their cost (the
-README's table): for each model, the known chip's best placement on its own system, and the search
-of `architecture_space=system` on the same system with the known chip's peak power, then its cost,
-as the budget. Prints one markdown row per case; each run's files go to outputs/equal_budgets/.
+"""The system space's co-designed chip next to TPU v4, H100 and B200 at their power and at their cost
+(the README's table): for each model, the known chip's best placement on its own system, and the
+search of `architecture_space=system` on the same system with the known chip's peak power, then its
+cost, as the budget. Prints one markdown row per case; each run's files go to outputs/equal_budgets/.
 
 TPU v4's peak power and cost are the model's (phaze_hardware/power.py, phaze_hardware/cost.py: the tpuv4
-template with 4 HBM2 stacks and 6 ICI links, 233.5 W and $1,070); H100's are published: 700 W
-(NVIDIA H100 datasheet) and $3,320 (its bill of materials: Raymond James via Barron's, as
-phaze_hardware/offchip.yaml cites it), with H100's 814 mm² die as the area budget. The candidates are
+template with 4 HBM2 stacks and 6 ICI links, 233.5 W and $1,070); H100's and B200's are published:
+700 W (NVIDIA H100 datasheet) and $3,320 (its bill of materials: Raymond James via Barron's, as
+phaze_hardware/offchip.yaml cites it), with H100's 814 mm² die as the area budget; 1,000 W (NVIDIA DGX
+B200 datasheet, per GPU) and $6,400 (Silicon Analysts, "NVIDIA B200 cost breakdown": its
+manufacturing cost, of which $2,900 HBM3E as offchip.yaml cites it), with B200's two dies of about
+800 mm² each (the same analysis: 1,600 mm²) as the area budget. Both GPUs train in BF16 here, as the
+template does (its area and energy model has 16-bit multiply-accumulates only). The candidates are
 priced as the validated TPUs are (`accelerator.core_buffer_words_per_cycle=256`,
 `accelerator.tensor_core_efficiency=0.74`: a systolic array's feed and the efficiency fitted on
 MaxText's runs), so the co-designed chip and TPU v4 are priced alike.
@@ -30,8 +34,10 @@ from phaze_hardware.power import power_model  # noqa: E402
 OUTPUT = Path("outputs/equal_budgets")
 #: The validated TPUs' technology for every candidate (phaze_hardware/templates/tpuv4.yaml).
 VALIDATED = {"accelerator.core_buffer_words_per_cycle": 256, "accelerator.tensor_core_efficiency": 0.74}
-#: H100 SXM's published figures (NVIDIA H100 datasheet; the bill of materials cited in offchip.yaml).
-H100_POWER, H100_COST, H100_DIE = 700.0, 3320.0, 814e6
+#: The GPUs beside which the co-designed chip is searched: (name, system, chip, peak power [W], cost [$],
+#: die area [µm²]) (module docstring for the sources).
+GPUS = (("H100", "dgx_h100", "h100_sxm", 700.0, 3320.0, 814e6),
+        ("B200", "dgx_b200", "b200", 1000.0, 6400.0, 1600e6))
 
 
 def tpu_v4_budgets() -> tuple[float, float]:
@@ -84,6 +90,7 @@ def limits(model: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["megatrongpt3", "llama3-70b"])
+    parser.add_argument("--known", nargs="+", default=["TPU v4", "H100", "B200"], help="the chips beside which to search")
     parser.add_argument("--limits", action="store_true", help="the HBM or links limited to TPU v4's (the first model)")
     arguments = parser.parse_args()
     if arguments.limits:
@@ -93,16 +100,16 @@ def main() -> None:
     print(f"TPU v4 by the model: {power:.1f} W peak, ${cost:,.0f}", flush=True)
     print("| model | known chip | budget | its samples/s | co-designed samples/s | x | co-designed chip | layout |")
     print("|---|---|---|---|---|---|---|---|")
+    cases = [("TPU v4", "tpuv4_pod", None, {"power_budget": power, "cost_budget": cost}, {})]
+    cases += [(name, system, chip, {"power_budget": watts, "cost_budget": dollars}, {"area_budget": die})
+              for name, system, chip, watts, dollars, die in GPUS]
     for model in arguments.models:
-        for known, system, budgets in (
-                ("TPU v4", "tpuv4_pod", {"power_budget": power, "cost_budget": cost}),
-                ("H100", "dgx_h100", {"power_budget": H100_POWER, "cost_budget": H100_COST})):
-            if known == "TPU v4":
-                reference = None  # the validated TPU v4 is each system-space run's baseline
-            else:
-                reference = run(f"{model}-h100", model, system=system, chip="h100_sxm")["throughput"]
+        for known, system, chip, budgets, extra in cases:
+            if known not in arguments.known:
+                continue
+            # the validated TPU v4 is each TPU system-space run's baseline; a GPU's own best placement is searched
+            reference = None if chip is None else run(f"{model}-{chip}", model, system=system, chip=chip)["throughput"]
             for budget, value in budgets.items():
-                extra = {"area_budget": H100_DIE} if known == "H100" else {}
                 found = run(f"{model}-{system}-{budget}", model, system=system, architecture_space="system",
                             **{budget: value}, **extra, **VALIDATED)
                 own = reference if reference is not None else found["validated_tpuv4"]

@@ -23,9 +23,28 @@ NDR = 50e9 * 0.94
 NVLINK_STEP, NETWORK_STEP = 3.4e-6, 14e-6  # NCCL's ring steps; a ring leaving the domain: at least 3 us
 
 
+def whole_domains(devices: int) -> Cluster:
+    """gb200_nvl72 with every GPU of a domain in the job (`ranks: 72`, as a user's system file sets it)."""
+    system = SYSTEMS["gb200_nvl72"]
+    return Cluster.build(system.name, devices, system.node_size, [dict(system.tiers[0], ranks=72), *system.tiers[1:]])
+
+
+def test_the_packaged_nvl72_lays_a_job_on_64_gpus_a_domain():
+    """NVIDIA's GB200 runs use 16 of a rack's 18 trays: 256 GPUs are 4 domains of 64, so the data group
+    of t = 8, d = 32 (stride 8) holds 8 members in each domain: rings of 8, then a ring of 4 domains on
+    S/8; latency 32 − 4 = 28 steps inside and 3 across, each way."""
+    cluster = SYSTEMS["gb200_nvl72"].cluster(256)
+    assert [tier.devices for tier in cluster.tiers] == [64, 256]
+    data = Layout(8, data_parallel_width=32).groups()["data"]
+    expected = 2 * 7 / 8 * S / NVLINK5 + 2 * 3 / 4 * (S / 8) / NDR + 2 * 28 * NVLINK_STEP + 2 * 3 * NETWORK_STEP
+    assert cluster.all_reduce(data).scalar(S) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(InputError, match=r"system.tiers\[0\].ranks"):
+        Cluster.build("test", 256, 4, [dict(name="nvlink", devices=72, ranks=80, bandwidth=1e9), dict(bandwidth=1e9)])
+
+
 def test_an_all_reduce_of_72_gpus_in_one_nvl72_domain():
     # one tier: a ring of 72 over NVLink5, 2·71/72·S/B + 2·71·λ
-    domain = SYSTEMS["gb200_nvl72"].cluster(72)
+    domain = whole_domains(72)
     expected = 2 * 71 / 72 * S / NVLINK5 + 2 * 71 * NVLINK_STEP
     assert domain.all_reduce(Group(72, 1)).scalar(S) == pytest.approx(expected, rel=1e-12)
     assert domain.tier_joining(Group(72, 1)) == 0
@@ -38,7 +57,7 @@ def test_a_data_parallel_group_of_16_at_stride_8_over_two_domains():
     domains on the share of the domain of fewest members, S/7: 2·1/2·(S/7)/B_ib. Latency: NCCL's flat
     ring of 16, 16 − 2 = 14 steps inside the domains (at least the network's 3 us: 3.4 us), 2 − 1 = 1
     across, each way."""
-    cluster = SYSTEMS["gb200_nvl72"].cluster(144)
+    cluster = whole_domains(144)
     data = Layout(8, data_parallel_width=16).groups()["data"]
     assert data == Group(16, 8) and not cluster.even(data)
     expected = (2 * 8 / 9 * S / NVLINK5 + 2 * 1 / 2 * (S / 7) / NDR
@@ -53,7 +72,7 @@ def test_256_gpus_on_nvl72_three_full_domains_and_one_of_40():
     j = 27..31). Inside: rings of 9 (the slower, 2·8/9) and 5; across: a ring of 4 domains on the
     share of the 5-member domain, 2·3/4·(S/5)/B_ib. Latency: 32 − 4 = 28 steps inside, 4 − 1 = 3
     across, each way."""
-    cluster = SYSTEMS["gb200_nvl72"].cluster(256)
+    cluster = whole_domains(256)
     assert [tier.devices for tier in cluster.tiers] == [72, 256]
     data = Layout(8, data_parallel_width=32).groups()["data"]
     expected = (2 * 8 / 9 * S / NVLINK5 + 2 * 3 / 4 * (S / 5) / NDR

@@ -23,6 +23,7 @@ from solver.layout import Layout
 from solver.layout_step import Prediction, predict
 from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, TrainingOptions, recompute_mode
+from solver.training_step.memory import OP_LEVEL_MODE
 
 from phaze.validation.flops import framework_flops, measured_seconds
 from phaze.validation.settings import (StatedSettings, stated_precision, unknown_variant, unmodelled_attention,
@@ -263,6 +264,8 @@ def case(run: dict) -> Case | str:
                                           if recipe and recipe.model_flops else None)
     if seconds is None:
         return "no time per iteration, tokens/s or model TFLOP/s measured"
+    if recompute == "selective" and "selective_ac_option 'op'" in (training.get("recompute_detail") or ""):
+        recompute = OP_LEVEL_MODE  # torchtitan's operator-level policy
     modules = stated_modules(training.get("recompute_detail") or "")
     if modules and recompute == "selective":  # Megatron-Core's selective granularity, its modules as stated
         try:

@@ -153,6 +153,16 @@ RECIPES = {
         "use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather; the perf scripts set "
         "grad_reduce_in_fp32 False and tp_comm_overlap (userbuffers configs); "
         "scripts/performance/utils/utils.py WorkloadBaseConfig: sequence parallel = TP > 1"),
+    "NeMo 25.0": Recipe(
+        "none", True, _MEGATRON_BRIDGE_TRAINING,
+        "NVIDIA/NeMo v2.2.0 (7192a2c9, NeMo 25.02) and v2.3.0 (2b03b748, NeMo 25.04): "
+        "scripts/llm/performance/pretrain_*.py and recommended_model_configs/model_configs_{b200,gb200}.csv "
+        "(recompute_layers 0, activation_offload_layers 0), nemo/collections/llm/recipes/optim/adam.py "
+        "(use_distributed_optimizer, overlap_grad_reduce, overlap_param_gather, grad_reduce_in_fp32 False), "
+        "MegatronCommOverlapCallback (tp_comm_overlap at t > 1), sequence_parallel at t > 1; GPT-3 175B: the "
+        "GPT-2 tokenizer padded to 50,688; Nemotron-4: squared ReLU, LayerNorm, rotary positions",
+        models={"GPT-3 175B": ModelRecipe({}, GPT_FAMILY), "Nemotron-4 340B": ModelRecipe({}, NEMOTRON_FAMILY),
+                "Nemotron-4 15B": ModelRecipe({}, NEMOTRON_FAMILY)}),
     "Megatron-Core r0.8.0": Recipe(
         "none", True, TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, tensor_parallel_overlap=True),
         "Megatron-LM README (2024 weak scaling, Megatron-Core r0.8.0): --overlap-grad-reduce "

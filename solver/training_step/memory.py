@@ -40,6 +40,9 @@ traced graph's split of each layer's saved tensors (`graph_extract.layergraph.La
                 the saved tensors each recomputed module made (`graph_extract.RecomputedModule`;
                 the inputs it reads from outside are kept), the largest of them rebuilt at a time
                 as working memory
+    selective_op  torchtitan's operator-level selective checkpointing: the block's operators but
+                the attention kernels, the collectives and every other weight product re-run
+                (`graph_extract.regions.OP_LEVEL`, priced as a recompute module)
 
 With a fused attention kernel a block keeps Q, K, V and the softmax statistics instead of the
 core's s × s tensors; in 8 bits the inputs only weight products keep are kept in one byte an element
@@ -57,12 +60,15 @@ import numpy as np
 
 from phaze_common.checks import InputError, choice
 from graph_extract.kernels import KernelOptions
-from graph_extract.regions import NESTED, RECOMPUTE_MODULES
+from graph_extract.regions import NESTED, OP_LEVEL, RECOMPUTE_MODULES
 
 OPTIMIZERS = ("adam", "sgd")
 #: The recomputation modes with a name of their own; any set of `RECOMPUTE_MODULES` joined by '+' is
 #: one too (`recompute_mode`).
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: torchtitan's operator-level selective checkpointing (`graph_extract.regions.OP_LEVEL`): a mode of its
+#: own, not searched unless asked.
+OP_LEVEL_MODE = "selective_op"
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "framework_reserve")
 #: What the data-parallel replicas split among them (ZeRO stages 0-3), and the kinds each splits.
 SHARDINGS = ("none", "optimizer", "gradients", "full")
@@ -123,7 +129,8 @@ class ModelState:
 
 
 #: How the recomputation modes are written, for messages.
-RECOMPUTE_ALLOWED = (f"{', '.join(RECOMPUTE_MODES)}, or Megatron-Core's recompute modules joined by '+' "
+RECOMPUTE_ALLOWED = (f"{', '.join(RECOMPUTE_MODES)}, {OP_LEVEL_MODE} (torchtitan's operator-level selective "
+                     "checkpointing), or Megatron-Core's recompute modules joined by '+' "
                      f"({', '.join(RECOMPUTE_MODULES)}; e.g. layernorm+moe_act)")
 
 
@@ -131,7 +138,7 @@ def recompute_mode(value: object, field: str = "recompute") -> str:
     """The one name of a recomputation mode (module docstring): `none`, `full`, `selective`, or a set
     of Megatron-Core's recompute modules joined by '+' in `RECOMPUTE_MODULES`' order (`core_attn`
     alone is `selective`, Megatron-Core's default module); InputError naming `field` otherwise."""
-    if isinstance(value, str) and value in RECOMPUTE_MODES:
+    if isinstance(value, str) and value in (*RECOMPUTE_MODES, OP_LEVEL_MODE):
         return value
     names = value.split("+") if isinstance(value, str) else []
     if not names or any(name not in RECOMPUTE_MODULES for name in names):
@@ -160,6 +167,8 @@ class Recompute:
         name = recompute_mode(name)
         if name in ("none", "full"):
             return Recompute(full=name == "full")
+        if name == OP_LEVEL_MODE:
+            return Recompute(modules=frozenset({OP_LEVEL}))
         return Recompute(modules=frozenset({"core_attn"}) if name == "selective" else frozenset(name.split("+")))
 
     @property
@@ -167,6 +176,8 @@ class Recompute:
         """Its one name (`recompute_mode`)."""
         if self.full:
             return "full"
+        if self.modules == {OP_LEVEL}:
+            return OP_LEVEL_MODE
         return recompute_mode("+".join(sorted(self.modules))) if self.modules else "none"
 
 
