@@ -48,6 +48,7 @@ def question_record(question: Question) -> dict:
         **question.training.record(),
         **question.kernels.record(),
         "cuda_graphs": question.kernels.cuda_graphs,
+        "activation_offload": question.training.activation_offload,
     }
 
 

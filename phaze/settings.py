@@ -56,6 +56,7 @@ from solver.question import Axes, Question, check_context_widths, check_expert_w
 from solver.step_models import STEP_MODELS
 from solver.system_search import ARCHITECTURE_SPACES, OBJECTIVES, SYSTEM_STRATEGIES, SystemDesign, system_design
 from solver.training_step import (EXPERT_DISPATCHES, SHARDED_COLLECTIVES, TrainingOptions)
+from solver.training_step.options import ACTIVATION_OFFLOADS
 from solver.training_step.memory import OPTIMIZERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
@@ -233,7 +234,8 @@ GRAPH_KEYS = ("max_tensor_parallel_width", "tensor_parallel_width")
 STEP_KEYS = ("hbm_size", "chip", "schedule", "global_batch_size", "num_devices", "optimizer", "data_parallel_sharding",
              "data_parallel_shard_width", "reshard_after_forward", "sharded_collectives", "expert_dispatch",
              "overlap_expert_dispatch", "expert_dispatch_sms", "recompute", "sequence_parallel", "flash_attention",
-             "precision", "fp8_recipe", "fp8_parameters", "cuda_graphs", "grad_reduce_in_bf16", "virtual_stages",
+             "precision", "fp8_recipe", "fp8_parameters", "cuda_graphs", "activation_offload", "grad_reduce_in_bf16",
+             "virtual_stages",
              "overlap_grad_reduce", "overlap_param_gather",
              "tensor_parallel_overlap", "master_weight_remainders", "framework_reserve_gb",
              "overlap_pipeline_transfers", "expert_parallel_width", "expert_tensor_parallel_width",
@@ -297,6 +299,18 @@ def unread_key_error(settings: Settings, config: Mapping, default: Mapping) -> I
     return None
 
 
+def host_link(offload: str, known: KnownChip | None) -> float | None:
+    """The host link bandwidth [bytes/s per direction] activation offload copies over: the known chip's
+    `host_link_bandwidth`; None without offload; InputError for a chip that states none."""
+    if offload == "none":
+        return None
+    if known is None or not known.host_link_bandwidth:
+        chip = f"{known.name} states no host_link_bandwidth" if known else "a searched chip has no host link figure"
+        raise InputError(f"activation_offload: {chip}; allowed: none (layers on a known chip with the figure, "
+                         "chip=h100_sxm)")
+    return known.host_link_bandwidth
+
+
 def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Settings:
     """Check every user-facing key of a composed configuration (plain containers, interpolations
     resolved; hydra's DictConfig is converted); `spec`: the model, given as a value (the Python API),
@@ -327,6 +341,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     shardings = read_shardings(config)
     shard_width = config["data_parallel_shard_width"]
     baseline, baseline_split = fixed_megatron(config["model"], cluster.num_devices)
+    offload = choice("activation_offload", config["activation_offload"], ACTIVATION_OFFLOADS)
     question = Question(
         model=spec,
         sequence_length=sequence_length,
@@ -348,7 +363,8 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  boolean("overlap_expert_dispatch", config["overlap_expert_dispatch"]),
                                  read_dispatch_share(config, known),
                                  choice("sharded_collectives", config["sharded_collectives"], SHARDED_COLLECTIVES),
-                                 boolean("fp8_parameters", config["fp8_parameters"])),
+                                 boolean("fp8_parameters", config["fp8_parameters"]),
+                                 offload),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS),
@@ -357,6 +373,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         step_model=step_model,
         baseline=baseline,
         baseline_split=baseline_split,
+        host_link_bandwidth=host_link(offload, known),
     )
     STEP_MODELS[step_model].check(question)
     check_options_apply(config, spec, shardings)

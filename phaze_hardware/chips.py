@@ -14,6 +14,10 @@ FP8 tensor cores); an MXFP8 GEMM (one scale per block of 32 elements, Blackwell'
 Launches: a kernel issued by eager PyTorch takes at least `kernel_host_seconds` (the host's time to
 dispatch the operator and launch its kernel), one replayed from a CUDA graph at least
 `graph_kernel_seconds` (`estimator.roofline`); a chip without them launches for free.
+
+Host link: `host_link_bandwidth`, bytes/s per direction between one chip and its host's memory (a
+PCIe x16 link, or NVLink-C2C to a Grace CPU), what activation offload copies over
+(`solver.training_step.offload`); a chip without it does not offload.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ FRACTIONS = ("matrix_efficiency", "memory_efficiency", "attention_efficiency", "
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
            "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency",
-           "mxfp8_peak_flops", "mxfp8_matrix_efficiency", "kernel_host_seconds", "graph_kernel_seconds")
+           "mxfp8_peak_flops", "mxfp8_matrix_efficiency", "kernel_host_seconds", "graph_kernel_seconds",
+           "host_link_bandwidth")
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,8 @@ class KnownChip:
     fractions of peak (matrix; attention: a fused attention kernel's, 0 = the matrix one) and of
     HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores), its
     dense MXFP8 peak and MXFP8 GEMM efficiency (0: no MXFP8), the least seconds of a kernel issued by
-    eager PyTorch and of one replayed from a CUDA graph (0: no floor); for a template chip, its
-    template."""
+    eager PyTorch and of one replayed from a CUDA graph (0: no floor), the bandwidth of its link to
+    host memory [bytes/s per direction] (0: not known); for a template chip, its template."""
 
     name: str
     cost_model: str
@@ -71,6 +76,7 @@ class KnownChip:
     mxfp8_matrix_efficiency: float = 0.0
     kernel_host_seconds: float = 0.0
     graph_kernel_seconds: float = 0.0
+    host_link_bandwidth: float = 0.0
     template: AcceleratorConfig | None = None
     template_name: str | None = None
     names: tuple[str, ...] = ()  # how published runs name it

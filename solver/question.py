@@ -35,6 +35,9 @@ class Question:
     step_model: str = "training_step"
     baseline: Layout | None = None  # the fixed Megatron layout a result is compared against
     baseline_split: MegatronSplit = MegatronSplit()  # how that layout splits the blocks
+    # bytes/s per direction between a device and host memory (its chip's `host_link_bandwidth`): what
+    # `training.activation_offload` reads; None without offload
+    host_link_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if self.training.tensor_parallel_overlap and not self.kernels.sequence_parallel:
@@ -44,6 +47,9 @@ class Question:
             why = ("Megatron-Core gathers MXFP8 weights in BF16 and quantises them after: not priced"
                    if self.kernels.precision == "mxfp8" else "16-bit training has no FP8 weights")
             raise InputError(f"fp8_parameters: needs precision=fp8 ({why}); allowed here: false")
+        if self.training.offloads_activations and not self.host_link_bandwidth:
+            raise InputError("activation_offload: needs a chip stating host_link_bandwidth (a known chip's "
+                             "figure); allowed here: none")
 
     def micro_batches(self, micro_batch_size: int) -> int:
         """Micro-batches per global batch."""
@@ -61,7 +67,8 @@ class Question:
                 "training": self.training.record(), "kernels": self.kernels.record(), "step_model": self.step_model,
                 "baseline": None if self.baseline is None else dataclasses.asdict(self.baseline),
                 **({"baseline_split": dataclasses.asdict(self.baseline_split)}
-                   if self.baseline_split != MegatronSplit() else {})}
+                   if self.baseline_split != MegatronSplit() else {}),
+                **({"host_link_bandwidth": self.host_link_bandwidth} if self.host_link_bandwidth is not None else {})}
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class TrainingStepModel:
         (recompute,) = axes.recompute
         training = question.training if sharding is None else question.training.with_sharding(sharding)
         return TrainingStep(graph, question.cluster, training, question.kernels,
-                            Device(axes.memory_capacity, hbm_bandwidth),
+                            Device(axes.memory_capacity, hbm_bandwidth, question.host_link_bandwidth),
                             question.micro_batches(axes.micro_batch_size), recompute, shard)
 
     def steps(self, question: Question, axes: Axes, graphs: dict[int, StepGraph], hbm_bandwidth: float
@@ -165,7 +165,8 @@ class OriginalStepModel:
                                     ("expert_dispatch", question.training.expert_dispatch, "all_to_all"),
                                     ("overlap_expert_dispatch", question.training.overlap_expert_dispatch, False),
                                     ("fp8_recipe", question.kernels.fp8_recipe, "delayed"),
-                                    ("fp8_parameters", question.training.fp8_parameters, False)):
+                                    ("fp8_parameters", question.training.fp8_parameters, False),
+                                    ("activation_offload", question.training.activation_offload, "none")):
             if value != allowed:
                 shown = str(allowed).lower() if isinstance(allowed, bool) else allowed
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")

@@ -143,7 +143,7 @@ def test_a_step_by_hand():
     # each way (1 ms); bubble (p − 1)·ℓ. Sync (sharded): reduce-scatter of 2e6 × 4 bytes and
     # all-gather of 2e6 × 2 bytes among 2 replicas, S/(2B) each; optimizer: 2 × 2e6 × 12/2 / 1e12.
     assert result.breakdown == pytest.approx({"compute": 24.0, "kernel_launch": 0.0, "recompute": 0.0, "tensor_parallel": 0.0, "context_parallel": 0.0, "expert_parallel": 0.0, "sharded_data_parallel": 0.0,
-                                              "bubble": 6.001, "pipeline_transfer": 0.004,
+                                              "activation_offload": 0.0, "bubble": 6.001, "pipeline_transfer": 0.004,
                                               "data_parallel_sync": 4e-3 + 2e-3, "optimizer": 2.4e-5}, rel=1e-12)
     assert result.time_per_batch == pytest.approx(30.011024, rel=1e-12)
     assert sum(result.breakdown.values()) == pytest.approx(result.time_per_batch, rel=1e-12)

@@ -47,14 +47,9 @@ def test_cuda_graphs_fp8_weight_gathers_and_host_offload_as_stated():
 def test_what_phaze_leaves_out_and_what_it_prices():
     plain = dict(precision="fp8", fp8_recipe="current", fp8_parameters=False, cuda_graphs=None, host_offload=False)
     assert unmodelled_setting(StatedSettings(**plain)) is None  # FP8 current scaling: the chip's FP8 rate
-    assert unmodelled_setting(StatedSettings(**{**plain, "precision": "mxfp8", "fp8_recipe": None})) == \
-        "MXFP8 precision: not modelled"
-    assert unmodelled_setting(StatedSettings(**{**plain, "fp8_parameters": True})) == \
-        "FP8 parameter all-gather: not modelled"
-    assert unmodelled_setting(StatedSettings(**{**plain, "cuda_graphs": "full_iteration"})) == \
-        "CUDA graphs: not modelled"
-    assert unmodelled_setting(StatedSettings(**{**plain, "host_offload": True})) == \
-        "host offload of activations: not modelled"
+    for stated in ({"precision": "mxfp8", "fp8_recipe": None}, {"fp8_parameters": True},
+                   {"cuda_graphs": "full_iteration"}, {"host_offload": True}):  # each now a priced option
+        assert unmodelled_setting(StatedSettings(**{**plain, **stated})) is None, stated
     assert unmodelled_attention("MoE decoder, GQA, sliding window attention (window 128)") == \
         "sliding-window attention: not modelled"
     assert unmodelled_attention("MoE decoder, multi-head latent attention (MLA)").startswith("multi-head latent")
@@ -97,8 +92,7 @@ def test_the_settings_each_new_run_states(run_id):
     ("torchtitan_llama3.1_8b_h200_64gpu", "hardware H200"),
     ("tpurecipes_gpt3_175b_v6e_256", "hardware TPU v6e: not an"),
     ("torchtitan_llama3.1_70b_h100_96gb_256gpu", "hardware H100 96GB HBM2e (Grand Teton, 500 W power limit): 96 GB"),
-    ("mbridge2602_GPT_OSS_120B_h100_64gpu", "sliding-window attention: not modelled"),
-    ("tpurecipes_llama3.1_405b_v5p_1024", "host offload of activations: not modelled")])
+    ("mbridge2602_GPT_OSS_120B_h100_64gpu", "sliding-window attention: not modelled")])
 def test_new_runs_phaze_does_not_model_are_left_out_with_their_reason(run_id, reason):
     found = case(RUNS[run_id])
     assert isinstance(found, str) and found.startswith(reason)

@@ -172,6 +172,18 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
                                         and (words != "weight-gather overlap" or options["overlap_param_gather"])]
 
 
+def offloaded_recompute(training: dict, stated: StatedSettings) -> str | None:
+    """The run's recomputation mode: its `activation_recompute`; for a run that offloads activations to
+    host memory with MaxText's remat_policy `custom` (its `recompute_detail` names the tensors offloaded,
+    the rest rematerialised) or states no mode, `full`: the layer's input kept (and offloaded), the rest
+    recomputed. A simplification: the projections MaxText offloads too (query_proj, key_proj,
+    value_proj, out_proj) are recomputed in phaze instead of copied back."""
+    custom = "custom" in (training.get("recompute_detail") or "").lower()
+    if stated.host_offload and (custom or training["activation_recompute"] is None):
+        return "full"
+    return training["activation_recompute"]
+
+
 def case(run: dict) -> Case | str:
     """The run as phaze predicts it, or why it is left out."""
     model, hardware, training = run["model"], run["hardware"], run["training"]
@@ -199,7 +211,7 @@ def case(run: dict) -> Case | str:
             model = {**model, "vocab_size": vocabulary}
             assumed.append("vocabulary")
     t, p = parallel["tensor_parallel"], parallel["pipeline_parallel"]
-    settings = {"recompute": training["activation_recompute"], "precision": training["precision"],
+    settings = {"recompute": offloaded_recompute(training, stated), "precision": training["precision"],
                 "micro-batch": batch["micro_batch_size_seqs"]}
     sequence_parallel = parallel["sequence_parallel"]
     if recipe is not None:  # what the run does not state, from its framework's recipe
@@ -225,6 +237,8 @@ def case(run: dict) -> Case | str:
         return f"{precision_name.upper()} precision: {chip} has no {precision_name.upper()} tensor cores"
     if stated.fp8_parameters:
         options = dataclasses.replace(options, fp8_parameters=True)
+    if stated.host_offload:
+        options = dataclasses.replace(options, activation_offload="layers")
     context = parallel["context_parallel"] or 1
     degree, slices = parallel["data_parallel"], 1
     multislice = recipe is not None and recipe.multislice
@@ -255,11 +269,17 @@ def case(run: dict) -> Case | str:
     missing = [name for name, value in needed.items() if value is None]
     if missing:
         return f"not stated: {', '.join(missing)}"
+    if t * p * context * degree != hardware["num_devices"]:  # e.g. FSDP ranks stated in words, d as 1
+        return (f"layout: t x p x cp x d = {t} x {p} x {context} x {degree} does not fill the run's "
+                f"{hardware['num_devices']} devices as stated")
     if micro_batch and batch["global_batch_size_seqs"] % (micro_batch * degree):
         return f"micro-batch {micro_batch} from the recipe does not divide the batch per replica"
     sequence = model["seq_length_tokens"]
     family = {**(model_recipe.family if model_recipe else {}), **(recipe.family if recipe else {})}
-    spec = model_spec(model, sequence, family)
+    try:
+        spec = model_spec(model, sequence, family)
+    except InputError as problem:  # a shape the model's family cannot build
+        return f"model: {problem}"
     seconds, time_from = measured_seconds(run, framework_flops(recipe, spec, batch["global_batch_size_seqs"], sequence, t)
                                           if recipe and recipe.model_flops else None)
     if seconds is None:
@@ -302,8 +322,9 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     chip and cluster; others to calibrate them)."""
     spec = item.spec
     cluster = cluster or SYSTEMS[item.system].cluster(item.devices, item.slices)
-    question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels)
     chip = chip or KNOWN_CHIPS[item.chip]
+    question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels,
+                        host_link_bandwidth=chip.host_link_bandwidth if item.training.offloads_activations else None)
     axes = Axes((item.micro_batch_size,), (chip.hbm_capacity,), (item.recompute,), (item.width,), (item.virtual_stages,),
                 (item.expert_parallel_width,), (item.context_parallel_width,),
                 expert_tensor_parallel_widths=(item.expert_tensor_parallel_width,))

@@ -97,11 +97,11 @@ def whole_step_graphs(scope: str | None) -> bool:
 
 
 def unmodelled_setting(settings: StatedSettings) -> str | None:
-    """Why phaze cannot predict a run of these settings, or None: host offload of activations is not
-    modelled (MXFP8, FP8 recipes, FP8 weight gathers and CUDA graphs are: `graph_extract.KernelOptions`,
-    `solver.training_step.TrainingOptions`)."""
-    if settings.host_offload:
-        return "host offload of activations: not modelled"
+    """Why phaze cannot predict a run of these settings, or None: every stated setting is modelled
+    (MXFP8, FP8 recipes, FP8 weight gathers, CUDA graphs and host offload of activations:
+    `graph_extract.KernelOptions`, `solver.training_step.TrainingOptions`); a run offloading
+    activations is priced with `activation_offload=layers`, every block of a stage offloaded (a
+    simplification where Megatron's cpu_offloading_num_layers offloads fewer)."""
     return None
 
 

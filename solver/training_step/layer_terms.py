@@ -19,6 +19,7 @@ from graph_extract.layergraph import RecomputedModule
 from phaze_hardware import Collective, Network
 from solver.layout import Layout
 from solver.training_step.memory import Recompute, held_activations
+from solver.training_step.offload import split_offloaded
 from solver.training_step.options import PERSISTENCE_THRESHOLD, REUSE_DISTANCE, TrainingOptions
 from solver.training_step.records import StepGraph, StepLayer
 
@@ -254,6 +255,7 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
     forward, backward = shard.values("forward") * tokens, shard.values("backward") * tokens
     tensor, ring, dispatch = tensor_parallel(shard), ring_attention(shard), expert_dispatch(shard, forward + backward)
     held, working = held_activations(shard.layers, shard.recompute, shard.graph.width, shard.kernels)
+    held, offloaded = split_offloaded(held, shard.blocks(), shard.training.offloads_activations)
     gathers, regathered = (blocking_gathers(shard.layers) if shard.training.sharded_collectives == "blocking_tensors"
                            else (np.zeros((2, len(shard.layers))), np.zeros(len(shard.layers))))
     return {
@@ -270,6 +272,7 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
         "backward": backward + tensor["backward"] + ring["backward"] + dispatch["backward"],
         **parameters(shard),
         "held": held * tokens,
+        "offloaded": offloaded * tokens,
         "working": working * tokens,
         "gathers": gathers[0],
         "regathers": gathers[1],

@@ -52,6 +52,10 @@ group's collectives on the tiers it spans.
 * Context parallelism (width c): 1/c of every per-token cost (`token_share`), plus ring attention's
   K, V transfers on the context group's tier, exposed beyond the attention step they overlap
   (`ring_attention`).
+* Activation offload (`TrainingOptions.activation_offload`): the blocks' kept activations leave HBM
+  for host memory, two blocks' worth staying (`offload.buffered_bytes`); their copies out and back
+  are exposed beyond the forward and the backward compute of each micro-batch
+  (`offload.offload_seconds`, the breakdown's `activation_offload`).
 Simplifications: recomputation applies to every stage (as Megatron does); the embedding-gradient
 all-reduce between the first and last stage and the scatter/gather's all-gather are not charged;
 interleaved chunks are charged their average activations (`memory.in_flight`).
@@ -72,6 +76,7 @@ from solver.layout import FitRules, Layout
 from solver.training_step.data_parallel import DataParallel
 from solver.training_step.layer_terms import Shard, layer_terms
 from solver.training_step.memory import Recompute, in_flight, recompute_mode
+from solver.training_step.offload import buffered_bytes, offload_seconds
 from solver.training_step.options import TrainingOptions
 from solver.training_step.records import (BUSY_TERMS, SUMMED_TERMS, Device, Placement, StageTerms, StepGraph,
                                           StepResult)
@@ -203,7 +208,21 @@ class TrainingStep:
     def load(self, terms: StageTerms, tier: int) -> np.ndarray:
         """Time per micro-batch of each stage with its transfers on `tier`, before the exposed part of
         sharded data parallelism's collectives (`sharded_traffic`, which depends on d)."""
-        return self.busy(terms) + self.transfer_time(terms, tier)
+        load = self.busy(terms) + self.transfer_time(terms, tier)
+        return load + self.offload_time(terms)[0] if self.training.offloads_activations else load
+
+    def offload_time(self, terms: StageTerms) -> tuple[np.ndarray, np.ndarray]:
+        """(exposed, hidden) seconds per micro-batch of each stage's activation copies to host memory
+        and back (`offload.offload_seconds`: the forward's behind its forward compute, the backward's
+        behind its backward compute and recomputation); zeros without `activation_offload`."""
+        if not self.training.offloads_activations:
+            zero = np.zeros_like(terms.compute)
+            return zero, zero
+        if not self.device.host_link_bandwidth:
+            raise ValueError("activation_offload: the device has no host_link_bandwidth (internal error: the "
+                             "question's check lets no such step through)")
+        return offload_seconds(terms.offloaded_activations, terms.forward,
+                               terms.compute - terms.forward + terms.recompute, self.device.host_link_bandwidth)
 
     @staticmethod
     def busy(terms: StageTerms) -> np.ndarray:
@@ -211,7 +230,10 @@ class TrainingStep:
         return functools.reduce(operator.add, (getattr(terms, name) for name in BUSY_TERMS))
 
     def activation_bytes(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
-        return micro_batches_in_flight * terms.held_activations + terms.working_activations
+        """Activation bytes per device: those kept per micro-batch in flight, the working memory of a
+        recomputed layer, and with `activation_offload` the blocks in transfer (`offload.buffered_bytes`)."""
+        held = micro_batches_in_flight * terms.held_activations + terms.working_activations
+        return held + buffered_bytes(terms.largest_offloaded) if self.training.offloads_activations else held
 
     def memory_bytes(self, terms: StageTerms, micro_batches_in_flight, degree: int) -> np.ndarray:
         """Peak bytes per device of each stage holding this many micro-batches' activations."""
@@ -317,6 +339,9 @@ class TrainingStep:
         sharded = [self.data_parallel.sharded_traffic(terms, int(d)) for d in degrees]
         sharded_exposed, sharded_hidden = np.array([t[0] for t in sharded]), np.array([t[1] for t in sharded])
         loads = self.busy(terms) + transfer + sharded_exposed  # [layout, device]
+        offload_exposed, offload_hidden = self.offload_time(terms)
+        if self.training.offloads_activations:
+            loads = loads + offload_exposed
         flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
         memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
         tails = [self.data_parallel.tail(terms, int(d)) for d in degrees]
@@ -329,6 +354,7 @@ class TrainingStep:
                           is None for layout in layouts])
         return {"time": time, "fits": fits, "loads": loads, "transfer": transfer, "transfer_hidden": hidden,
                 "sharded": sharded_exposed, "sharded_hidden": sharded_hidden,
+                "offload": offload_exposed, "offload_hidden": offload_hidden,
                 "memory": memory,
                 "in_flight": flight, "sync": sync, "optimizer": optimizer, "terms": terms}
 
@@ -353,6 +379,7 @@ class TrainingStep:
             "context_parallel": micro_batches * float(terms.context_parallel[slowest]),
             "expert_parallel": micro_batches * float(terms.expert_parallel[slowest]),
             "sharded_data_parallel": micro_batches * float(scored["sharded"][0][slowest]),
+            "activation_offload": micro_batches * float(scored["offload"][slowest]),
             "bubble": (stages - 1) / v * float(loads[slowest]),
             "pipeline_transfer": micro_batches * float(transfer[slowest]),
             "data_parallel_sync": float(scored["sync"][0][last_out]),
@@ -364,6 +391,8 @@ class TrainingStep:
             "expert_parallel": micro_batches * float(terms.expert_parallel_hidden[slowest]),
             "sharded_data_parallel": micro_batches * float(scored["sharded_hidden"][0][slowest]),
             "pipeline_transfer": micro_batches * float(scored["transfer_hidden"][0][slowest]),
+            **({"activation_offload": micro_batches * float(scored["offload_hidden"][slowest])}
+               if self.training.offloads_activations else {}),
             "data_parallel_sync": float(self.data_parallel.sync_time(terms.parameters[last_out], degree,
                                                                      terms.expert_parameters[last_out],
                                                                      terms.matrix_parameters[last_out])

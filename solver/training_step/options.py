@@ -63,7 +63,21 @@ search and every cache key read.
 * `expert_dispatch_compute_share`: the share of a device's compute the overlapped dispatch's
   kernels hold while they run (their streaming multiprocessors over the chip's: Megatron's
   --moe-deepep-num-sms, default 20, and DeepSeek-V3's 20 of an H800's 132, DeepSeek-AI 2024 §3.2.2);
-  the other micro-batch's compute runs that much slower meanwhile (0: a chip without such a split).
+  the other micro-batch's compute runs that much slower meanwhile (0: a chip without such a split);
+* `activation_offload`: `none`, or `layers`: every transformer block's activations that the
+  recomputation mode keeps (`memory.held_activations`) are copied to host memory after the block's
+  forward pass and back before its backward pass, on DMA engines of their own beside the compute
+  (Megatron-Core's --cpu-offloading on a side stream, Transformer Engine's CPU offloading; XLA's
+  asynchronous host offload, MaxText's remat_policy `custom` with tensors marked `offload`). HBM
+  then holds, of the blocks' kept activations, only those of the blocks in transfer: the running
+  block's and the one prefetched (`OFFLOAD_BUFFERS` of the device's largest block, whatever the
+  micro-batches in flight: a simplification, the copies' own staging is not charged); the
+  embedding and the head keep theirs. Each pass's transfers at the chip's host link bandwidth
+  (`Device.host_link_bandwidth`) are exposed beyond that pass's compute (`offload.offload_seconds`).
+  Every block of every stage is offloaded: Megatron's cpu_offloading_num_layers = n offloads n of
+  a stage's blocks, MaxText offloads in every layer of its scan; the published runs offload all of
+  a stage's blocks or state no count, so a count is not a field (a simplification for n below the
+  stage's blocks).
 A new training option is a field here and the formula in the step model that reads it.
 """
 
@@ -118,6 +132,8 @@ REDUCE_COPY_PASSES = 4
 FP8_PARAMETER_GATHER_BYTES = 1.0
 #: How a mixture's tokens reach their experts (`TrainingOptions.expert_dispatch`).
 EXPERT_DISPATCHES = ("all_to_all", "deduplicated")
+#: Which activations leave HBM for host memory (`TrainingOptions.activation_offload`).
+ACTIVATION_OFFLOADS = ("none", "layers")
 
 
 #: Which frameworks run weights or gradients sharded over the data-parallel ranks in a pipeline of p > 1
@@ -165,6 +181,7 @@ class TrainingOptions:
     expert_dispatch_compute_share: float = 0.0
     sharded_collectives: str = "prefetched_layers"
     fp8_parameters: bool = False
+    activation_offload: str = "none"
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -183,6 +200,7 @@ class TrainingOptions:
         choice("expert_dispatch", self.expert_dispatch, EXPERT_DISPATCHES)
         boolean("overlap_expert_dispatch", self.overlap_expert_dispatch)
         boolean("fp8_parameters", self.fp8_parameters)
+        choice("activation_offload", self.activation_offload, ACTIVATION_OFFLOADS)
         share = self.expert_dispatch_compute_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
             raise InputError(f"expert_dispatch_compute_share: {share!r}; allowed: a number in [0, 1)")
@@ -215,5 +233,15 @@ class TrainingOptions:
         return ModelState.of(self.optimizer, self.data_parallel_sharding, self.grad_reduce_in_bf16,
                              self.master_weight_remainders)
 
+    @property
+    def offloads_activations(self) -> bool:
+        """Whether the blocks' kept activations go to host memory (`activation_offload`)."""
+        return self.activation_offload != "none"
+
     def record(self) -> dict:
-        return dataclasses.asdict(self)
+        """The options as plain data (results, cache keys): `activation_offload` only when on (the
+        keys of the options before it was a field)."""
+        fields = dataclasses.asdict(self)
+        if not self.offloads_activations:
+            del fields["activation_offload"]
+        return fields

@@ -21,10 +21,12 @@ SUMMED_TERMS = {"compute": "compute", "recompute": "recompute", "tensor_parallel
                 "expert_parallel_hidden": "expert_parallel_hidden", "forward": "forward", "backward": "backward",
                 "parameters": "parameters", "expert_parameters": "expert_parameters",
                 "matrix_parameters": "matrix_parameters", "held_activations": "held", "gathers": "gathers",
-                "regathers": "regathers", "regathered": "regathered", "launch": "launch"}
+                "regathers": "regathers", "regathered": "regathered", "launch": "launch",
+                "offloaded_activations": "offloaded"}
 #: The terms of `StepResult.breakdown`, in the order they happen.
 BREAKDOWN_KEYS = ("compute", "kernel_launch", "recompute", "tensor_parallel", "context_parallel", "expert_parallel",
-                  "sharded_data_parallel", "bubble", "pipeline_transfer", "data_parallel_sync", "optimizer")
+                  "sharded_data_parallel", "activation_offload", "bubble", "pipeline_transfer", "data_parallel_sync",
+                  "optimizer")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,10 +127,13 @@ class StepGraph:
 
 @dataclass(frozen=True)
 class Device:
-    """The accelerator as the step sees it: HBM capacity [bytes] and bandwidth [bytes/s]."""
+    """The accelerator as the step sees it: HBM capacity [bytes] and bandwidth [bytes/s], and the
+    bandwidth of its link to host memory [bytes/s per direction] (None: not known; only activation
+    offload reads it)."""
 
     memory_capacity: float
     hbm_bandwidth: float
+    host_link_bandwidth: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,8 +157,10 @@ class StageTerms:
     expert_parameters: np.ndarray  # of `parameters`, the experts' (after expert parallelism)
     matrix_parameters: np.ndarray  # of `parameters`, those FP8 products read
     held_activations: np.ndarray  # bytes per micro-batch in flight
+    offloaded_activations: np.ndarray  # bytes per micro-batch copied to host memory and back (`activation_offload`)
     working_activations: np.ndarray  # bytes while a layer is recomputed
     largest_parameters: np.ndarray  # the parameters of the stage's largest layer (what `full` sharding gathers at once)
+    largest_offloaded: np.ndarray  # the offloaded bytes of the stage's largest offloaded block (one micro-batch's)
     gathers: np.ndarray  # the gathers `blocking_tensors` sharding issues a pass (`TrainingOptions.sharded_collectives`)
     regathers: np.ndarray  # of them, those a backward after a recomputed forward issues again
     regathered: np.ndarray  # and their parameters

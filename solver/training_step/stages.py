@@ -126,9 +126,10 @@ def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndar
     terms = dict(zip(SUMMED_TERMS, ordered_sum(members, summed, shape)))
     for first, second, shared in graph.tied:
         terms["parameters"] = terms["parameters"] - np.where(members[first] & members[second], shared, 0.0)
-    largest = ordered_reduce(members, np.array([values["working"], values["parameters"]], float), np.maximum, shape)
+    largest = ordered_reduce(members, np.array([values["working"], values["parameters"], values["offloaded"]], float),
+                             np.maximum, shape)
     return StageTerms(**terms, transfer_bytes=transfer_bytes, transfer_messages=messages,
-                      working_activations=largest[0], largest_parameters=largest[1])
+                      working_activations=largest[0], largest_parameters=largest[1], largest_offloaded=largest[2])
 
 
 def chunk_members(count: int, chunks: tuple[tuple[int, ...], ...]) -> np.ndarray:
@@ -141,7 +142,7 @@ def chunk_members(count: int, chunks: tuple[tuple[int, ...], ...]) -> np.ndarray
 
 def device_terms(chunk_terms: StageTerms, stages: int) -> StageTerms:
     """Each pipeline device's terms: its chunks' (chunk j on device j mod p) summed in chunk order;
-    its working memory and largest layer the largest of its chunks'."""
+    its working memory, largest layer and largest offloaded block the largest of its chunks'."""
     names = list(StageTerms.__dataclass_fields__)
     values = np.array([getattr(chunk_terms, name) for name in names], float)
     if values.shape[1] == stages:
@@ -151,4 +152,5 @@ def device_terms(chunk_terms: StageTerms, stages: int) -> StageTerms:
     fields = dict(zip(names, summed))
     fields["working_activations"] = chunk_terms.working_activations.reshape(-1, stages).max(axis=0)
     fields["largest_parameters"] = chunk_terms.largest_parameters.reshape(-1, stages).max(axis=0)
+    fields["largest_offloaded"] = chunk_terms.largest_offloaded.reshape(-1, stages).max(axis=0)
     return StageTerms(**fields)
