@@ -1,13 +1,14 @@
 """Fit the achievable fractions of a known GPU and its cluster to published measured runs.
 
-    python scripts/calibrate.py arch_configs/calibration/runs.json [--chip a100_80gb] [--precision fp8]
+    python scripts/calibrate.py arch_configs/calibration/runs.json [--chip a100_80gb ...] [--precision fp8]
 
 A few numbers, no factor per run. In 16-bit: the chip's matrix efficiency (fraction of peak FLOP/s
 on its GEMMs) and memory efficiency (fraction of HBM bandwidth), and with --links the efficiency of
 each link tier of its cluster preset (NVLink, InfiniBand). In FP8 (MXFP8): the FP8 (MXFP8) matrix
 efficiency alone (the rest as fitted in 16-bit). They minimise the mean absolute relative error of the time per
-iteration over the dense runs of that precision `phaze validate` predicts on that chip (mixtures of
-experts are left to their own model), by coordinate search on a grid refined three times. It
+iteration over the dense runs of that precision `phaze validate` predicts on that chip, or on several
+chips of one die at once (B200 and GB200: one value for both; mixtures of experts are left to their
+own model), by coordinate search on a grid refined three times. It
 prints the fitted values (to copy into phaze_hardware/chips/<chip>.yaml and phaze_hardware/systems/<system>.yaml)
 and the errors before and after.
 """
@@ -56,20 +57,20 @@ def errors(cases, names: tuple[str, ...], values: np.ndarray, cache_dir: Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs")
-    parser.add_argument("--chip", default="a100_80gb")
+    parser.add_argument("--chip", nargs="+", default=["a100_80gb"], help="a chip, or several of one die fitted together")
     parser.add_argument("--cache-dir", default=None,
                         help="the graphs' cache (default: the per-user cache folder, phaze's)")
     parser.add_argument("--precision", default="16-bit", choices=tuple(CHIP_NAMES))
     parser.add_argument("--links", action="store_true", help="fit the link tiers' efficiencies too")
     args = parser.parse_args()
     cases = [item for run in json.loads(Path(args.runs).read_text())
-             if not isinstance(item := case(run), str) and item.chip == args.chip
+             if not isinstance(item := case(run), str) and item.chip in args.chip
              and item.precision == args.precision and not item.moe]
     if not cases:
-        sys.exit(f"calibrate: error: --chip: no dense {args.precision} run on {args.chip} that phaze validate "
+        sys.exit(f"calibrate: error: --chip: no dense {args.precision} run on {' or '.join(args.chip)} that phaze validate "
                  f"predicts in {args.runs}")
     cache_dir = user_cache_dir() if args.cache_dir is None else Path(args.cache_dir)
-    chip = known_chip(args.chip)
+    chip = known_chip(args.chip[0])
     tiers = system_cluster(cases[0].system, cases[0].devices).tiers
     names = CHIP_NAMES[args.precision] + (LINK_NAMES[:len(tiers)] if args.links else ())
     values = np.array([getattr(chip, name) for name in CHIP_NAMES[args.precision]]
@@ -92,7 +93,7 @@ def main() -> None:
                         values, objective, improved = trial, score, True
         step /= 4
     final = errors(cases, names, values, cache_dir)
-    print(f"{len(cases)} runs on {args.chip}: mean |error| {np.abs(start).mean():.1%} -> {np.abs(final).mean():.1%}, "
+    print(f"{len(cases)} runs on {' and '.join(args.chip)}: mean |error| {np.abs(start).mean():.1%} -> {np.abs(final).mean():.1%}, "
           f"max {np.abs(start).max():.1%} -> {np.abs(final).max():.1%}")
     for name, value in zip(names, values):
         print(f"  {name}: {value:.3f}")
