@@ -140,7 +140,7 @@ ROW_HEADERS = ("run", "devices", "t p d v", "mbs", "batch", "recompute", "measur
 MARKS = (f"{FROM_TOKENS} measured time = global batch tokens / measured tokens per second; {FROM_FLOPS} "
          "measured time = FLOPs per iteration by Megatron's formula / (measured model TFLOP/s x devices); "
          f"{FROM_RECIPE} "
-         "settings the run does not state taken from its framework's published recipe; fits: within 80 GiB "
+         "settings the run does not state taken from its framework's published recipe; fits: within the chip's HBM "
          "per device by phaze's memory model")
 
 

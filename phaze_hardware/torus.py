@@ -47,7 +47,7 @@ from phaze_hardware.cluster import NO_COMMUNICATION, TIER_FIELDS, Cluster, Colle
 
 #: The fields of a torus system's first tier (its ICI): a tier's, with `bandwidth` per link per
 #: direction, the number of torus `dimensions` and the `wraparound` rule.
-TORUS_FIELDS = (*TIER_FIELDS, "dimensions", "wraparound")
+TORUS_FIELDS = (*(field for field in TIER_FIELDS if field != "ranks"), "dimensions", "wraparound")
 #: Names of the axes.
 AXIS_NAMES = "xyz"
 

@@ -56,8 +56,8 @@ def phaze(*arguments, cwd):
         (["grad_reduce_in_bf16=2"], "grad_reduce_in_bf16: must be true or false, got 2"),
         (["activation_offload=some"], "activation_offload: unknown 'some'; allowed: none, layers"),
         (["activation_offload=layers"], "activation_offload: a searched chip has no host link figure; allowed: none"),
-        (["chip=mi300x", "system=mi300x_platform", "activation_offload=layers"],
-         "activation_offload: mi300x states no host_link_bandwidth; allowed: none"),
+        (["chip=h800_sxm", "system=deepseek_h800", "activation_offload=layers"],
+         "activation_offload: h800_sxm states no host_link_bandwidth; allowed: none"),
         (["overlap_param_gather=true"], "overlap_param_gather: needs data_parallel_sharding=optimizer or gradients and "
                                         "overlap_grad_reduce=true"),
         (["sequence_parallel=false", "tensor_parallel_overlap=true"], "tensor_parallel_overlap: needs "

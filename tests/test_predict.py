@@ -160,24 +160,36 @@ def test_the_published_runs_are_predicted_within_the_bar():
     for item, result in predicted:
         if item.chip.startswith("tpu"):
             tpus.setdefault(item.chip, []).append(abs(result.step.time_per_batch / item.measured - 1))
-    assert sorted(tpus) == ["tpuv4", "tpuv5e", "tpuv5p"] and sum(map(len, tpus.values())) >= 40
+    assert sorted(tpus) == ["tpuv4", "tpuv5e", "tpuv5p", "tpuv6e"] and sum(map(len, tpus.values())) >= 40
     for chip, errors in tpus.items():
         assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.25, chip
     # the mixtures (Qwen3-235B, 4K and long context, their recompute modules as stated): their bar
-    mixtures = [abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted if item.moe]
+    mixtures = [abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted
+                if item.moe and item.chip == "h100_sxm" and item.precision == "16-bit"]
     assert len(mixtures) >= 13 and sum(mixtures) / len(mixtures) <= 0.15 and max(mixtures) <= 0.30
-    # the runs with sharded weights or context parallelism (their bar, 10 %): the 17 GPU runs, and
-    # with the MaxText runs (every one FSDP) the 63; SC'21's DeepSpeed ZeRO-3 rows among them (priced
-    # as DeepSpeed's blocking per-tensor collectives of 2021, with that release's host work and
-    # copies) within 11 % on average, the others within 10 %
+    # today's hardware, each dense chip and precision: at least 3 runs (B200's MXFP8: its 2), within 10 %
+    # on average and 25 % at most, each with its own figures and the efficiencies fitted per die
+    lines: dict[tuple[str, str], list[float]] = {}
+    for item, result in predicted:
+        if item.chip in ("h200_sxm", "b200", "gb200") and not item.moe:
+            lines.setdefault((item.chip, item.precision), []).append(abs(result.step.time_per_batch / item.measured - 1))
+    assert sorted(lines) == [("b200", "fp8"), ("b200", "mxfp8"), ("gb200", "fp8"), ("gb200", "mxfp8"), ("h200_sxm", "fp8")]
+    for line, errors in lines.items():
+        assert len(errors) >= (2 if line == ("b200", "mxfp8") else 3), line
+        assert sum(errors) / len(errors) <= 0.10 and max(errors) <= 0.25, line
+    # the runs with sharded weights or context parallelism (their bar, 10 %): the GPU runs (the 17 of
+    # 2021-25 and today's), and with the TPU runs (every one FSDP); SC'21's DeepSpeed ZeRO-3 rows among
+    # them (priced as DeepSpeed's blocking per-tensor collectives of 2021, with that release's host
+    # work and copies) within 11 % on average, the others within 10 %
     sharded = {item.run_id: abs(result.step.time_per_batch / item.measured - 1) for item, result in predicted
                if sharded_or_context_parallel(item)}
+    on_tpus = {item.run_id for item, _ in predicted if item.chip.startswith("tpu")}
     zero3 = [error for run_id, error in sharded.items() if "ZeRO-3" in run_id]
-    gpus = [error for run_id, error in sharded.items() if "ZeRO-3" not in run_id and not run_id.startswith("maxtext")]
+    gpus = [error for run_id, error in sharded.items() if "ZeRO-3" not in run_id and run_id not in on_tpus]
     assert len(zero3) == 6 and sum(zero3) / 6 <= 0.11
-    assert len(gpus) == 11 and sum(gpus) / 11 <= 0.10
-    assert (sum(zero3) + sum(gpus)) / 17 <= 0.10
-    assert len(sharded) == 63 and sum(sharded.values()) / 63 <= 0.09
+    assert len(gpus) >= 11 and sum(gpus) / len(gpus) <= 0.10
+    assert (sum(zero3) + sum(gpus)) / (len(zero3) + len(gpus)) <= 0.10
+    assert len(sharded) >= 63 and sum(sharded.values()) / len(sharded) <= 0.09
 
 
 def test_deepspeeds_host_time_per_member_is_fitted_to_the_175b_rows(monkeypatch):
@@ -234,7 +246,8 @@ def test_predict_writes_prediction_json(tmp_path):
     record = json.loads((tmp_path / "run" / "prediction.json").read_text())
     assert record["feasible"] and record["reason"] is None
     assert set(record["breakdown_s"]) == {"compute", "kernel_launch", "recompute", "tensor_parallel",
-                                          "context_parallel", "expert_parallel", "sharded_data_parallel", "bubble", "pipeline_transfer",
+                                          "context_parallel", "expert_parallel", "sharded_data_parallel",
+                                          "activation_offload", "bubble", "pipeline_transfer",
                                           "data_parallel_sync", "optimizer"}
     assert math.isclose(sum(record["breakdown_s"].values()), record["time_per_batch_s"], rel_tol=1e-12)
     assert set(record["memory_bytes"]) == {"weights", "gradients", "optimizer_state", "activations", "framework_reserve",

@@ -13,7 +13,7 @@ import pytest
 from phaze_common.checks import InputError
 from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.layergraph import RecomputedModule
-from graph_extract.regions import recompute_modules
+from graph_extract.regions import OP_LEVEL, attention_core, recompute_modules
 from phaze_hardware import Cluster
 from phaze.validation.cases import case, stated_modules
 from solver.layout import Layout
@@ -41,7 +41,10 @@ def test_each_mode_has_one_name_and_a_bad_one_is_one_line():
         "none", "full", "selective", "selective", "layernorm+moe"]
     assert Axes((1,), (1,), ("core_attn", "selective", "moe_act+layernorm")).recompute == (
         "selective", "layernorm+moe_act")
-    with pytest.raises(InputError, match=r"^recompute: unknown 'attention'; allowed: none, selective, full, or "
+    assert Recompute.of("selective_op") == Recompute(modules=frozenset({OP_LEVEL}))
+    assert Recompute.of("selective_op").name == "selective_op"
+    with pytest.raises(InputError, match=r"^recompute: unknown 'attention'; allowed: none, selective, full, "
+                                         r"selective_op \(torchtitan's operator-level selective checkpointing\), or "
                                          r"Megatron-Core's recompute modules joined by '\+' \(core_attn, layernorm, "
                                          r"mla_up_proj, mlp, moe, moe_act, shared_experts; e.g. layernorm\+moe_act\)$"):
         recompute_mode("attention")
@@ -65,8 +68,8 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
     capacity = MIXTURE.expert_capacity(b * s)
     dense, mixture = extracted.layer_graph.layers[1], extracted.layer_graph.layers[2]
     modules = {layer.name: {module.name: module for module in layer.recompute_modules} for layer in (dense, mixture)}
-    assert set(modules["layers.0"]) == {"layernorm", "mlp"}
-    assert set(modules["layers.1"]) == {"layernorm", "moe", "moe_act"}
+    assert set(modules["layers.0"]) == {"layernorm", "mlp", OP_LEVEL}
+    assert set(modules["layers.1"]) == {"layernorm", "moe", "moe_act", OP_LEVEL}
     norm = modules["layers.0"]["layernorm"]
     assert norm.activation_bytes == norm.replicated_activation_bytes == 2 * 2 * b * s * h  # replicated: SP splits it
     assert modules["layers.1"]["layernorm"].activation_bytes == 2 * 2 * b * s * h
@@ -86,6 +89,16 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
         "attention_norm", "mlp_norm"}
     assert ids["moe_act"] < ids["moe"] and not ids["mlp"] & ids["moe"]
     assert {extracted.op_graph.nodes[i].op for i in ids["moe_act"]} == {"silu", "mul"}
+    # torchtitan's operator-level policy: of the dense block's products in forward order (query, key,
+    # value, dense, up, gate, down) it saves the 1st, 3rd, 5th and 7th and re-runs key, dense and gate,
+    # with every other operator but the attention core and the collectives
+    dense_products = {node.module_path.split(".")[-1]: node.id for node in extracted.op_graph.nodes
+                      if node.layer == dense.id and node.kind == "gemm"}
+    assert list(dense_products) == ["query", "key", "value", "dense", "up", "gate", "down"]
+    assert {name for name, node in dense_products.items() if node in ids[OP_LEVEL]} == {"key", "dense", "gate"}
+    assert not ids[OP_LEVEL] & attention_core(extracted.op_graph)
+    assert ids["layernorm"] <= ids[OP_LEVEL]
+    assert all(extracted.op_graph.nodes[i].kind not in ("allreduce", "alltoall") for i in ids[OP_LEVEL])
     # memory: what each mode keeps of the dense block (sequence parallelism divides the norms' by t)
     kernels = KernelOptions(sequence_parallel=True)
     step_layer = StepLayer(id=1, forward=0, backward=0, attention_core_forward=0, parameters=0,

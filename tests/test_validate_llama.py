@@ -1,6 +1,7 @@
 """`phaze validate` on the calibration set's Llama runs: FP8 on H100, the time from tokens/s, the
 Llama-family model of the run's shape and the settings taken from the framework's recipe."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from graph_extract import KernelOptions, extract, get_spec
 from graph_extract.attention import attention_kernels, causal_fraction
 from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
 from phaze_hardware import known_chip
-from phaze.validation.cases import case, sharded_or_context_parallel, validate
+from phaze.validation.cases import case, prediction, sharded_or_context_parallel, validate
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 CALIBRATION = REPOSITORY / "arch_configs" / "calibration" / "runs.json"
@@ -191,9 +192,16 @@ def test_fp8_leaves_memory_bound_operators_as_in_16_bit():
 
 
 def test_the_dense_16_bit_a100_predictions_are_as_calibrated():
+    """Without the kernels' launch floor (added after the A100's fit) the predictions are those the
+    efficiencies were fitted with; with it each is at least that and within 0.1 % of it (kernels of
+    milliseconds barely feel a 7 us floor)."""
     predicted, _ = validate([RUNS[run_id] for run_id in DENSE], REPOSITORY / "outputs" / "cache")
-    assert {item.run_id: result.step.time_per_batch for item, result in predicted} == DENSE
     assert all(item.precision == "16-bit" and not item.time_from and not item.assumed for item, _ in predicted)
+    unlaunched = dataclasses.replace(known_chip("a100_80gb"), kernel_host_seconds=0.0)
+    assert {item.run_id: prediction(item, REPOSITORY / "outputs" / "cache", unlaunched).step.time_per_batch
+            for item, _ in predicted} == DENSE
+    for item, result in predicted:
+        assert DENSE[item.run_id] <= result.step.time_per_batch <= 1.001 * DENSE[item.run_id]
 
 
 def test_validate_prints_the_llama_rows_with_their_marks(tmp_path):

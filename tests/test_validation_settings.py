@@ -87,10 +87,8 @@ def test_the_settings_each_new_run_states(run_id):
 
 
 @pytest.mark.parametrize("run_id, reason", [
-    ("mbridge2511_LLAMA3_8B_b200_8gpu", "hardware B200 (DGX-B200): not an"),
-    ("mbridge2602_DeepSeekV3_gb200_256gpu", "hardware GB200 (DGX-GB200, NVL72): not an"),
-    ("torchtitan_llama3.1_8b_h200_64gpu", "hardware H200"),
-    ("tpurecipes_gpt3_175b_v6e_256", "hardware TPU v6e: not an"),
+    ("mbridge2602_DeepSeekV3_gb200_256gpu", "multi-head latent attention: a run's row does not give its ranks"),
+    ("maxtext6e_mistral_7b_v6e-8", "sliding-window attention: not modelled"),
     ("torchtitan_llama3.1_70b_h100_96gb_256gpu", "hardware H100 96GB HBM2e (Grand Teton, 500 W power limit): 96 GB"),
     ("mbridge2602_GPT_OSS_120B_h100_64gpu", "sliding-window attention: not modelled")])
 def test_new_runs_phaze_does_not_model_are_left_out_with_their_reason(run_id, reason):

@@ -269,17 +269,11 @@ def case(run: dict) -> Case | str:
     missing = [name for name, value in needed.items() if value is None]
     if missing:
         return f"not stated: {', '.join(missing)}"
-    if t * p * context * degree != hardware["num_devices"]:  # e.g. FSDP ranks stated in words, d as 1
-        return (f"layout: t x p x cp x d = {t} x {p} x {context} x {degree} does not fill the run's "
-                f"{hardware['num_devices']} devices as stated")
     if micro_batch and batch["global_batch_size_seqs"] % (micro_batch * degree):
         return f"micro-batch {micro_batch} from the recipe does not divide the batch per replica"
     sequence = model["seq_length_tokens"]
     family = {**(model_recipe.family if model_recipe else {}), **(recipe.family if recipe else {})}
-    try:
-        spec = model_spec(model, sequence, family)
-    except InputError as problem:  # a shape the model's family cannot build
-        return f"model: {problem}"
+    spec = model_spec(model, sequence, family)
     seconds, time_from = measured_seconds(run, framework_flops(recipe, spec, batch["global_batch_size_seqs"], sequence, t)
                                           if recipe and recipe.model_flops else None)
     if seconds is None:

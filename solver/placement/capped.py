@@ -38,6 +38,26 @@ from .dp import INFTY, StageTable, backtrace, fill_tables
 CAPS_PER_PASS = 8
 
 
+def deepest_position(step: TrainingStep, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
+    """Per stage of `step`, the largest q ≤ `limit` such that the stage fits in memory as the q-th
+    from the end of a 1F1B pipeline (holding min(q, m) micro-batches); 0 if it never fits."""
+    if step.sharding_problem(degree) is not None:
+        return np.zeros(len(terms.parameters), dtype=np.int64)
+    micro_batches = step.micro_batches // degree
+    capacity = step.device.memory_capacity
+    fits_all = step.memory_bytes(terms, min(limit, micro_batches), degree) <= capacity
+    room = capacity - step.memory_bytes(terms, 0, degree)
+    held = terms.held_activations
+    with np.errstate(divide="ignore", invalid="ignore"):
+        guess = np.floor(np.where(held > 0, room / np.where(held > 0, held, 1.0), 0.0))
+    guess = np.clip(guess, 0, limit).astype(np.int64)
+    # the closed form may be off by one in floating point: settle it with the model itself
+    guess = np.where(step.memory_bytes(terms, guess, degree) <= capacity, guess, guess - 1)
+    above = np.minimum(guess + 1, limit)
+    guess = np.where((above > guess) & (step.memory_bytes(terms, above, degree) <= capacity), above, guess)
+    return np.where(fits_all, limit, np.maximum(guess, 0))
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A data-parallel degree with the depths whose slowest stage boundary is on `tier`."""
@@ -83,7 +103,7 @@ def place_capped(step: TrainingStep, space: StateSpace, terms: StageTerms | None
     for degree, most_stages in plain_layouts(step).items():
         if step.time_floor(degree, np.arange(1, most_stages + 1)).min() >= upper_bound:
             continue  # no pipeline of this width can beat the bound
-        fits = step.deepest_position(terms, degree, depth_cap)
+        fits = deepest_position(step, terms, degree, depth_cap)
         if not fits.any():
             continue
         key = terms.parameters if by_parameters else sum(step.data_parallel.tail(terms, degree))

@@ -76,7 +76,7 @@ from solver.layout import FitRules, Layout
 from solver.training_step.data_parallel import DataParallel
 from solver.training_step.layer_terms import Shard, layer_terms
 from solver.training_step.memory import Recompute, in_flight, recompute_mode
-from solver.training_step.offload import buffered_bytes, offload_seconds
+from solver.training_step.offload import buffered_bytes, stage_offload_seconds
 from solver.training_step.options import TrainingOptions
 from solver.training_step.records import (BUSY_TERMS, SUMMED_TERMS, Device, Placement, StageTerms, StepGraph,
                                           StepResult)
@@ -209,20 +209,7 @@ class TrainingStep:
         """Time per micro-batch of each stage with its transfers on `tier`, before the exposed part of
         sharded data parallelism's collectives (`sharded_traffic`, which depends on d)."""
         load = self.busy(terms) + self.transfer_time(terms, tier)
-        return load + self.offload_time(terms)[0] if self.training.offloads_activations else load
-
-    def offload_time(self, terms: StageTerms) -> tuple[np.ndarray, np.ndarray]:
-        """(exposed, hidden) seconds per micro-batch of each stage's activation copies to host memory
-        and back (`offload.offload_seconds`: the forward's behind its forward compute, the backward's
-        behind its backward compute and recomputation); zeros without `activation_offload`."""
-        if not self.training.offloads_activations:
-            zero = np.zeros_like(terms.compute)
-            return zero, zero
-        if not self.device.host_link_bandwidth:
-            raise ValueError("activation_offload: the device has no host_link_bandwidth (internal error: the "
-                             "question's check lets no such step through)")
-        return offload_seconds(terms.offloaded_activations, terms.forward,
-                               terms.compute - terms.forward + terms.recompute, self.device.host_link_bandwidth)
+        return load + stage_offload_seconds(terms, self.training, self.device)[0]
 
     @staticmethod
     def busy(terms: StageTerms) -> np.ndarray:
@@ -249,25 +236,6 @@ class TrainingStep:
         floor = (whole * terms.parameters + self.data_parallel.gathered_weight_bytes(terms)
                  + self.activation_bytes(terms, micro_batches_in_flight) + self.training.framework_reserve)
         return floor * (1 - self.FLOOR_SLACK)
-
-    def deepest_position(self, terms: StageTerms, degree: int, limit: int) -> np.ndarray:
-        """Per stage, the largest q ≤ `limit` such that the stage fits in memory as the q-th from the
-        end of a 1F1B pipeline (holding min(q, m) micro-batches); 0 if it never fits."""
-        if self.sharding_problem(degree) is not None:
-            return np.zeros(len(terms.parameters), dtype=np.int64)
-        micro_batches = self.micro_batches // degree
-        capacity = self.device.memory_capacity
-        fits_all = self.memory_bytes(terms, min(limit, micro_batches), degree) <= capacity
-        room = capacity - self.memory_bytes(terms, 0, degree)
-        held = terms.held_activations
-        with np.errstate(divide="ignore", invalid="ignore"):
-            guess = np.floor(np.where(held > 0, room / np.where(held > 0, held, 1.0), 0.0))
-        guess = np.clip(guess, 0, limit).astype(np.int64)
-        # the closed form may be off by one in floating point: settle it with the model itself
-        guess = np.where(self.memory_bytes(terms, guess, degree) <= capacity, guess, guess - 1)
-        above = np.minimum(guess + 1, limit)
-        guess = np.where((above > guess) & (self.memory_bytes(terms, above, degree) <= capacity), above, guess)
-        return np.where(fits_all, limit, np.maximum(guess, 0))
 
     @staticmethod
     def pipeline_time(micro_batches, stages, virtual_stages, load):
@@ -339,9 +307,8 @@ class TrainingStep:
         sharded = [self.data_parallel.sharded_traffic(terms, int(d)) for d in degrees]
         sharded_exposed, sharded_hidden = np.array([t[0] for t in sharded]), np.array([t[1] for t in sharded])
         loads = self.busy(terms) + transfer + sharded_exposed  # [layout, device]
-        offload_exposed, offload_hidden = self.offload_time(terms)
-        if self.training.offloads_activations:
-            loads = loads + offload_exposed
+        offload_exposed, offload_hidden = stage_offload_seconds(terms, self.training, self.device)
+        loads = loads + offload_exposed
         flight = np.array([in_flight(stages, virtual_stages, int(m)) for m in micro_batches])
         memory = np.array([self.memory_bytes(terms, flight[i], int(d)) for i, d in enumerate(degrees)])
         tails = [self.data_parallel.tail(terms, int(d)) for d in degrees]

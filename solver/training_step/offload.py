@@ -47,3 +47,18 @@ def buffered_bytes(largest_offloaded):
     """HBM bytes a device holds of the offloaded blocks' activations: `OFFLOAD_BUFFERS` of its largest
     block's (the running block's and the one in transfer)."""
     return OFFLOAD_BUFFERS * largest_offloaded
+
+
+def stage_offload_seconds(terms, training, device) -> tuple[np.ndarray, np.ndarray]:
+    """(exposed, hidden) seconds per micro-batch of each stage's activation copies (`terms`: a
+    `StageTerms`) to host memory and back: the forward's behind its forward compute, the backward's
+    behind its backward compute and recomputation (`offload_seconds`); zeros unless `training`
+    offloads. ValueError if `device` has no host link (the question's check lets no such step through)."""
+    if not training.offloads_activations:
+        zero = np.zeros_like(terms.compute)
+        return zero, zero
+    if not device.host_link_bandwidth:
+        raise ValueError("activation_offload: the device has no host_link_bandwidth (internal error: the "
+                         "question's check lets no such step through)")
+    return offload_seconds(terms.offloaded_activations, terms.forward, terms.compute - terms.forward + terms.recompute,
+                           device.host_link_bandwidth)
