@@ -8,7 +8,7 @@ from phaze.validation.cases import Case, case
 from phaze.validation.runs import read_runs
 from phaze.validation.settings import (StatedSettings, stated_cuda_graphs, stated_fp8_parameters, stated_fp8_recipe,
                                        stated_host_offload, stated_precision, unknown_variant, unmodelled_attention,
-                                       unmodelled_setting)
+                                       whole_step_graphs)
 
 RUNS = {run["run_id"]: run for run in read_runs("arch_configs/calibration/runs.json")}
 GIB = 2**30
@@ -45,11 +45,12 @@ def test_cuda_graphs_fp8_weight_gathers_and_host_offload_as_stated():
 
 
 def test_what_phaze_leaves_out_and_what_it_prices():
-    plain = dict(precision="fp8", fp8_recipe="current", fp8_parameters=False, cuda_graphs=None, host_offload=False)
-    assert unmodelled_setting(StatedSettings(**plain)) is None  # FP8 current scaling: the chip's FP8 rate
-    for stated in ({"precision": "mxfp8", "fp8_recipe": None}, {"fp8_parameters": True},
-                   {"cuda_graphs": "full_iteration"}, {"host_offload": True}):  # each now a priced option
-        assert unmodelled_setting(StatedSettings(**{**plain, **stated})) is None, stated
+    # a CUDA-graph scope capturing the whole step is priced as graphed, a partial one (TE's graphs of
+    # the attention and the router) as eager
+    assert whole_step_graphs("full_iteration (cuda_graph_impl local, cuda_graph_scope full_iteration)")
+    assert whole_step_graphs("local, scope full (Megatron-Core per-layer graphs)")
+    assert not whole_step_graphs("transformer_engine, scope attn, moe_router, moe_preprocess")
+    assert not whole_step_graphs(None)
     assert unmodelled_attention("MoE decoder, GQA, sliding window attention (window 128)") == \
         "sliding-window attention: not modelled"
     assert unmodelled_attention("MoE decoder, multi-head latent attention (MLA)").startswith("multi-head latent")

@@ -27,7 +27,7 @@ from solver.training_step.memory import OP_LEVEL_MODE
 
 from phaze.validation.flops import framework_flops, measured_seconds
 from phaze.validation.settings import (StatedSettings, stated_precision, unknown_variant, unmodelled_attention,
-                                      unmodelled_setting, whole_step_graphs)
+                                      whole_step_graphs)
 from phaze.validation.recipes import GPT_FAMILY, MOE_VOCABULARY, ModelRecipe, RECIPES, Recipe, STATED_OVERLAPS, UNFUSED_ATTENTION_FRAMEWORKS, VALIDATED_CHIPS
 
 
@@ -193,7 +193,7 @@ def case(run: dict) -> Case | str:
     chip, system = found.chip, found.name
     stated = StatedSettings.of(training)
     unmodelled = (unknown_variant(hardware["device_type"], KNOWN_CHIPS[chip].hbm_capacity)
-                  or unmodelled_setting(stated) or unmodelled_attention(model["architecture"] or ""))
+                  or unmodelled_attention(model["architecture"] or ""))
     if unmodelled is not None:
         return unmodelled
     parallel, batch = run["parallelism"], run["batch"]

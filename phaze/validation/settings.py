@@ -1,7 +1,7 @@
-"""What a published run states of the settings phaze's training options may come to model: its
-number format (BF16, FP8 with current or delayed scaling, MXFP8), FP8 parameters gathered in FP8,
-CUDA graphs, host offload of activations; and which of those, its model's attention and its chip's
-variant phaze does not model (the run is then left out with the reason).
+"""What a published run states of the settings phaze's training options model: its number format
+(BF16, FP8 with current or delayed scaling, MXFP8), FP8 parameters gathered in FP8, CUDA graphs,
+host offload of activations; and which attention of its model and which variant of its chip phaze
+does not model (the run is then left out with the reason).
 
 A run states them in `training.precision` and `training.other_settings` in the calibration set's
 words: "FP8-CS" (Megatron-Bridge's current scaling), "MXFP8" or "FP8-MX", "fp8 recipe: current
@@ -96,15 +96,6 @@ def whole_step_graphs(scope: str | None) -> bool:
     return scope is not None and any(words in scope.lower() for words in WHOLE_STEP_SCOPES)
 
 
-def unmodelled_setting(settings: StatedSettings) -> str | None:
-    """Why phaze cannot predict a run of these settings, or None: every stated setting is modelled
-    (MXFP8, FP8 recipes, FP8 weight gathers, CUDA graphs and host offload of activations:
-    `graph_extract.KernelOptions`, `solver.training_step.TrainingOptions`); a run offloading
-    activations is priced with `activation_offload=layers`, every block of a stage offloaded (a
-    simplification where Megatron's cpu_offloading_num_layers offloads fewer)."""
-    return None
-
-
 def unmodelled_attention(architecture: str) -> str | None:
     """Why phaze cannot predict a model of this stated architecture, or None: sliding-window attention
     is not modelled; multi-head latent attention is (`graph_extract.ModelSpec.kv_lora_rank`) but a
@@ -117,15 +108,22 @@ def unmodelled_attention(architecture: str) -> str | None:
     return None
 
 
+#: How far a run's stated memory may be from the known chip's capacity, in GB or in GiB, and still name
+#: that chip: vendors round ("141 GB" for the H200's 140.4 GiB the GPU reports); another variant
+#: differs by more (the 96 GB H100 beside the 80 GiB one: 12 %).
+VARIANT_TOLERANCE = 0.02
+
+
 def unknown_variant(device_type: str, hbm_capacity: float) -> str | None:
     """Why a run's chip is another variant than the chip phaze knows by its name, or None: its device
-    type states a memory size ("96GB") that is neither the known chip's capacity in GB nor in GiB
-    (vendors state 80 GiB as "80 GB")."""
+    type states a memory size ("96GB") farther than `VARIANT_TOLERANCE` from the known chip's capacity
+    both in GB and in GiB (vendors state 80 GiB as "80 GB")."""
     stated = re.search(r"(\d+)\s*GB", device_type)
     if stated is None:
         return None
     gigabytes = int(stated.group(1))
-    if gigabytes in (round(hbm_capacity / 1e9), round(hbm_capacity / 2**30)):
+    if any(abs(gigabytes - capacity) <= VARIANT_TOLERANCE * gigabytes for capacity in (hbm_capacity / 1e9,
+                                                                                      hbm_capacity / 2**30)):
         return None
     return (f"hardware {device_type}: {gigabytes} GB, another variant than the "
             f"{hbm_capacity / 2**30:.0f} GiB chip phaze knows by that name")
