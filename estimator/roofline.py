@@ -210,27 +210,31 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
     ops = [op for op in fused.ops if op.members[0] not in inside]
     floor = kernel_floor(chip, kernels)
 
-    def seconds(op: FusedOp, direction: str) -> float:
-        return launched(op_seconds(graph, op, direction, chip, split, narrow, expert_width, kernels),
-                        launches(graph, op, direction, narrow), floor)
+    def seconds(op: FusedOp, direction: str) -> tuple[float, float]:
+        """(the group's seconds with its launch floor, without it)."""
+        device = op_seconds(graph, op, direction, chip, split, narrow, expert_width, kernels)
+        return launched(device, launches(graph, op, direction, narrow), floor), device
 
-    device = {direction: sum(op_seconds(graph, op, direction, chip, split, narrow, expert_width, kernels) for op in ops)
-              + sum(attention_seconds(graph, kernel, direction, chip) for kernel in fused_kernels)
-              for direction in (FORWARD, BACKWARD)}
-    forward = [seconds(op, FORWARD) for op in ops]
-    backward = [seconds(op, BACKWARD) for op in ops]
-    attention_forward = [launched(attention_seconds(graph, kernel, FORWARD, chip), 1, floor) for kernel in fused_kernels]
-    attention_backward = [launched(attention_seconds(graph, kernel, BACKWARD, chip), 1, floor)
-                          for kernel in fused_kernels]
+    def attention_kernel(kernel: AttentionKernel, direction: str) -> tuple[float, float]:
+        device = attention_seconds(graph, kernel, direction, chip)
+        return launched(device, 1, floor), device
+
+    timed = {direction: [seconds(op, direction) for op in ops] for direction in (FORWARD, BACKWARD)}
+    fused = {direction: [attention_kernel(kernel, direction) for kernel in fused_kernels]
+             for direction in (FORWARD, BACKWARD)}
+    forward, backward = ([time for time, _ in timed[direction]] for direction in (FORWARD, BACKWARD))
+    attention_forward, attention_backward = ([time for time, _ in fused[direction]] for direction in (FORWARD, BACKWARD))
+    idle = {direction: sum(time - device for time, device in timed[direction] + fused[direction])
+            for direction in (FORWARD, BACKWARD)}
     attention = [seconds for op, seconds in zip(ops, forward) if op.members[0] in core]
     products = block_weight_products(graph)
     matrix = [any(products[member] for member in op.members) for op in ops]
     parts = {name: module_kernels(ops, ids) for name, ids in (modules or {}).items()}
-    module_forward = tuple((name, sum(seconds(part, FORWARD) for part in kernels_of))
+    module_forward = tuple((name, sum(seconds(part, FORWARD)[0] for part in kernels_of))
                            for name, kernels_of in parts.items() if kernels_of)
     total_forward, total_backward = sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward)
     return LayerTimes(total_forward, total_backward, sum(attention),
                       sum(time for time, is_matrix in zip(forward, matrix) if is_matrix),
                       sum(time for time, is_matrix in zip(backward, matrix) if is_matrix),
                       sum(attention_forward), sum(attention_backward),
-                      total_forward - device[FORWARD], total_backward - device[BACKWARD], module_forward)
+                      idle[FORWARD], idle[BACKWARD], module_forward)
