@@ -71,6 +71,9 @@ def read_system(path: Path) -> System:
     chip = entry.get("chip")
     if is_path(chip):
         chip_file = (path.parent / chip).resolve()
+        if not chip_file.is_file():
+            raise InputError(f"{where}: chip: no such chip file {str(chip_file)!r} (a path is read from the system "
+                             f"file's folder); allowed: {', '.join(KNOWN_CHIPS)} or a chip file's path")
         read_chip(chip_file)  # checked here: a system names a chip that reads
         chip = str(chip_file)
     else:

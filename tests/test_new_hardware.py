@@ -189,6 +189,10 @@ def test_a_system_file_names_a_chip_file(tmp_path):
                                  cache_dir=str(tmp_path / "cache"))
     assert checked.known_chip.name == "my_h100" and checked.known_chip.hbm_capacity == 141e9
     assert [tier.bandwidth for tier in checked.question.cluster.tiers] == [450e9, 50e9]
+    system.write_text(system.read_text().replace("my_h100.yaml", "no_such_chip.yaml"))
+    with pytest.raises(InputError, match=r"^my_dgx.yaml: chip: no such chip file '.*no_such_chip.yaml'"):
+        phaze.api.settings("predict", "bertlarge", system=str(system), num_devices=8, tensor_parallel_width=8,
+                           pipeline_parallel_width=1, data_parallel_width=1, global_batch_size=8)
 
 
 def phaze(*arguments, cwd):
