@@ -42,7 +42,8 @@ REQUIRED = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes")
 #: Figures a chip priced by its roofline also states.
 ROOFLINE_REQUIRED = ("streaming_multiprocessors", "matrix_efficiency", "memory_efficiency")
 #: Figures that are fractions (at most 1).
-FRACTIONS = ("matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_matrix_efficiency")
+FRACTIONS = ("matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_matrix_efficiency",
+             "mxfp8_matrix_efficiency")
 #: Fields of a known chip that are numbers with a source.
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
            "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency",
@@ -196,9 +197,10 @@ def read_chip(path: Path) -> KnownChip:
         if figure in figures and figures[figure][0] > 1:
             raise InputError(f"{where}: {figure}.value must be a fraction of the peak in (0, 1], got "
                              f"{figures[figure][0]!r}")
-    if ("fp8_peak_flops" in figures) != ("fp8_matrix_efficiency" in figures):
-        raise InputError(f"{where}: fp8_peak_flops and fp8_matrix_efficiency go together (FP8 tensor cores); "
-                         "give both or neither")
+    for narrow in ("fp8", "mxfp8"):
+        if (f"{narrow}_peak_flops" in figures) != (f"{narrow}_matrix_efficiency" in figures):
+            raise InputError(f"{where}: {narrow}_peak_flops and {narrow}_matrix_efficiency go together "
+                             f"({narrow.upper()} tensor cores); give both or neither")
     if "streaming_multiprocessors" in figures and not float(figures["streaming_multiprocessors"][0]).is_integer():
         raise InputError(f"{where}: streaming_multiprocessors.value must be a whole number")
     return KnownChip(path.stem, cost_model, template=named_accelerator(template_name) if template_name else None,

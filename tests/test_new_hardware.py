@@ -160,6 +160,11 @@ def user_chip(folder: Path, **changes) -> Path:
     ({"peak_flops": None}, "my_h100.yaml: peak_flops must be {value, source} with a source"),
     ({"matrix_efficiency": {"value": 1.5, "source": "x"}},
      "my_h100.yaml: matrix_efficiency.value must be a fraction of the peak in (0, 1], got 1.5"),
+    ({"mxfp8_peak_flops": {"value": 4.5e15, "source": "x"}, "mxfp8_matrix_efficiency": {"value": 1.2, "source": "x"}},
+     "my_h100.yaml: mxfp8_matrix_efficiency.value must be a fraction of the peak in (0, 1], got 1.2"),
+    ({"mxfp8_peak_flops": {"value": 4.5e15, "source": "x"}},
+     "my_h100.yaml: mxfp8_peak_flops and mxfp8_matrix_efficiency go together (MXFP8 tensor cores); give both "
+     "or neither"),
 ])
 def test_a_bad_chip_file_is_one_line_naming_the_file_and_the_field(tmp_path, change, message):
     with pytest.raises(InputError) as raised:

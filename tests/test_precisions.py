@@ -6,13 +6,12 @@ import dataclasses
 
 import pytest
 
-from estimator.fusion import fuse_layers
 from estimator.roofline import cast_bytes, group_bytes, op_seconds
 from graph_extract import KernelOptions, extract, get_spec
-from graph_extract.zoo import LLAMA_FAMILY, ModelSpec
 from phaze_common.checks import InputError
 from phaze_hardware import Cluster, known_chip
 from solver.layout import Layout
+from test_validate_llama import tiny_llama_gemm
 from solver.question import Question
 from solver.training_step import (
     Device,
@@ -131,15 +130,6 @@ def test_fp8_parameters_gather_one_byte_a_parameter_and_reduce_gradients_as_befo
     assert state_step("fp8", False).data_parallel.tail_keys_are_parameters() is True
 
 
-def tiny_llama_up():
-    spec = ModelSpec("tinyllama", 2, 256, 8, 768, 1024, 128, 128, **LLAMA_FAMILY, num_kv_heads=2)
-    graphs = extract(spec, 2, 128, 1)
-    (fused,) = fuse_layers(graphs.op_graph, (1,))
-    up = next(op for op in fused.ops if graphs.op_graph.nodes[op.members[0]].op == "linear"
-              and graphs.op_graph.nodes[op.members[0]].gemm.n == 768)
-    return graphs.op_graph, up
-
-
 def test_casts_and_products_by_hand_in_each_recipe():
     """The SwiGLU gate [256 x 256]·[256 x 768] of a tiny Llama on one device. Its casts, forward: the
     256·256 input elements read in 16 bits (2 bytes) and written row-wise and column-wise:
@@ -148,7 +138,8 @@ def test_casts_and_products_by_hand_in_each_recipe():
         mxfp8         2 + 2·(1 + 1/32)   = 4.0625
     Its product reads input and weight in 1 byte (MXFP8: 1 + 1/32) and writes 16 bits; MXFP8 runs at the
     chip's MXFP8 rate (2·256·256·768 FLOPs, 2 x 6 tiles of 132 SMs busy)."""
-    graph, up = tiny_llama_up()
+    graphs, up = tiny_llama_gemm()
+    graph = graphs.op_graph
     split = [1.0] * len(graph.nodes)
     narrow = KernelOptions(precision="fp8").fp8_operators(graph)
     elements = 256 * 256

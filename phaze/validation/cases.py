@@ -25,6 +25,7 @@ from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, TrainingOptions, recompute_mode
 from solver.training_step.memory import OP_LEVEL_MODE
 
+from phaze.settings import host_link
 from phaze.validation.flops import framework_flops, measured_seconds
 from phaze.validation.settings import (StatedSettings, stated_precision, unknown_variant, unmodelled_attention,
                                       whole_step_graphs)
@@ -318,7 +319,7 @@ def prediction(item: Case, cache_dir: Path, chip: KnownChip | None = None, clust
     cluster = cluster or SYSTEMS[item.system].cluster(item.devices, item.slices)
     chip = chip or KNOWN_CHIPS[item.chip]
     question = Question(spec, item.sequence_length, item.global_batch_size, cluster, item.training, item.kernels,
-                        host_link_bandwidth=chip.host_link_bandwidth if item.training.offloads_activations else None)
+                        host_link_bandwidth=host_link(item.training.activation_offload, chip))
     axes = Axes((item.micro_batch_size,), (chip.hbm_capacity,), (item.recompute,), (item.width,), (item.virtual_stages,),
                 (item.expert_parallel_width,), (item.context_parallel_width,),
                 expert_tensor_parallel_widths=(item.expert_tensor_parallel_width,))

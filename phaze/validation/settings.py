@@ -13,13 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: The number formats a run may state, as phaze names them.
-PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
-#: How an FP8 run scales its tensors: per tensor from this step's maximum (current) or from a
-#: history of earlier steps' maxima (delayed, Transformer Engine's DelayedScaling).
-FP8_RECIPES = ("current", "delayed")
-
-
 def stated_precision(precision: str) -> str:
     """The number format of a run's `training.precision`: "mxfp8" (MXFP8, FP8-MX: FP8 with a scale per
     block of 32 elements), "fp8", "fp16", else "bf16"."""
