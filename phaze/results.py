@@ -49,6 +49,7 @@ def question_record(question: Question) -> dict:
         **question.kernels.record(),
         "cuda_graphs": question.kernels.cuda_graphs,
         "activation_offload": question.training.activation_offload,
+        "weight_dtype": question.training.weight_dtype,
     }
 
 

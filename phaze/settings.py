@@ -56,8 +56,8 @@ from solver.question import Axes, Question, check_context_widths, check_expert_w
 from solver.step_models import STEP_MODELS
 from solver.system_search import ARCHITECTURE_SPACES, OBJECTIVES, SYSTEM_STRATEGIES, SystemDesign, system_design
 from solver.training_step import (EXPERT_DISPATCHES, SHARDED_COLLECTIVES, TrainingOptions)
+from solver.training_step.memory import OPTIMIZERS, WEIGHT_DTYPES
 from solver.training_step.options import ACTIVATION_OFFLOADS
-from solver.training_step.memory import OPTIMIZERS
 
 MODES = ("extract_graph", "prepopulate_estimates", "run_solver", "predict")
 #: HBM per device [GiB] of the template chips (a TPU v4's), when `hbm_size` is null.
@@ -234,7 +234,7 @@ GRAPH_KEYS = ("max_tensor_parallel_width", "tensor_parallel_width")
 STEP_KEYS = ("hbm_size", "chip", "schedule", "global_batch_size", "num_devices", "optimizer", "data_parallel_sharding",
              "data_parallel_shard_width", "reshard_after_forward", "sharded_collectives", "expert_dispatch",
              "overlap_expert_dispatch", "expert_dispatch_sms", "recompute", "sequence_parallel", "flash_attention",
-             "precision", "fp8_recipe", "fp8_parameters", "cuda_graphs", "activation_offload", "grad_reduce_in_bf16",
+             "precision", "fp8_recipe", "fp8_parameters", "cuda_graphs", "activation_offload", "weight_dtype", "grad_reduce_in_bf16",
              "virtual_stages", "overlap_grad_reduce", "overlap_param_gather",
              "tensor_parallel_overlap", "master_weight_remainders", "framework_reserve_gb",
              "overlap_pipeline_transfers", "expert_parallel_width", "expert_tensor_parallel_width",
@@ -363,7 +363,8 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
                                  read_dispatch_share(config, known),
                                  choice("sharded_collectives", config["sharded_collectives"], SHARDED_COLLECTIVES),
                                  boolean("fp8_parameters", config["fp8_parameters"]),
-                                 offload),
+                                 offload,
+                                 weight_dtype=choice("weight_dtype", config["weight_dtype"], WEIGHT_DTYPES)),
         kernels=KernelOptions(boolean("sequence_parallel", config["sequence_parallel"]),
                               boolean("flash_attention", config["flash_attention"]),
                               choice("precision", config["precision"], PRECISIONS),

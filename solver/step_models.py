@@ -166,7 +166,8 @@ class OriginalStepModel:
                                     ("overlap_expert_dispatch", question.training.overlap_expert_dispatch, False),
                                     ("fp8_recipe", question.kernels.fp8_recipe, "delayed"),
                                     ("fp8_parameters", question.training.fp8_parameters, False),
-                                    ("activation_offload", question.training.activation_offload, "none")):
+                                    ("activation_offload", question.training.activation_offload, "none"),
+                                    ("weight_dtype", question.training.weight_dtype, "mixed")):
             if value != allowed:
                 shown = str(allowed).lower() if isinstance(allowed, bool) else allowed
                 raise InputError(f"{key}: system=original has no cost for it; allowed: {shown}")

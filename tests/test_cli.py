@@ -55,6 +55,10 @@ def phaze(*arguments, cwd):
         (["fp8_parameters=true"], "fp8_parameters: needs precision=fp8"),
         (["grad_reduce_in_bf16=2"], "grad_reduce_in_bf16: must be true or false, got 2"),
         (["activation_offload=some"], "activation_offload: unknown 'some'; allowed: none, layers"),
+        (["weight_dtype=fp16"], "weight_dtype: unknown 'fp16'; allowed: mixed, float32, bfloat16"),
+        (["weight_dtype=float32", "master_weight_remainders=true"],
+         "master_weight_remainders: applies to weight_dtype=mixed (a master copy beside 16-bit weights), not float32; "
+         "allowed here: false"),
         (["activation_offload=layers"], "activation_offload: a searched chip has no host link figure; allowed: none"),
         (["chip=h800_sxm", "system=deepseek_h800", "activation_offload=layers"],
          "activation_offload: h800_sxm states no host_link_bandwidth; allowed: none"),

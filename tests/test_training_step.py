@@ -93,8 +93,54 @@ def test_model_state_per_parameter():
             weights, gradients, state)
     with pytest.raises(ValueError, match="optimizer: unknown 'lamb'"):
         ModelState.of("lamb", "optimizer")
+    with pytest.raises(ValueError, match="weight_dtype: unknown 'fp16'"):
+        ModelState.of("adam", "full", weight_dtype="fp16")
     with pytest.raises(ValueError, match="data_parallel_sharding: unknown 'zero3'"):
         ModelState.of("adam", "zero3")
+
+
+@pytest.mark.parametrize("weight_dtype, size", [("float32", 4), ("bfloat16", 2)])
+def test_state_in_the_weights_dtype(weight_dtype, size):
+    """No master copy (MaxText's weight_dtype; optax's adamw keeps mu and nu in the parameters' dtype):
+    weights, gradients and Adam's two moments each `size` bytes, 16 bytes a parameter in fp32 and 8 in
+    bf16, a 16-bit copy gathered whatever the dtype; SGD keeps no moments."""
+    adam = TrainingOptions("adam", "full", weight_dtype=weight_dtype).model_state
+    assert tuple(adam.share(kind, 8) for kind in ("weights", "gradients", "optimizer_state")) == (
+        size / 8, size / 8, 2 * size / 8)
+    assert adam.weights + adam.gradients + adam.optimizer_state == 4 * size
+    assert adam.gathered == 2
+    sgd = TrainingOptions("sgd", "none", weight_dtype=weight_dtype).model_state
+    assert (sgd.weights, sgd.gradients, sgd.optimizer_state) == (size, size, 0)
+    for name in ("grad_reduce_in_bf16", "master_weight_remainders"):
+        with pytest.raises(ValueError, match=f"{name}: applies to weight_dtype=mixed .* allowed here: false"):
+            TrainingOptions("adam", "full", weight_dtype=weight_dtype, **{name: True})
+    assert TrainingOptions("adam", "full", weight_dtype=weight_dtype).record()["weight_dtype"] == weight_dtype
+    assert "weight_dtype" not in TrainingOptions("adam", "full").record()
+
+
+def test_float32_state_gathers_and_reduces_as_mixed():
+    """MaxText's fp32 weights in a step: 2 bytes a parameter less state than Megatron's mixed 18 (16),
+    the same gathers (the 16-bit copy: 2 bytes a parameter), gradient reductions (fp32, 4 bytes) and
+    optimizer step (Adam reads and writes 12 bytes a parameter: the fp32 weight and moments, or the
+    master weight and moments); bf16 state steps in half that."""
+    layers = (StepLayer(id=0, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6, activation_bytes=0.0),
+              StepLayer(id=1, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=8e6, activation_bytes=0.0,
+                        is_block=True),
+              StepLayer(id=2, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=1e6, activation_bytes=0.0))
+    graph = StepGraph(1, layers, ((0, 1, 1.0), (1, 2, 1.0)))
+    cluster = Cluster.build("flat", 8, 8, [dict(bandwidth=1e9)])
+    results = {}
+    for weight_dtype in ("mixed", "float32", "bfloat16"):
+        step = TrainingStep(graph, cluster, TrainingOptions("adam", "full", weight_dtype=weight_dtype),
+                            KernelOptions(), Device(1e12, 1e12), 8, "none", Layout(1))
+        results[weight_dtype] = step.price(Placement(Layout(1, 1, 8), ((0, 1, 2),), "none"))
+    mixed, fp32 = results["mixed"], results["float32"]
+    state = ("weights", "gradients", "optimizer_state")
+    assert sum(mixed.memory[0][kind] - fp32.memory[0][kind] for kind in state) == pytest.approx(2 * 10e6 / 8, rel=1e-12)
+    assert fp32.memory[0]["weights"] - mixed.memory[0]["weights"] == pytest.approx(2 * 10e6 / 8, rel=1e-12)
+    assert fp32.breakdown == pytest.approx(mixed.breakdown, rel=1e-12)
+    assert mixed.breakdown["optimizer"] == pytest.approx(2 * 12 * 10e6 / 8 / 1e12, rel=1e-12)
+    assert results["bfloat16"].breakdown["optimizer"] == pytest.approx(2 * 6 * 10e6 / 8 / 1e12, rel=1e-12)
 
 
 def test_fp8_weights_have_two_8_bit_copies_and_a_tied_weight_is_held_once():

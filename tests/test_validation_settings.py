@@ -7,7 +7,7 @@ import pytest
 from phaze.validation.cases import Case, case
 from phaze.validation.runs import read_runs
 from phaze.validation.settings import (StatedSettings, stated_cuda_graphs, stated_fp8_parameters, stated_fp8_recipe,
-                                       stated_host_offload, stated_precision, unknown_variant, unmodelled_attention,
+                                       stated_host_offload, stated_precision, stated_weight_dtype, unknown_variant, unmodelled_attention,
                                        whole_step_graphs)
 
 RUNS = {run["run_id"]: run for run in read_runs("arch_configs/calibration/runs.json")}
@@ -42,6 +42,29 @@ def test_cuda_graphs_fp8_weight_gathers_and_host_offload_as_stated():
     assert stated_cuda_graphs("") is None
     assert not stated_fp8_parameters("FP8 parameter all-gather: not stated")
     assert not stated_host_offload("synthetic data; CUDA graphs: none")
+
+
+@pytest.mark.parametrize("precision, other, expected", [
+    ("bfloat16 activations, float32 weights (base.yml defaults)", "", "float32"),
+    ("BF16", "host offload of activations: yes; weight_dtype bfloat16; synthetic data", "bfloat16"),
+    ("bfloat16 activations and bfloat16 weights (weight_dtype bfloat16)", "", "bfloat16"),
+    ("BF16", "synthetic data", None),  # not stated: the recipe's
+    ("FP8-CS", "", None)])
+def test_the_weight_dtype_a_run_states(precision, other, expected):
+    assert stated_weight_dtype(precision, other) == expected
+
+
+@pytest.mark.parametrize("run_id, weight_dtype, shard_width", [
+    ("tpurecipes_llama3.1_70b_v6e_32", "bfloat16", None),  # stated
+    ("tpurecipes_gpt3_175b_v6e_256", "float32", None),  # MaxText's base.yml default, as the recipe
+    ("maxtext_v4_22B_2x128", "float32", 64),  # stated; two slices, each its own shard group
+    ("tpurecipes_llama3.1_405b_v6e_2x256", "float32", None),  # dcn_fsdp_parallelism 2: one group over both
+    ("mbridge2602_LLAMA3.1_405B_gb200_256gpu", "mixed", None)])  # Megatron's master weights
+def test_the_model_state_of_maxtext_runs(run_id, weight_dtype, shard_width):
+    item = case(RUNS[run_id])
+    assert isinstance(item, Case)
+    assert item.training.weight_dtype == weight_dtype
+    assert item.training.data_parallel_shard_width == shard_width
 
 
 def test_what_phaze_leaves_out_and_what_it_prices():

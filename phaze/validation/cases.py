@@ -158,7 +158,8 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
                             ("tensor_parallel_overlap", "tensor-parallel overlap"),
                             ("grad_reduce_in_bf16", "gradients in 16-bit"),
                             ("master_weight_remainders", "master-weight remainders"),
-                            ("sharded_collectives", "a collective per weight tensor, blocking")):
+                            ("sharded_collectives", "a collective per weight tensor, blocking"),
+                            ("weight_dtype", "weights kept in float32")):
             said = options.get(name) is True or options.get(name) in ("optimizer", "full")  # what a run turns on
             if not said and wanted[name] != options.get(name, getattr(TrainingOptions(), name)) and (
                     name != "overlap_grad_reduce" or "grad" not in other):
@@ -240,6 +241,8 @@ def case(run: dict) -> Case | str:
         options = dataclasses.replace(options, fp8_parameters=True)
     if stated.host_offload:
         options = dataclasses.replace(options, activation_offload="layers")
+    if stated.weight_dtype is not None:
+        options = dataclasses.replace(options, weight_dtype=stated.weight_dtype)
     context = parallel["context_parallel"] or 1
     degree, slices = parallel["data_parallel"], 1
     multislice = recipe is not None and recipe.multislice
@@ -247,7 +250,10 @@ def case(run: dict) -> Case | str:
         slices, degree = degree or 1, None  # MaxText: data_parallel counts slices; d is every FSDP rank
     if degree is None and t and p and hardware["num_devices"] % (t * p * context) == 0:
         degree = hardware["num_devices"] // (t * p * context)
-    if slices > 1:  # sharded within a slice, replicated across slices (hybrid sharding)
+    # sharded within a slice, replicated across slices (hybrid sharding), unless MaxText's
+    # dcn_fsdp_parallelism shards across the slices too
+    across_slices = "dcn_fsdp_parallelism" in (training.get("optimizer_sharding") or "")
+    if slices > 1 and not across_slices:
         if degree is None or degree % slices:
             return f"{slices} slices do not split the data-parallel ranks"
         options = dataclasses.replace(options, data_parallel_shard_width=degree // slices)

@@ -101,13 +101,21 @@ _ADAM_SHARDED = dict(optimizer="adam", data_parallel_sharding="optimizer", overl
 _MEGATRON_BRIDGE_TRAINING = TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, grad_reduce_in_bf16=True,
                                             tensor_parallel_overlap=True)
 
+#: MaxText's training options: FSDP over the fsdp axis with XLA's collectives behind the products, and
+#: the weights kept in base.yml's weight_dtype float32 with optax's adamw, whose two moments take the
+#: parameters' dtype (MaxText/optimizers.py), and no master copy.
+_MAXTEXT_TRAINING = TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True,
+                                    weight_dtype="float32")
+
+
 def _maxtext(flop_count: str, attention: float) -> Recipe:
     """MaxText's recipe for one README table (the three differ only in the FLOP count of their day)."""
     return Recipe(
-        "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
+        "full", True, _MAXTEXT_TRAINING,
         "AI-Hypercomputer/maxtext MaxText/configs/base.yml and configs/{v4,v5e,v5p}/*.sh @ 76bd53b0f: the "
         "decoder of MAXTEXT_FAMILY; weights, gradients and optimizer state sharded over each slice's "
-        "ici_fsdp_parallelism ranks (FSDP), replicated over dcn_data_parallelism slices (hybrid sharding); "
+        "ici_fsdp_parallelism ranks (FSDP), replicated over dcn_data_parallelism slices (hybrid sharding), all "
+        "in weight_dtype float32 (no master copy; optax adamw's moments in the parameters' dtype); "
         "the tensor axis shards the activations' embedding between blocks (as sequence parallelism does); "
         "remat_policy full = full recomputation, minimal = the matmul outputs kept (selective); the scripts' "
         "LIBTPU_INIT_ARGS (--xla_tpu_enable_async_collective_fusion, ..._fuse_all_gather, "
@@ -199,10 +207,11 @@ RECIPES = {
         "work (a fetch a tensor, a Python view and a PyTorch 1.8 copy a member of the group) and "
         "copies in HBM", precision="fp16"),
     "tpu-recipes MaxText": Recipe(
-        "full", True, TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True),
+        "full", True, _MAXTEXT_TRAINING,
         "AI-Hypercomputer/tpu-recipes training/{trillium,v5p}/*-MaxText READMEs @ c8cfe2f689081d36701a101cd73a70965d80926b "
         "and the MaxTextModel tuning parameters they embed: weights, gradients and optimizer state sharded over "
-        "each slice's ici_fsdp_parallelism ranks (FSDP), replicated over dcn slices; XLA's async collective "
+        "each slice's ici_fsdp_parallelism ranks (FSDP), replicated over dcn slices, in weight_dtype float32 "
+        "unless a run states bfloat16 (no master copy; optax adamw's moments in the parameters' dtype); XLA's async collective "
         "fusion flags overlap the collectives with the matrix products; the step's seconds from the README's "
         "quoted log line", multislice=True),
     "MaxText TPU v5p": _maxtext("of that commit (half the s x s attention)", 0.5),

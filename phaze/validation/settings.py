@@ -56,6 +56,16 @@ def stated_host_offload(other_settings: str) -> bool:
     return re.search(r"host offload of activations: yes", other_settings, re.IGNORECASE) is not None
 
 
+def stated_weight_dtype(precision: str, other_settings: str) -> str | None:
+    """What the run keeps its weights in between steps, when it says (`TrainingOptions.weight_dtype`):
+    "bfloat16" ("weight_dtype bfloat16", "bfloat16 weights"), "float32" ("float32 weights", MaxText's
+    base.yml default as the run states it), or None (not stated: the recipe's)."""
+    words = f"{precision} {other_settings}".lower()
+    if re.search(r"weight_dtype[ =:]*bfloat16|bfloat16 weights", words):
+        return "bfloat16"
+    return "float32" if "float32 weights" in words else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class StatedSettings:
     """A run's number format, FP8 scaling, FP8 weight gathers, CUDA graph scope and host offload, as it
@@ -66,6 +76,7 @@ class StatedSettings:
     fp8_parameters: bool
     cuda_graphs: str | None
     host_offload: bool
+    weight_dtype: str | None
 
     @classmethod
     def of(cls, training: dict) -> StatedSettings:
@@ -73,7 +84,7 @@ class StatedSettings:
         precision, other = training.get("precision") or "", training.get("other_settings") or ""
         return cls(precision=stated_precision(precision), fp8_recipe=stated_fp8_recipe(precision, other),
                    fp8_parameters=stated_fp8_parameters(other), cuda_graphs=stated_cuda_graphs(other),
-                   host_offload=stated_host_offload(other))
+                   host_offload=stated_host_offload(other), weight_dtype=stated_weight_dtype(precision, other))
 
 
 #: The words of a CUDA-graph scope that captures every kernel of the step (Megatron-Core's

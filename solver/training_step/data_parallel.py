@@ -130,11 +130,12 @@ class DataParallel:
         """The whole weights a device holds besides its shards with `full` sharding: those of the layer
         running and of the one prefetched (twice its largest layer's), or with
         `reshard_after_forward` false every weight of the stage, kept all step; in 16 bits, with
-        `fp8_parameters` too (a simplification: FSDP then gathers the 8-bit products' weights in FP8)."""
+        `fp8_parameters` too (a simplification: FSDP then gathers the 8-bit products' weights in FP8),
+        whatever `weight_dtype` keeps the shards in (`ModelState.gathered`)."""
         if not self.training.model_state.splits("weights"):
             return np.zeros_like(terms.parameters)
         whole = terms.parameters if not self.training.reshard_after_forward else 2.0 * terms.largest_parameters
-        return whole * self.training.model_state.weights
+        return whole * self.training.model_state.gathered
 
     def weight_bytes(self, terms: StageTerms, degree: int):
         """16-bit weights (their shards and what `full` sharding gathers), and in 8-bit training the
@@ -155,14 +156,16 @@ class DataParallel:
     def gathered_bytes(self, count, parameters, matrix_parameters):
         """Bytes an all-gather of `count` parameters' weights moves, of stages holding `parameters` of
         which `matrix_parameters` are read by 8-bit products: 16-bit weights, those in FP8 with
-        `fp8_parameters` (each class its proportional share of them: module docstring)."""
-        weights = count * self.training.model_state.weights
+        `fp8_parameters` (each class its proportional share of them: module docstring), whatever
+        `weight_dtype` keeps the shards in (`ModelState.gathered`)."""
+        gathered = self.training.model_state.gathered
+        weights = count * gathered
         if not self.narrow_gather:
             return weights
         share = np.divide(matrix_parameters, parameters, out=np.zeros_like(parameters, dtype=float),
                           where=np.asarray(parameters) > 0) if not np.isscalar(parameters) else (
             matrix_parameters / parameters if parameters > 0 else 0.0)
-        return weights - count * share * (self.training.model_state.weights - FP8_PARAMETER_GATHER_BYTES)
+        return weights - count * share * (gathered - FP8_PARAMETER_GATHER_BYTES)
 
     def static_bytes(self, terms: StageTerms, degree: int):
         """Weights, gradients and optimizer state per device of each stage, and the framework's
@@ -279,8 +282,12 @@ class DataParallel:
         return reduction + gather
 
     def optimizer_time(self, parameters, degree: int, expert_parameters=0.0):
-        """Reading and writing the device's optimizer state once at HBM bandwidth."""
-        return 2.0 * self.optimizer_state_bytes(parameters, degree, expert_parameters) / self.device.hbm_bandwidth
+        """Reading and writing the values the optimizer updates once at HBM bandwidth: its state, and the
+        weights themselves when that state holds no master copy (`weight_dtype` float32 or bfloat16)."""
+        updated = self.optimizer_state_bytes(parameters, degree, expert_parameters)
+        if not self.training.model_state.master_copy:
+            updated = updated + self.state_bytes("weights", parameters, degree, expert_parameters)
+        return 2.0 * updated / self.device.hbm_bandwidth
 
     def tail_time(self, parameters, degree: int, expert_parameters=0.0, matrix_parameters=0.0):
         """Sync and optimizer step of stages holding `parameters` per device, the sync not hidden:

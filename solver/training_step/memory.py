@@ -8,6 +8,15 @@ parameter held by the device:
           weights and two moments (12; 10 with the master weights as 16-bit remainders)
     sgd   16-bit weights (2) + 16-bit gradients (2), no optimizer state (the original's "2 copies")
 
+That is `weight_dtype` `mixed`. Frameworks that keep no master copy hold every kind of state in the
+weights' own dtype (`WEIGHT_DTYPES`): `float32` (MaxText's default weight_dtype; PyTorch FSDP2 with a
+MixedPrecisionPolicy of bf16 parameters) keeps fp32 weights (4), fp32 gradients (4) and, with Adam,
+two fp32 moments (8): optax's adamw keeps mu and nu in the parameters' dtype; `bfloat16` (MaxText's
+weight_dtype=bfloat16) the same in 2 bytes each (2 + 2 + 4). Either way the products read a 16-bit
+copy cast at use: what the weight all-gathers move and what `full` sharding holds whole is 2 bytes a
+parameter (`ModelState.gathered`; a simplification for `float32`: FSDP2 casts before its gather, and
+XLA is taken to do the same).
+
 Sharded data parallelism (`SHARDINGS`; ZeRO, Rajbhandari et al. 2020, stages 1-3) keeps 1/n of some
 kinds per device, n the shard group (the data-parallel replicas, with context parallelism the c·d
 ranks, or `data_parallel_shard_width` of them): `optimizer` the optimizer state (ZeRO-1, Megatron's
@@ -34,7 +43,9 @@ traced graph's split of each layer's saved tensors (`graph_extract.layergraph.La
     selective   without the attention core (re-run in the backward pass); with a fused attention
                 kernel the core keeps no s × s tensor, so selective keeps what none keeps
     full        only the layer's input (÷ t with sequence parallelism); during its backward the
-                layer's full activations are rebuilt: one layer's worth of working memory per stage
+                layer's full activations are rebuilt: one layer's worth of working memory per stage,
+                less the activations of the stage's later layers, whose backward ran and freed them
+                (the head's logits are gone before the last block is recomputed)
     modules     Megatron-Core's --recompute-granularity selective --recompute-modules, written
                 joined by '+' ("layernorm+moe_act"; `selective` is its default, core_attn): without
                 the saved tensors each recomputed module made (`graph_extract.RecomputedModule`;
@@ -72,6 +83,9 @@ OP_LEVEL_MODE = "selective_op"
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "framework_reserve")
 #: What the data-parallel replicas split among them (ZeRO stages 0-3), and the kinds each splits.
 SHARDINGS = ("none", "optimizer", "gradients", "full")
+#: The dtypes the weights are kept in between steps (module docstring): `mixed` = 16-bit weights with
+#: fp32 master weights in the optimizer state (Megatron-LM, NeMo, DeepSpeed).
+WEIGHT_DTYPES = ("mixed", "float32", "bfloat16")
 SHARDED_KINDS = {"none": (), "optimizer": ("optimizer_state",), "gradients": ("optimizer_state", "gradients"),
                  "full": ("optimizer_state", "gradients", "weights")}
 
@@ -95,19 +109,30 @@ def narrow_weight_bytes(kernels: KernelOptions, fp8_parameters: bool = False) ->
 
 @dataclass(frozen=True)
 class ModelState:
-    """Bytes per parameter of each kind of model state (weights, gradients, optimizer state) and which
-    kinds the data-parallel shard group splits (`sharding`, one of `SHARDINGS`)."""
+    """Bytes per parameter of each kind of model state (weights, gradients, optimizer state), which
+    kinds the data-parallel shard group splits (`sharding`, one of `SHARDINGS`), and the bytes of the
+    16-bit copy the products read (`gathered`: what weight all-gathers move), and whether the optimizer
+    state holds a master copy of the weights (`master_copy`; else the optimizer updates the weights)."""
 
     weights: float
     gradients: float
     optimizer_state: float
     sharding: str = "none"
+    gathered: float = WEIGHT_16BIT_BYTES
+    master_copy: bool = True  # the optimizer state holds the weights' master copy (else it updates the weights)
 
     @classmethod
-    def of(cls, optimizer: str, sharding: str = "none", gradients_in_16bit: bool = False, remainders: bool = False
-           ) -> ModelState:
+    def of(cls, optimizer: str, sharding: str = "none", gradients_in_16bit: bool = False, remainders: bool = False,
+           weight_dtype: str = "mixed") -> ModelState:
+        """The state of `optimizer` with its weights kept in `weight_dtype` (module docstring; the
+        16-bit gradients and remainders apply to `mixed` only)."""
         choice("optimizer", optimizer, OPTIMIZERS)
         choice("data_parallel_sharding", sharding, SHARDINGS)
+        choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
+        moments = 2.0 if optimizer == "adam" else 0.0
+        if weight_dtype != "mixed":
+            size = 4.0 if weight_dtype == "float32" else 2.0
+            return cls(size, size, moments * size, sharding, master_copy=False)
         weights, gradients, state = {"adam": (2.0, 2.0 if gradients_in_16bit else 4.0, 10.0 if remainders else 12.0),
                                      "sgd": (2.0, 2.0, 0.0)}[optimizer]
         return cls(weights, gradients, state, sharding)

@@ -217,8 +217,9 @@ class TrainingStep:
         return functools.reduce(operator.add, (getattr(terms, name) for name in BUSY_TERMS))
 
     def activation_bytes(self, terms: StageTerms, micro_batches_in_flight) -> np.ndarray:
-        """Activation bytes per device: those kept per micro-batch in flight, the working memory of a
-        recomputed layer, and with `activation_offload` the blocks in transfer (`offload.buffered_bytes`)."""
+        """Activation bytes per device: those kept per micro-batch in flight, what a recomputed layer's
+        working memory adds beyond the later layers' activations freed before it (`stages.recompute_peak`),
+        and with `activation_offload` the blocks in transfer (`offload.buffered_bytes`)."""
         held = micro_batches_in_flight * terms.held_activations + terms.working_activations
         return held + buffered_bytes(terms.largest_offloaded) if self.training.offloads_activations else held
 

@@ -53,6 +53,11 @@ search and every cache key read.
   --fp8-param-gather, NeMo's fp8_params; the fp32 master weights stay in the optimizer state), and
   the sharded optimizer's or FSDP's all-gather of them moves `FP8_PARAMETER_GATHER_BYTES` a
   parameter instead of the 16-bit weight's 2; the gradients are reduced in their own dtype;
+* `weight_dtype`: what the weights are kept in between steps (`memory.WEIGHT_DTYPES`): `mixed`
+  (16-bit weights, fp32 master weights in the optimizer state: Megatron-LM, NeMo, DeepSpeed),
+  `float32` or `bfloat16` (every kind of state in that dtype, no master copy: MaxText's
+  weight_dtype, whose default is float32; PyTorch FSDP2 keeps fp32 parameters); `grad_reduce_in_bf16`
+  and `master_weight_remainders` apply to `mixed` only;
 * `expert_dispatch`: how a mixture's tokens reach their experts: `all_to_all` (each of a token's k
   copies sent to its expert's device: Megatron's alltoall dispatcher) or `deduplicated` (one copy a
   destination node over the scale-out links, forwarded inside the node: DeepEP, Megatron's flex
@@ -88,7 +93,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from phaze_common.checks import InputError, boolean, choice, non_negative_number, positive_integer
-from solver.training_step.memory import OPTIMIZERS, SHARDINGS, ModelState
+from solver.training_step.memory import OPTIMIZERS, SHARDINGS, WEIGHT_DTYPES, ModelState
 
 
 #: Streaming multiprocessors an overlapped expert dispatch holds unless told (Megatron's
@@ -182,6 +187,7 @@ class TrainingOptions:
     sharded_collectives: str = "prefetched_layers"
     fp8_parameters: bool = False
     activation_offload: str = "none"
+    weight_dtype: str = "mixed"
 
     def __post_init__(self) -> None:
         choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -201,6 +207,11 @@ class TrainingOptions:
         boolean("overlap_expert_dispatch", self.overlap_expert_dispatch)
         boolean("fp8_parameters", self.fp8_parameters)
         choice("activation_offload", self.activation_offload, ACTIVATION_OFFLOADS)
+        choice("weight_dtype", self.weight_dtype, WEIGHT_DTYPES)
+        for name in ("grad_reduce_in_bf16", "master_weight_remainders", "fp8_parameters"):
+            if getattr(self, name) and self.weight_dtype != "mixed":
+                raise InputError(f"{name}: applies to weight_dtype=mixed (a master copy beside 16-bit weights), not "
+                                 f"{self.weight_dtype}; allowed here: false")
         share = self.expert_dispatch_compute_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
             raise InputError(f"expert_dispatch_compute_share: {share!r}; allowed: a number in [0, 1)")
@@ -231,7 +242,7 @@ class TrainingOptions:
     @cached_property
     def model_state(self) -> ModelState:
         return ModelState.of(self.optimizer, self.data_parallel_sharding, self.grad_reduce_in_bf16,
-                             self.master_weight_remainders)
+                             self.master_weight_remainders, self.weight_dtype)
 
     @property
     def offloads_activations(self) -> bool:
@@ -239,9 +250,11 @@ class TrainingOptions:
         return self.activation_offload != "none"
 
     def record(self) -> dict:
-        """The options as plain data (results, cache keys): `activation_offload` only when on (the
-        keys of the options before it was a field)."""
+        """The options as plain data (results, cache keys): `activation_offload` and `weight_dtype`
+        only when not their defaults (the keys of the options before they were fields)."""
         fields = dataclasses.asdict(self)
         if not self.offloads_activations:
             del fields["activation_offload"]
+        if self.weight_dtype == "mixed":
+            del fields["weight_dtype"]
         return fields

@@ -158,7 +158,7 @@ class StageTerms:
     matrix_parameters: np.ndarray  # of `parameters`, those FP8 products read
     held_activations: np.ndarray  # bytes per micro-batch in flight
     offloaded_activations: np.ndarray  # bytes per micro-batch copied to host memory and back (`activation_offload`)
-    working_activations: np.ndarray  # bytes while a layer is recomputed
+    working_activations: np.ndarray  # bytes a recomputed layer adds at its peak (`stages.recompute_peak`)
     largest_parameters: np.ndarray  # the parameters of the stage's largest layer (what `full` sharding gathers at once)
     largest_offloaded: np.ndarray  # the offloaded bytes of the stage's largest offloaded block (one micro-batch's)
     gathers: np.ndarray  # the gathers `blocking_tensors` sharding issues a pass (`TrainingOptions.sharded_collectives`)

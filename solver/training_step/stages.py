@@ -126,10 +126,23 @@ def stage_terms(graph: StepGraph, values: dict[str, np.ndarray], summed: np.ndar
     terms = dict(zip(SUMMED_TERMS, ordered_sum(members, summed, shape)))
     for first, second, shared in graph.tied:
         terms["parameters"] = terms["parameters"] - np.where(members[first] & members[second], shared, 0.0)
-    largest = ordered_reduce(members, np.array([values["working"], values["parameters"], values["offloaded"]], float),
-                             np.maximum, shape)
+    largest = ordered_reduce(members, np.array([values["parameters"], values["offloaded"]], float), np.maximum, shape)
     return StageTerms(**terms, transfer_bytes=transfer_bytes, transfer_messages=messages,
-                      working_activations=largest[0], largest_parameters=largest[1], largest_offloaded=largest[2])
+                      working_activations=recompute_peak(members, values["held"], values["working"]),
+                      largest_parameters=largest[0], largest_offloaded=largest[1])
+
+
+def recompute_peak(members: np.ndarray, held: np.ndarray, working: np.ndarray) -> np.ndarray:
+    """Per stage of `members[v, k]`: the bytes a recomputed layer's working memory adds to the stage's
+    held activations `held` at the peak of a micro-batch's backward pass: the largest over its layers
+    i of working_i less what the stage's later layers held, freed by then (their backward ran first:
+    the head's logits are gone before the last block is recomputed), at least 0. The held sums run in
+    position order (a cumulative sum: the same total as `ordered_sum`)."""
+    before = np.cumsum(np.where(members, np.asarray(held, float)[:, None], 0.0), axis=0)  # held of positions ≤ v
+    if not len(before):
+        return np.zeros(members.shape[1])
+    peak = np.where(members, np.asarray(working, float)[:, None] + before, -np.inf).max(axis=0)
+    return np.maximum(peak - before[-1], 0.0)
 
 
 def chunk_members(count: int, chunks: tuple[tuple[int, ...], ...]) -> np.ndarray:
