@@ -130,18 +130,19 @@ def test_replicated_compute_when_compute_is_cheap():
     assert set(plan.readable().values()) == {"replicated"}
 
 
-def _mlp_chain_costs(batch: int, hidden: int, n: int) -> tuple[float, set[str]]:
+def _mlp_chain_costs(batch: int, hidden: int, n: int, gamma: float = 0.0) -> tuple[float, set[str]]:
     """Hand prices of a chain of column (c: split n) and row (r: split k) products, with the ReLU in
     between following its product (reading a Partial output whole) and boundaries `replicated`; A =
     activation bytes b·h. Layer 1 input: c returns a Partial gradient, AR(A); r a Shard one, AG(A).
     Last output: r is Partial, AR(A); c is Shard, AG(A). Between layers: c->r nothing; r->c the
     row's all-reduce forward and the column's input gradient all-reduce backward, 2·AR(A); c->c
     AG(A) forward and RS(A) backward; r->r AR(A) forward (the ReLU reads it whole) and AG(A)
-    backward. Returns the least total over {c, r}^6 and its arguments."""
+    backward. Each collective also costs `gamma` once. Returns the least total over {c, r}^6 and its
+    arguments."""
     a = batch * hidden
-    first = {"c": ar(n, a), "r": ag(n, a)}
-    last = {"r": ar(n, a), "c": ag(n, a)}
-    step = {"cr": 0.0, "rc": 2 * ar(n, a), "cc": 2 * ag(n, a), "rr": ar(n, a) + ag(n, a)}
+    first = {"c": ar(n, a) + gamma, "r": ag(n, a) + gamma}
+    last = {"r": ar(n, a) + gamma, "c": ag(n, a) + gamma}
+    step = {"cr": 0.0, "rc": 2 * (ar(n, a) + gamma), "cc": 2 * (ag(n, a) + gamma), "rr": ar(n, a) + ag(n, a) + 2 * gamma}
     totals = {"".join(s): first[s[0]] + last[s[-1]] + sum(step[s[i] + s[i + 1]] for i in range(5))
               for s in itertools.product("cr", repeat=6)}
     best = min(totals.values())
@@ -169,6 +170,18 @@ def test_mlp_small_batch_is_tensor_parallel():
         if i < 6:
             megatron[f"relu{i}"] = Strategy(splits=("n" if i % 2 else None,))
     assert CostModel(graph, MESH4, CostSettings()).evaluate(megatron).total == pytest.approx(best)
+
+
+def test_mlp_small_batch_alternates_once_a_call_has_a_cost():
+    """The same MLP with γ = 1 a collective call (NCCL's base latency): Megatron's c r c r c r makes
+    6 calls, the chains tied with it at γ = 0 more (c c c c c r: 10), so the alternation is the one
+    optimum, 6·(AR(8192) + 1) = 73770."""
+    graph = mlp(6, 32, 256, boundary="replicated")
+    plan = solve(graph, DeviceMesh.alpha_beta({"x": 4}, 1.0, 1.0, gamma=1.0))
+    best, chains = _mlp_chain_costs(32, 256, 4, gamma=1.0)
+    assert chains == {"crcrcr"}
+    assert plan.objective == pytest.approx(best) == pytest.approx(6 * (ar(4, 32 * 256) + 1)) == pytest.approx(73770)
+    assert "".join({"n": "c", "k": "r"}[plan.readable()[f"linear{i}"]["x"]] for i in range(1, 7)) == "crcrcr"
 
 
 BERT = dict(batch=8, seq=128, hidden=1024, heads=16, ffn=4096)

@@ -147,6 +147,13 @@ RECIPES = {
             "Nemotron-340B": ModelRecipe(_shape(96, 18432, 96, 256000, kv_heads=8), NEMOTRON_FAMILY,
                                          recompute="selective"),
         }),
+    "Megatron-Bridge / NeMo 25.09": Recipe(
+        "none", True, _MEGATRON_BRIDGE_TRAINING,
+        "Megatron-Bridge @ fa0315ae2684693a666be9d247adf9baf1e30028 (the 25.09 table): scripts/performance/"
+        "configs/{llama3,llama31}/*_llm_pretrain.yaml (no recompute, grad_reduce_in_fp32 false), "
+        "scripts/performance/utils/helpers.py (sequence parallel = TP > 1, tp_comm_overlap userbuffers "
+        "configs), src/megatron/bridge/recipes/llama/llama3.py (use_distributed_optimizer, overlap_grad_reduce, "
+        "overlap_param_gather)"),
     "Megatron-Bridge / NeMo 25.11": Recipe(
         "none", True, _MEGATRON_BRIDGE_TRAINING,
         "Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py (llama3_70b_pretrain_config): "

@@ -9,7 +9,11 @@ shards along the other axes):
 
 - all-reduce (ring: a reduce-scatter then an all-gather): 2(n−1)·α + 2(n−1)/n · B·β;
 - all-gather and reduce-scatter: (n−1)·α + (n−1)/n · B·β;
-- all-to-all (pairwise exchange: each device sends (n−1)/n of its B/n share): (n−1)·α + (n−1)/n² · B·β.
+- all-to-all (pairwise exchange: each device sends (n−1)/n of its B/n share): (n−1)·α + (n−1)/n² · B·β;
+
+each plus γ, the fixed cost of one collective call (NCCL's tuning model charges a base latency per
+call beside its per-step latency: src/graph/tuning.cc, baseLat), so one all-reduce costs γ less than
+the reduce-scatter and all-gather it equals in steps and bytes.
 
 Source: Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in
 MPICH", IJHPCA 19(1), 2005 (ring all-gather, reduce-scatter and all-reduce; pairwise all-to-all);
@@ -51,26 +55,34 @@ class AlphaBeta:
     devices: int
     alpha: float
     beta: float
+    gamma: float = 0.0
 
     def __post_init__(self) -> None:
         positive_integer("devices", self.devices)
         non_negative_number("alpha", self.alpha)
         non_negative_number("beta", self.beta)
+        non_negative_number("gamma", self.gamma)
+
+    def _ring(self, steps: float, share: float, full_bytes: float) -> float:
+        """γ + steps·α + share·B·β; nothing among one device."""
+        if self.devices == 1:
+            return 0.0
+        return self.gamma + steps * self.alpha + share * full_bytes * self.beta
 
     def all_reduce(self, full_bytes: float) -> float:
         n = self.devices
-        return 2 * (n - 1) * self.alpha + 2 * (n - 1) / n * full_bytes * self.beta
+        return self._ring(2 * (n - 1), 2 * (n - 1) / n, full_bytes)
 
     def all_gather(self, full_bytes: float) -> float:
         n = self.devices
-        return (n - 1) * self.alpha + (n - 1) / n * full_bytes * self.beta
+        return self._ring(n - 1, (n - 1) / n, full_bytes)
 
     def reduce_scatter(self, full_bytes: float) -> float:
         return self.all_gather(full_bytes)
 
     def all_to_all(self, full_bytes: float) -> float:
         n = self.devices
-        return (n - 1) * self.alpha + (n - 1) / n**2 * full_bytes * self.beta
+        return self._ring(n - 1, (n - 1) / n**2, full_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,14 +117,16 @@ class DeviceMesh:
 
     @classmethod
     def alpha_beta(cls, sizes: dict[str, int], alpha: float | dict[str, float],
-                   beta: float | dict[str, float]) -> DeviceMesh:
-        """A mesh of ring collectives: `sizes` axis name -> devices; α, β one number or one per axis."""
+                   beta: float | dict[str, float], gamma: float = 0.0) -> DeviceMesh:
+        """A mesh of ring collectives: `sizes` axis name -> devices; α, β one number or one per axis,
+        γ (a call's fixed cost) one for all."""
         def per_axis(value: float | dict[str, float], name: str) -> float:
             return value[name] if isinstance(value, dict) else value
 
         return cls(axes=tuple(
             MeshAxis(name=name, size=size,
-                     collectives=AlphaBeta(devices=size, alpha=per_axis(alpha, name), beta=per_axis(beta, name)))
+                     collectives=AlphaBeta(devices=size, alpha=per_axis(alpha, name), beta=per_axis(beta, name),
+                                           gamma=gamma))
             for name, size in sizes.items()))
 
     @property
