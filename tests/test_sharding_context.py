@@ -278,6 +278,10 @@ def test_blocking_tensors_by_hand():
     fsdp = price(blocking_step("prefetched_layers", "full"))
     assert fsdp.breakdown["sharded_data_parallel"] == pytest.approx(
         2 * ((0.12 + latency - 0.1) + (0.36 + 2 * latency - 0.3)), rel=1e-12)
+    # memory: the weight shards (2e9 parameters · 2 bytes / 4) and whole layers of 1e9 parameters in
+    # 16 bits: the running one only with blocking gathers, the running and the prefetched with FSDP
+    assert plain.memory[0]["weights"] == pytest.approx(1e9 + 1e9 * 2, rel=1e-12)
+    assert fsdp.memory[0]["weights"] == pytest.approx(1e9 + 2 * 1e9 * 2, rel=1e-12)
 
 
 def test_deepspeeds_fetch_time_reproduces_its_measurement():
