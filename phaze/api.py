@@ -236,7 +236,7 @@ def run_prediction(settings: Settings) -> Prediction:
 def predict(model: str | ModelSpec = "bertlarge", **keys: object) -> Prediction:
     """One training step of a layout on a chip that exists (module docstring): a `Prediction` with
     `time_per_batch_s`, `breakdown_s`, `memory_bytes` (the busiest device's, by kind), `tokens_per_s`,
-    `mfu`, `fits` and `reason`."""
+    `mfu`, `fits`, `reason` and `group_tiers` (the tier each parallel group's slowest link is on)."""
     return run_prediction(settings("predict", model, **keys))
 
 

@@ -38,6 +38,7 @@ class Prediction:
     hardware_flops_per_batch: float
     mfu: float
     hardware_flops_per_s_per_device: float
+    group_tiers: dict[str, str]  # each parallel group's slowest tier by name ("none": a group of one)
 
     @property
     def layout(self) -> Layout:
@@ -145,6 +146,7 @@ def prediction(question: Question, axes: Axes, step: TrainingStep, placement: Pl
         hardware_flops_per_batch=hardware,
         mfu=model / time / (chip.peak_flops * devices),
         hardware_flops_per_s_per_device=hardware / time / devices,
+        group_tiers=question.cluster.spans(placement.layout.groups()),
     )
 
 

@@ -36,6 +36,11 @@ def test_predict_gives_what_the_command_gives(keys, tmp_path):
     assert (prediction.tokens_per_s, prediction.mfu, prediction.fits) == (record["tokens_per_s"], record["mfu"], True)
     assert sum(prediction.breakdown_s.values()) == pytest.approx(prediction.time_per_batch_s, rel=1e-12)
     assert prediction.layout.text() == "t=2 p=2 d=4 v=1" and prediction.reason is None
+    assert prediction.group_tiers == record["group_tiers"]
+    # Megatron's rank order on 2 DGX A100 of 8: t = 2 (ranks 0-1) and d = 4 at stride 2 (0, 2, 4, 6)
+    # inside a node's NVLink, p = 2 at stride 8 across the nodes
+    assert [prediction.group_tiers[name] for name in ("tensor", "data", "pipeline")] == [
+        "nvlink3", "nvlink3", "infiniband_hdr"]
 
 
 def test_a_model_spec_is_a_model(keys):

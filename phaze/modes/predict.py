@@ -64,7 +64,7 @@ def prediction_record(settings: Settings, prediction: Prediction, extracted: Ext
         "hidden_s": prediction.step.hidden,
         "memory_bytes": prediction.memory_bytes,
         "most_loaded_stage": prediction.busiest_device,
-        "group_tiers": question.cluster.spans(layout.groups()),
+        "group_tiers": prediction.group_tiers,
         "stages": [
             {"layers": list(placement.device_layers(device)), "devices": layout.tensor_parallel_width,
              "parameters": parameters, "memory_bytes": memory}
