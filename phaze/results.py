@@ -41,12 +41,14 @@ def accelerator_record(accelerator: AcceleratorConfig | KnownChip, index: int) -
 
 
 def question_record(question: Question) -> dict:
-    """What a result states of the question besides the model: the cluster and how it trains."""
+    """What a result states of the question besides the model: the cluster and how it trains (the
+    precision options and the offload and weight dtype written at their defaults too)."""
     return {
         "system": {"name": question.cluster.name, "step_model": question.step_model,
                    "tiers": [tier.to_dict() for tier in question.cluster.tiers]},
         **question.training.record(),
         **question.kernels.record(),
+        "fp8_recipe": question.kernels.fp8_recipe,
         "cuda_graphs": question.kernels.cuda_graphs,
         "activation_offload": question.training.activation_offload,
         "weight_dtype": question.training.weight_dtype,
