@@ -261,3 +261,35 @@ def test_an_attention_kernel_is_split_on_its_heads(width):
     with pytest.raises(InputError, match=r"^plan: aten.scaled_dot_product_attention.default at model.stack.0.mixer: "
                                          r"an operator on S\(1\), S\(1\), S\(1\) inputs"):
         apply_plan(graph, plan, width)
+
+
+def test_a_transformers_model_is_searched_and_verified(tmp_path):
+    """Qwen2.5's config.json cut to a tiny size, built by transformers (biases on q, k, v, its own
+    RMSNorm and rotary positions, its attention kernel as exported): the search gives the derived
+    (Megatron's) styles and its two ranks compute the model's losses."""
+    import json
+    from pathlib import Path
+
+    from graph_extract import hf
+    from graph_extract.factory import find_blocks, model_inputs
+
+    config = json.loads((Path(__file__).parent / "data" / "hf_configs" / "Qwen2.5-7B" / "config.json").read_text())
+    config.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8, vocab_size=256,
+                  max_position_embeddings=64, head_dim=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  num_key_value_heads=4)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    torch.manual_seed(0)
+    model = hf.build_real(str(path)).eval()
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randint(0, 256, tuple(value.shape), generator=generator)
+              for name, value in model_inputs(model, MICRO_BATCH_SIZE, SEQUENCE).items()}
+    blocks = find_blocks(model)
+    graph = export(model, inputs)
+    plan, _ = search_plan(graph, blocks, 2, SLOW)
+    derived = derived_plan(graph, blocks)
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")
+    assert [plan.style(f"{blocks}.1.{name}") for name in names] == [
+        derived.style(f"{blocks}.0.{name}") for name in names] == [COLWISE] * 3 + [ROWWISE] + [COLWISE] * 2 + [ROWWISE]
+    assert verified(plan, model, inputs, 2)
