@@ -1,0 +1,205 @@
+"""The tensor-parallel plan of an exported model's transformer block, searched by the sharding ILP and
+returned as a `graph_extract.plan.Plan` the plan pass (`graph_extract.plan_pass.apply_plan`) accepts.
+
+The first block's nodes become a `ShardingGraph` (`export_graph.block_graph`).
+
+The search is restricted to what the plan pass can express (PyTorch's `ColwiseParallel` and
+`RowwiseParallel`): the mesh has one axis of the t tensor-parallel ranks whose all-reduces are ring
+all-reduces (`AlphaBeta`: a link's bandwidth and latency), and whose all-gathers, reduce-scatters and
+all-to-alls, which the plan pass never inserts, are priced above the all-replicated plan (so the
+optimum pays none); the block's input and output are `replicated` (the residual stream between
+blocks); products may be computed whole (`replicated_compute`), each FLOP priced at one over the
+chip's rate times its efficiency. The ILP prices each read's gradient conversion on its own, so q, k
+and v reading one normed input pay three backward all-reduces where the plan pass inserts one copy
+(Megatron's `copy_to_tensor_parallel_region`) per tensor and module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+
+from phaze_common.checks import InputError, positive_integer, positive_number
+from graph_extract.plan import COLWISE, ROWWISE, Plan, derived_plan
+from graph_extract.plan_pass import apply_plan
+from graph_extract.export import export
+from graph_extract.verify import run_shards_in_lockstep
+
+from .costs import CostModel
+from .export_graph import BlockGraph, block_graph
+from .ilp import ShardingPlan, solve
+from .mesh import AlphaBeta, DeviceMesh, MeshAxis
+from .resharding import REPLICATE
+from .shrink import follow
+from .strategies import CostSettings, Strategy
+
+#: The tensor-parallel mesh axis.
+AXIS = "tensor"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanPassCollectives:
+    """The tensor-parallel axis as the plan pass uses it: all-reduces priced by `ring`; a conversion it
+    never inserts (all-gather, reduce-scatter, all-to-all) costs `refused` seconds."""
+
+    ring: AlphaBeta
+    refused: float
+
+    def all_reduce(self, full_bytes: float) -> float:
+        return self.ring.all_reduce(full_bytes)
+
+    def _refused(self) -> float:
+        return self.refused if self.ring.devices > 1 else 0.0
+
+    def all_gather(self, full_bytes: float) -> float:
+        return self._refused()
+
+    def reduce_scatter(self, full_bytes: float) -> float:
+        return self._refused()
+
+    def all_to_all(self, full_bytes: float) -> float:
+        return self._refused()
+
+
+def tensor_parallel_mesh(width: int, link_bandwidth: float = 450e9, link_latency: float = 3.4e-6,
+                         refused: float = 1.0) -> DeviceMesh:
+    """One axis of `width` ranks: ring all-reduces over links of `link_bandwidth` [bytes/s] and
+    `link_latency` [s] a step (defaults: NVLink 4, 450 GB/s a direction; 3.4 µs), other collectives
+    `refused` seconds."""
+    positive_integer("width", width)
+    positive_number("link_bandwidth", link_bandwidth, "bytes/s")
+    ring = AlphaBeta(devices=width, alpha=link_latency, beta=1.0 / link_bandwidth)
+    return DeviceMesh(axes=(MeshAxis(name=AXIS, size=width, collectives=PlanPassCollectives(ring=ring,
+                                                                                            refused=refused)),))
+
+
+def cost_settings(chip_flops: float = 400e12, efficiency: float = 0.5) -> CostSettings:
+    """Replicated compute allowed, a FLOP at 1 / (chip_flops · efficiency) seconds."""
+    positive_number("chip_flops", chip_flops, "FLOP/s")
+    positive_number("efficiency", efficiency, "", maximum=1.0)
+    return CostSettings(seconds_per_flop=1.0 / (chip_flops * efficiency), replicated_compute=True)
+
+
+# --- plans --------------------------------------------------------------------------------------
+
+def _pattern(block: BlockGraph, module_path: str) -> str:
+    return f"{block.blocks}.*.{module_path.removeprefix(f'{block.blocks}.0.')}"
+
+
+def block_styles(block: BlockGraph, strategies: Mapping[str, Strategy]) -> dict[str, str]:
+    """Module pattern (the block index a wildcard) -> style of each split weight product."""
+    found: dict[str, str] = {}
+    for op, path in block.products.items():
+        dim = strategies[op].splits[0]
+        if dim is None:
+            continue
+        style = COLWISE if dim == block.out_dims[op] else ROWWISE
+        pattern = _pattern(block, path)
+        if found.setdefault(pattern, style) != style:
+            raise InputError(f"plan search: {path}: its products split both {COLWISE} and {ROWWISE}")
+    return found
+
+
+def plan_strategies(block: BlockGraph, plan: Plan, model: CostModel) -> dict[str, Strategy]:
+    """Each operator's strategy under `plan`: a weight product's by its style, any other operator's
+    the split of its first operand written by an operator (Replicate for the block's input)."""
+    chosen: dict[str, Strategy] = {}
+    graph = block.graph
+    for v, op in enumerate(graph.ops):
+        if op.name in block.products:
+            style = plan.style(block.products[op.name])
+            dim = None if style is None else block.out_dims[op.name] if style == COLWISE else block.in_dims[op.name]
+            wanted = Strategy(splits=(dim,))
+            if wanted not in model.strategies[v]:
+                raise InputError(f"plan: {block.products[op.name]}: {style} does not split at this width")
+            chosen[op.name] = wanted
+            continue
+        written = [(operand, graph.producer[operand.tensor]) for operand in op.inputs if operand.tensor in graph.producer]
+        if written:
+            operand, u = written[0]
+            output = model.cost(u, model.strategies[u].index(chosen[graph.ops[u].name])).output
+        else:
+            operand, output = op.inputs[0], (REPLICATE,)
+        chosen[op.name] = model.strategies[v][follow(model.strategies[v], operand.dims, output)]
+    return chosen
+
+
+def _outside_entries(module: fx.GraphModule, blocks: str) -> tuple[tuple[str, str], ...]:
+    """`derived_plan`'s entries outside the blocks: the vocabulary-parallel embedding and output projection."""
+    return tuple((pattern, style) for pattern, style in derived_plan(module, blocks).styles
+                 if not pattern.startswith(f"{blocks}."))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSettings:
+    """The prices of the search: the chip's rate [FLOP/s] and efficiency, the link's bandwidth
+    [bytes/s] and latency per ring step [s] (defaults: an H100's dense bf16 rate at half, NVLink 4),
+    the element size [bytes] and the ILP's time limit [s]."""
+
+    chip_flops: float = 400e12
+    efficiency: float = 0.5
+    link_bandwidth: float = 450e9
+    link_latency: float = 3.4e-6
+    element_bytes: int = 2
+    time_limit: float = 10.0
+
+
+def search_model(block: BlockGraph, width: int, search: SearchSettings = SearchSettings()
+                 ) -> tuple[DeviceMesh, CostSettings]:
+    """The mesh and prices of the search, a refused collective costing twice the all-replicated
+    plan (so that any plan paying one is worse than that plan, which needs no collective)."""
+    settings = cost_settings(search.chip_flops, search.efficiency)
+    probe = CostModel(block.graph, tensor_parallel_mesh(width, search.link_bandwidth, search.link_latency), settings)
+    replicated = probe.evaluate({op.name: Strategy(splits=(None,)) for op in block.graph.ops}).total
+    return tensor_parallel_mesh(width, search.link_bandwidth, search.link_latency, 2 * replicated or 1.0), settings
+
+
+def search_plan(module: fx.GraphModule, blocks: str, width: int, search: SearchSettings = SearchSettings()
+                ) -> tuple[Plan, ShardingPlan]:
+    """The plan of least time per step of the blocks of an exported graph at `width` ranks: the ILP's
+    styles for the first block's weight products (a wildcard for the block index), then the
+    embedding's and output projection's of `derived_plan`; with the ILP's result."""
+    block = block_graph(module, blocks, width, search.element_bytes)
+    mesh, settings = search_model(block, width, search)
+    result = solve(block.graph, mesh, settings, time_limit=search.time_limit)
+    if result.status == "infeasible":
+        raise InputError(f"plan search: no plan of {blocks}.0 at width {width}")
+    styles = block_styles(block, result.strategies)
+    return Plan(styles=(*styles.items(), *_outside_entries(module, blocks))), result
+
+
+# --- verification -------------------------------------------------------------------------------
+
+def rank_graphs(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan, width: int
+                ) -> list[fx.GraphModule]:
+    """The `width` ranks' graphs of `model` (real weights) under `plan`, their parameters the ranks' shares."""
+    graph = export(model, inputs)
+    values = {**dict(graph.named_parameters(remove_duplicate=False)),
+              **dict(graph.named_buffers(remove_duplicate=False))}
+    return [apply_plan(graph, plan, width, rank, values) for rank in range(width)]
+
+
+def agrees(model: nn.Module, inputs: Mapping[str, torch.Tensor], ranks: Sequence[fx.GraphModule],
+           tolerance: float = 1e-4) -> bool:
+    """Whether the ranks' graphs run in lockstep (`graph_extract.verify`) give `model(**inputs)`'s outputs
+    to within `tolerance`."""
+    with torch.no_grad():
+        expected = model(**inputs)
+        got = run_shards_in_lockstep(list(ranks), list(inputs.values()))
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    for outputs in got:
+        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        if len(outputs) != len(expected) or any(
+                a.shape != b.shape or not (a - b).abs().max().item() < tolerance for a, b in zip(outputs, expected)):
+            return False
+    return True
+
+
+def verified(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor], width: int,
+             tolerance: float = 1e-4) -> bool:
+    """Whether `plan`'s `width` ranks, run in lockstep on `model`'s real (small) weights, compute the
+    unsharded model's outputs."""
+    return agrees(model, inputs, rank_graphs(model, inputs, plan, width), tolerance)
