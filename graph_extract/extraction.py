@@ -265,10 +265,20 @@ def _export(reference: str, digest: str, micro_batch_size: int, sequence_length:
 def _extracted(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequence_length: int, width: int,
                model: torch.nn.Module, module: torch.fx.GraphModule, blocks: str, built_width: int) -> ExtractedModel:
     """The graphs of rank 0's module `module` at `width`, the blocks beyond the traced ones copied;
-    `model` is the module built at `built_width` (1: unsharded) whose parameters are counted."""
+    `model` is the module built at `built_width` (1: unsharded) whose parameters are counted. A
+    module without blocks (`blocks` is `factory.NO_BLOCKS`) has its operators cut into at most
+    spec.num_layers layers (`graph_extract.operator_layers`)."""
+    from graph_extract.factory import NO_BLOCKS
+    from graph_extract.operator_layers import operator_layers  # OR-Tools: loaded when tracing
     from graph_extract.trace import to_op_graph
 
     op_graph = to_op_graph(module, traced.num_layers, width, blocks)
+    if blocks == NO_BLOCKS:  # every operator in layer 0: the operator groups are the layers
+        op_graph, layer_graph = operator_layers(op_graph, spec.num_layers)
+        count = parameter_count(model, built_width)
+        return ExtractedModel(spec, micro_batch_size, sequence_length, width, op_graph, layer_graph,
+                              find_repeat_groups(op_graph), count, sum(weight_sizes(op_graph.nodes).values()),
+                              count - _skipped_expert_parameters(spec, layer_graph))
     layer_graph = _named_layers(build_layer_graph(op_graph, TRAINING_DTYPE_BYTES), traced.num_layers)
     groups = find_repeat_groups(op_graph)
     count, per_device = parameter_count(model, built_width), sum(weight_sizes(op_graph.nodes).values())

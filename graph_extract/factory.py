@@ -16,10 +16,15 @@ Layers come from the module tree: the transformer blocks are the children of the
 `nn.ModuleList` whose children are all of one class (the longest, if there are several). What the
 forward computes before the first block is layer 0 (the embedding), after the last block the head
 (L + 1). Blocks of one class are traced twice and the last is copied, as for the zoo's models.
+A module without such a list (a straight line or a branching graph of operators) is traced whole
+and its operators cut into at most num_layers layers (`graph_extract.operator_layers`; num_layers
+is `OPERATOR_LAYERS` unless overridden); it is traced at tensor-parallel width 1 only (num_heads 1:
+phaze's tensor-parallel split follows the blocks' structure).
 
 The ModelSpec facts the rest of phaze needs (see `factory_spec`): the block count from the
-ModuleList; vocabulary and hidden size from the largest token embedding table; the rest from the
-module's `config` attribute (an object or a dict, Hugging Face names).
+ModuleList (without one: the operator layers asked for); vocabulary and hidden size from the
+largest token embedding table; the rest from the module's `config` attribute (an object or a
+dict, Hugging Face names).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch
 from torch import nn
 
 from graph_extract import hf
+from graph_extract.operator_layers import OPERATOR_LAYERS
 from graph_extract.parallel import VocabParallelEmbedding
 from graph_extract.zoo import ModelSpec
 
@@ -209,6 +215,18 @@ def call_factory(reference: str, sequence_length: int, width: int = 1, rank: int
     return model
 
 
+#: The blocks' path of a module without a list of blocks: no operator's module path starts with
+#: "." (`graph_extract.trace._layer_of`), so every operator is in layer 0.
+NO_BLOCKS = ""
+
+
+def block_list(model: nn.Module) -> str | None:
+    """`find_blocks`, or None when the module has no ModuleList whose children are all of one class."""
+    lists = [path for path, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module)
+             and len({type(child) for child in module}) == 1]
+    return find_blocks(model) if lists else None
+
+
 def find_blocks(model: nn.Module) -> str:
     """Path of the blocks' ModuleList: of the outermost ModuleLists whose children are all of one
     class, the longest; ValueError if there is none or two are longest."""
@@ -237,12 +255,15 @@ def _check_blocks_alike(model: nn.Module, blocks: str) -> None:
 
 
 def build(reference: str, sequence_length: int, width: int, blocks: int) -> tuple[nn.Module, str]:
-    """The factory's rank-0 model at `width` cut to its first `blocks` blocks, and the blocks' path."""
+    """The factory's rank-0 model at `width` cut to its first `blocks` blocks, and the blocks' path
+    (a module without a block list: whole, and `NO_BLOCKS`)."""
     if hf.is_config_file(reference):
         model = hf.build(source_file(reference), blocks)
         return model, find_blocks(model)
     model = call_factory(reference, sequence_length, width)
-    path = find_blocks(model)
+    path = block_list(model)
+    if path is None:
+        return model, NO_BLOCKS
     built = model.get_submodule(path)
     if len(built) < blocks:
         raise ValueError(f"num_layers: the factory builds {len(built)} block(s), {blocks} are traced")
@@ -303,16 +324,21 @@ def factory_spec(reference: str) -> ModelSpec:
     when it is not hidden / heads; num_experts and experts_per_token: config.num_local_experts (or
     num_experts, n_routed_experts) and num_experts_per_tok, for expert parallelism and the active
     parameters. Other fields keep their defaults and are not read: the module decides the graph.
+
+    A module without a block list (`block_list`): num_layers is `OPERATOR_LAYERS` (the operator
+    groups asked for), num_heads 1 (no config needed for it), ffn_hidden_size config's or the
+    largest dimension of its parameters.
     """
     sequence = default_sequence_length(reference)
     model = call_factory(reference, sequence if sequence is not None else MAX_DEFAULT_SEQUENCE_LENGTH)
-    blocks = find_blocks(model)
-    _check_blocks_alike(model, blocks)
+    blocks = block_list(model)
+    if blocks is not None:
+        _check_blocks_alike(model, blocks)
     config = getattr(model, "config", None)
     vocab, hidden = _token_embedding(model)
-    heads = _positive(config, "num_attention_heads")
-    kv_heads = _positive(config, "num_key_value_heads", heads)
-    block = model.get_submodule(blocks)[0]
+    heads = _positive(config, "num_attention_heads") if blocks is not None else 1
+    kv_heads = _positive(config, "num_key_value_heads", heads) if blocks is not None else heads
+    block = model.get_submodule(blocks)[0] if blocks is not None else model
     ffn = _positive(config, "intermediate_size", max((size for p in block.parameters() for size in p.shape), default=None))
     positions = _positive(config, "max_position_embeddings", sequence)
     sequence = sequence if sequence is not None else min(positions, MAX_DEFAULT_SEQUENCE_LENGTH)
@@ -329,7 +355,7 @@ def factory_spec(reference: str) -> ModelSpec:
                     and not isinstance(value, bool) and value > 1), None)
     return ModelSpec(
         name=_name(config, reference),
-        num_layers=len(model.get_submodule(blocks)),
+        num_layers=len(model.get_submodule(blocks)) if blocks is not None else OPERATOR_LAYERS,
         hidden_size=hidden,
         num_heads=heads,
         ffn_hidden_size=ffn,

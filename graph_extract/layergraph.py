@@ -34,8 +34,9 @@ _SAVE_INPUT = {"gelu", "silu", "log", "pow", "cos", "sin"}
 _SAVE_ARGUMENT = {"masked_fill": 1, "where": 0, "gather": 1, "embedding": 0, "index_select": 1}
 
 
-#: Layer kinds: the layer before the first block, a transformer block, the layers after the last.
-LAYER_KINDS = ("embedding", "block", "head")
+#: Layer kinds: the layer before the first block, a transformer block, the layers after the last; a
+#: group of operators of a model without blocks (`graph_extract.operator_layers`).
+LAYER_KINDS = ("embedding", "block", "head", "operators")
 
 
 @dataclass(frozen=True)

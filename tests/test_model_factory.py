@@ -155,7 +155,6 @@ def factory_error(reference: str) -> str:
     [
         ("raises", "raises raised RuntimeError: out of ideas"),
         ("returns_a_number", "returns_a_number returned int 3, not a torch.nn.Module"),
-        ("without_a_module_list", "Model has no nn.ModuleList of transformer blocks (children all of one class)"),
         ("with_an_unsupported_operator", "operator: unsupported ATen operator cumsum on floating-point tensors at "
                                          "the top-level forward; supported: "),
         ("without_a_head", "layers: nothing traced after the last block (the head); the forward must embed"),

@@ -49,10 +49,6 @@ def returns_a_number() -> int:
     return 3
 
 
-def without_a_module_list() -> Model:
-    return Model(blocks_in_a_list=False)
-
-
 def with_an_unsupported_operator() -> Model:
     return Model(cumulative_sum=True)
 
