@@ -9,9 +9,10 @@ all-reduces (`AlphaBeta`: a link's bandwidth and latency), and whose all-gathers
 all-to-alls, which the plan pass never inserts, are priced above the all-replicated plan (so the
 optimum pays none); the block's input and output are `replicated` (the residual stream between
 blocks); products may be computed whole (`replicated_compute`), each FLOP priced at one over the
-chip's rate times its efficiency. The ILP prices each read's gradient conversion on its own, so q, k
-and v reading one normed input pay three backward all-reduces where the plan pass inserts one copy
-(Megatron's `copy_to_tensor_parallel_region`) per tensor and module.
+chip's rate times its efficiency. The gradients of a tensor read by several products are summed
+before their conversion (resharding.py), so q, k and v reading one normed input pay one backward
+all-reduce, as the plan pass inserts one copy (Megatron's `copy_to_tensor_parallel_region`) per
+tensor and module.
 """
 
 from __future__ import annotations

@@ -5,9 +5,17 @@ merged into it, shrink.py), c_g its own costs (compute, weight-gradient sync, in
 boundary conversions), m_g its parameter bytes per device, and for each edge u -> v between
 groups its resharding table R_uv (resharding.py):
 
-    minimise   Σ_g c_g·s_g + Σ_(u,v) Σ_(a,b) R_uv[a,b]·e_uv[a,b]
+    minimise   Σ_g c_g·s_g + Σ_(u,v) Σ_(a,b) R_uv[a,b]·e_uv[a,b] + Σ_T Σ_(a,q) G_T[a,q]·z_T[a,q]
     subject to Σ_k s_g[k] = 1;  Σ_b e_uv[a,b] = Σ_{k∈a} s_u[k];  Σ_a e_uv[a,b] = Σ_{l∈b} s_v[l];
-               Σ_g m_g·s_g ≤ M;  s binary, 0 ≤ e ≤ 1.
+               z_T[a,q] ≥ j_Ti[a,q] for each reader i of T;
+               Σ_g m_g·s_g ≤ M;  s binary, 0 ≤ e, j ≤ 1, z ≥ 0.
+
+A gradient sum T (a tensor read by operators of several groups, costs.py) pays G_T[a,q] once for each
+gradient placement class q held by at least one reader, a the producer's target class: j_Ti[a,q] is
+the joint indicator of the producer's class a and reader i's class q (variables with the two
+marginal constraints, as e; the sum of the matching s when the reader is in the producer's group;
+reader i's s alone for a graph input), and z_T[a,q], pushed down by the minimisation onto the
+largest j_Ti[a,q], is 1 exactly when some reader holds q under a (the costs are non-negative).
 
 The edge variables run over classes of choices with the same placements on the edge (a and b
 above; e.g. all strategies of u giving its output one placement), which keeps the model small and
@@ -40,7 +48,7 @@ from ortools.linear_solver import pywraplp
 
 from phaze_common.checks import InputError, positive_number
 
-from .costs import CostModel, PlanCost, Tables
+from .costs import CostModel, GradientSum, PlanCost, Tables
 from .graph import ShardingGraph
 from .mesh import DeviceMesh
 from .shrink import representative
@@ -111,7 +119,42 @@ def _greedy(tables: Tables, memory_limit: float) -> list[int]:
 def _plan_cost(tables: Tables, chosen: Sequence[int]) -> float:
     return float(sum(cost[k] for cost, k in zip(tables.node_cost, chosen))
                  + sum(edge.cost[edge.source_class[chosen[edge.source]], edge.target_class[chosen[edge.target]]]
-                       for edge in tables.edges))
+                       for edge in tables.edges)
+                 + sum(gradient_sum.total(chosen) for gradient_sum in tables.sums))
+
+
+def _add_gradient_sum(solver, objective, choice: list, t: int, gradient_sum: GradientSum, unit: float,
+                      cap: float) -> None:
+    """The variables and constraints of one gradient sum (module docstring)."""
+    cost = gradient_sum.cost
+    rows = cost.shape[0]
+    z = {(a, q): solver.NumVar(0.0, solver.infinity(), f"z{t}_{a}_{q}")
+         for a in range(rows) for q in range(cost.shape[1]) if cost[a, q] > 0}
+    for (a, q), variable in z.items():
+        objective.SetCoefficient(variable, min(cost[a, q] / unit, cap))
+    source = gradient_sum.source
+    for i, (group, classes) in enumerate(gradient_sum.readers):
+        held = sorted({int(q) for q in classes})
+        if not any((a, q) in z for a in range(rows) for q in held):
+            continue
+        # the terms whose sum is the joint indicator of (a, q)
+        if source is None:
+            joint = {(0, q): [choice[group][k] for k in np.flatnonzero(classes == q)] for q in held}
+        elif source == group:
+            joint = {(a, q): [choice[group][k] for k in
+                              np.flatnonzero((gradient_sum.source_class == a) & (classes == q))]
+                     for a in range(rows) for q in held}
+        else:
+            joint = {(a, q): [solver.NumVar(0.0, 1.0, f"j{t}_{i}_{a}_{q}")] for a in range(rows) for q in held}
+            for a in range(rows):
+                members = [choice[source][k] for k in np.flatnonzero(gradient_sum.source_class == a)]
+                solver.Add(solver.Sum([joint[a, q][0] for q in held]) == solver.Sum(members))
+            for q in held:
+                members = [choice[group][k] for k in np.flatnonzero(classes == q)]
+                solver.Add(solver.Sum([joint[a, q][0] for a in range(rows)]) == solver.Sum(members))
+        for key, terms in joint.items():
+            if key in z and terms:
+                solver.Add(z[key] >= solver.Sum(terms))
 
 
 def _solve_tables(tables: Tables, memory_limit: float, time_limit: float) -> tuple[str, list[int], float, int]:
@@ -146,6 +189,8 @@ def _solve_tables(tables: Tables, memory_limit: float, time_limit: float) -> tup
         for a in range(rows):
             for b in range(columns):
                 objective.SetCoefficient(e[a][b], min(edge.cost[a, b] / unit, cap))
+    for t, gradient_sum in enumerate(tables.sums):
+        _add_gradient_sum(solver, objective, choice, t, gradient_sum, unit, cap)
     if math.isfinite(memory_limit):
         scale = max(memory_limit, 1.0)
         solver.Add(solver.Sum([float(m / scale) * v for memory, variables in zip(tables.node_memory, choice)

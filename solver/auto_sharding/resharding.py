@@ -22,15 +22,23 @@ is a rule, not a search over orders; on a one-axis mesh it is exact.)
 An edge (an operator u's output read by an operator v) costs, per training step:
 
 - forward: convert u's output placement to the placement v's strategy reads the operand in;
-- backward: convert v's gradient of that operand to the placement u needs its output gradient in,
+- backward (of a tensor with one reader; several readers' gradients are returned together, below):
+  convert v's gradient of that operand to the placement u needs its output gradient in,
   which is u's output placement with Partial replaced by Replicate (a Partial output's gradient is
   the same on every device of the axis). v's gradient of an operand is, per axis: Shard on the
   operand's dim if the axis splits one of the operand's dims, Partial if it splits an iteration dim
   the operand lacks, Replicate if it splits nothing.
 
-The gradients of one tensor from several readers are converted each on its own and then added on
-each device (a sum of Replicate or same-Shard pieces is local), as in Alpa, where each edge is
-priced on its own (Zheng et al., OSDI'22, Sec. 4.2).
+The gradients of one tensor from several readers are summed locally first where they share a
+placement (a sum of pieces with one placement keeps it: Partial + Partial is Partial), and each
+distinct placement among them is converted once to the producer's gradient placement, the converted
+pieces then added on each device. When all readers agree (q, k and v reading one normalised input,
+all Partial) the tensor pays one conversion, as Megatron-LM's one `copy_to_tensor_parallel_region`
+per tensor (one backward all-reduce; Shoeybi et al. 2019, Sec. 3); when they differ each distinct
+placement is converted on its own, as Alpa prices each edge (Zheng et al., OSDI'22, Sec. 4.2).
+Simplification: pieces of different placements are never converted to a common placement first
+(e.g. a Partial piece reduce-scattered onto a Shard piece and converted with it), which may be
+cheaper.
 """
 
 from __future__ import annotations
@@ -120,6 +128,13 @@ def edge_cost(mesh: DeviceMesh, tensor_bytes: float, output: TensorPlacement, re
     if gradient is not None:
         seconds += conversion_cost(mesh, tensor_bytes, gradient, gradient_target(output))
     return seconds
+
+
+def gradients_cost(mesh: DeviceMesh, tensor_bytes: float, gradients: Sequence[TensorPlacement],
+                   target: TensorPlacement) -> float:
+    """Seconds to return the gradients of one tensor from its readers (`gradients`, one placement each)
+    in `target`: each distinct placement converted once (module docstring)."""
+    return sum(conversion_cost(mesh, tensor_bytes, gradient, target) for gradient in dict.fromkeys(gradients))
 
 
 def describe(placement: Sequence[Placement]) -> str:
