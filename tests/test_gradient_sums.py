@@ -70,7 +70,7 @@ def test_a_graph_input_read_three_times_returns_one_gradient():
 def _multi_reader_graph(seed: int, dims: str, small: bool) -> ShardingGraph:
     """A random graph whose tensor t1 (an element-wise op's output, or the input t0 itself) is read by
     2 or 3 products t1·w_i[c_i, n_i] (c_i one of t1's dims, n_i a new one), and possibly a residual:
-    y1 back to t1's dims (·v[n_1, c_1]) added to t1 (a third reader). Tensors over `dims`, each dim
+    y1 back to t1's dims (·v[n_1, c_1]) added to t1 (one more reader, in either operand order). Tensors over `dims`, each dim
     4 or 8; `small`: at most 5 operators."""
     rng = random.Random(seed)
     size = {d: rng.choice([4, 8]) for d in "abcdef"}
@@ -94,7 +94,9 @@ def _multi_reader_graph(seed: int, dims: str, small: bool) -> ShardingGraph:
         contracted, new, out = first
         graph.parameter("v", {new: size[new], contracted: size[contracted]})
         graph.product("back", f"y1[{out}] v[{new},{contracted}] -> r[{spec}]")
-        graph.elementwise("add", f"r[{spec}] {read}[{spec}] -> s[{spec}]")
+        operands = [f"r[{spec}]", f"{read}[{spec}]"]
+        rng.shuffle(operands)  # t1 first: the add follows t1's writer (one group with it)
+        graph.elementwise("add", f"{' '.join(operands)} -> s[{spec}]")
     boundary = rng.choice(["any", "replicated"])
     return graph.build(boundary, boundary)
 

@@ -99,8 +99,9 @@ class StackPlan:
 
 
 def _greedy(tables: Tables, memory_limit: float) -> list[int]:
-    """Each group in turn takes the choice cheapest given those before; the least-memory choices
-    when that plan does not fit."""
+    """Each group in turn takes the choice cheapest given those before (its own cost and the edges
+    from them; gradient sums are left out of the choice, priced in `_plan_cost`); the least-memory
+    choices when that plan does not fit."""
     chosen: list[int] = []
     incoming: dict[int, list] = {}
     for edge in tables.edges:

@@ -20,8 +20,8 @@ MPICH", IJHPCA 19(1), 2005 (ring all-gather, reduce-scatter and all-reduce; pair
 NCCL's performance notes (the "bus bandwidth" factors 2(n−1)/n and (n−1)/n) give the same
 bandwidth terms. A collective over an axis of size 1 costs nothing.
 
-Another cost model of an axis (e.g. one priced by phaze's cluster model, with the link of the level
-of the hierarchy the axis spans) only has to implement `AxisCollectives`.
+Another cost model of an axis only has to implement `AxisCollectives`: cluster_axis.py prices an
+axis by phaze's cluster model, on the links of the levels of the hierarchy the axis spans.
 """
 
 from __future__ import annotations
