@@ -104,9 +104,9 @@ class CostModel:
         for v, p, u in self.reads:
             if u is not None or graph.input_boundary == "replicated":
                 readers.setdefault(graph.ops[v].inputs[p].tensor, []).append((v, p))
-        self.joint = tuple((name, graph.producer.get(name), tuple(reads))
+        self.gradient_sums = tuple((name, graph.producer.get(name), tuple(reads))
                            for name, reads in readers.items() if len(reads) > 1)
-        self._joint_reads = frozenset(read for _, _, reads in self.joint for read in reads)
+        self._summed_reads = frozenset(read for _, _, reads in self.gradient_sums for read in reads)
 
     def cost(self, v: int, k: int) -> StrategyCost:
         if (v, k) not in self._costs:
@@ -124,7 +124,7 @@ class CostModel:
         if graph.input_boundary == "replicated":
             replicated = tuple(REPLICATE for _ in self.mesh.axes)
             for reader, p, producer in self.reads:
-                if reader == v and producer is None and (v, p) not in self._joint_reads:
+                if reader == v and producer is None and (v, p) not in self._summed_reads:
                     boundary += conversion_cost(self.mesh, self._bytes(v, p), cost.gradients[p], replicated)
         if v in self._outputs:
             target = (tuple(REPLICATE for _ in self.mesh.axes) if graph.output_boundary == "replicated"
@@ -137,7 +137,7 @@ class CostModel:
         backward unless the tensor's gradients are returned together (`gradient_sum`)."""
         reader, output = self.cost(v, j), self.cost(u, i).output
         seconds = conversion_cost(self.mesh, self._bytes(v, p), output, reader.reads[p])
-        if (v, p) not in self._joint_reads:
+        if (v, p) not in self._summed_reads:
             seconds += conversion_cost(self.mesh, self._bytes(v, p), reader.gradients[p], gradient_target(output))
         return seconds
 
@@ -165,7 +165,7 @@ class CostModel:
         for v, p, u in self.reads:
             if u is not None:
                 resharding += self.edge(u, chosen[u], v, chosen[v], p)
-        for name, u, reads in self.joint:
+        for name, u, reads in self.gradient_sums:
             resharding += self.gradient_sum(name, u, None if u is None else chosen[u], reads,
                                             [chosen[v] for v, _ in reads])
         return PlanCost(compute=compute, weight_sync=sync, resharding=resharding, memory=memory)
@@ -203,7 +203,7 @@ class CostModel:
             edges.append(EdgeTable(source=gu, target=gv, source_class=source_class, target_class=target_class,
                                    cost=cost))
         sums = []
-        for name, u, reads in self.joint:
+        for name, u, reads in self.gradient_sums:
             sum_table = self._gradient_sum_table(found, group_of, name, u, reads)
             if isinstance(sum_table, GradientSum):
                 sums.append(sum_table)
