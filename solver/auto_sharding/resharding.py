@@ -120,16 +120,6 @@ def gradient_target(output: TensorPlacement) -> TensorPlacement:
     return tuple(REPLICATE if isinstance(p, Partial) else p for p in output)
 
 
-def edge_cost(mesh: DeviceMesh, tensor_bytes: float, output: TensorPlacement, read: TensorPlacement,
-              gradient: TensorPlacement | None) -> float:
-    """Forward conversion `output` -> `read` plus, when the reader returns a gradient, backward
-    conversion `gradient` -> `gradient_target(output)`."""
-    seconds = conversion_cost(mesh, tensor_bytes, output, read)
-    if gradient is not None:
-        seconds += conversion_cost(mesh, tensor_bytes, gradient, gradient_target(output))
-    return seconds
-
-
 def gradients_cost(mesh: DeviceMesh, tensor_bytes: float, gradients: Sequence[TensorPlacement],
                    target: TensorPlacement) -> float:
     """Seconds to return the gradients of one tensor from its readers (`gradients`, one placement each)
