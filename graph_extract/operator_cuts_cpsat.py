@@ -23,14 +23,13 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from phaze_common.cpsat import portfolio_solver
+
 from graph_extract.operator_units import Units
 
 
 #: Ticks in the greatest possible load, at least.
 TICKS_PER_LOAD = 10**9
-#: With one worker, this many of CP-SAT's subsolvers (search strategies, neighbourhood searches) take
-#: turns on the one thread, as `solver.schedule.cpsat` runs them.
-SUBSOLVERS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,18 +111,6 @@ class _Model:
                 for row in self.z]
 
 
-def _solver(time_limit: float, workers: int) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
-    if workers == 1:  # the portfolio's subsolvers take turns on one thread
-        solver.parameters.interleave_search = True
-        solver.parameters.interleave_batch_size = 1
-        solver.parameters.num_workers = SUBSOLVERS
-    else:
-        solver.parameters.num_workers = workers
-    return solver
-
-
 def cpsat_grouping(units: Units, count: int, seconds_per_byte: float, start: list[int], time_limit: float,
                    workers: int) -> CpSatGrouping:
     """The least bottleneck, then the fewest crossing bytes, searched from the grouping `start` on
@@ -141,7 +128,7 @@ def cpsat_grouping(units: Units, count: int, seconds_per_byte: float, start: lis
     built = _Model(units, count, ticks, inbound_ticks, upper)
     built.hint(start)
     built.model.minimize(built.bottleneck)
-    solver = _solver(time_limit, workers)
+    solver = portfolio_solver(time_limit, workers)
     status = solver.solve(built.model)
     if status == cp_model.UNKNOWN:  # no grouping found in the time given: the starting one
         return CpSatGrouping(groups=start, lower_bound_seconds=to_seconds(built.lower), optimal=False)
@@ -152,7 +139,7 @@ def cpsat_grouping(units: Units, count: int, seconds_per_byte: float, start: lis
     built.model.add(built.bottleneck <= round(solver.objective_value))
     built.hint(first)
     built.model.minimize(sum(size * entered for entered, size in built.crossing))
-    solver = _solver(deadline - time.monotonic(), workers)
+    solver = portfolio_solver(deadline - time.monotonic(), workers)
     status = solver.solve(built.model)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return CpSatGrouping(groups=built.groups(solver), lower_bound_seconds=to_seconds(bound),

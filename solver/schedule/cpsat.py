@@ -32,6 +32,8 @@ import time
 
 from ortools.sat.python import cp_model
 
+from phaze_common.cpsat import portfolio_solver
+
 from solver.schedule import interruptible
 from solver.schedule.bound import add_exclusive_bounds, exclusive_bound
 from solver.schedule.cores import assign_cores
@@ -43,11 +45,9 @@ from solver.schedule.result import PROOF_TOLERANCE, BackendOutcome
 TICKS_PER_HORIZON = 100_000
 #: Share of the time limit for the exclusive bound's model.
 BOUND_SHARE = 0.25
-#: With one worker, CP-SAT first runs its default search alone for this long (in its deterministic
-#: time, which does not depend on the machine's load), then this many subsolvers (search strategies,
-#: neighbourhood searches) in turn on the one thread.
+#: Without the portfolio, CP-SAT runs its default search alone for this long (in its deterministic
+#: time, which does not depend on the machine's load).
 QUICK_SEARCH = 0.1
-SUBSOLVERS = 8
 
 
 class _Model:
@@ -130,18 +130,16 @@ class _Model:
 
 
 def _solver(time_limit: float, relative_gap: float, workers: int, portfolio: bool) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
-    solver.parameters.relative_gap_limit = relative_gap
-    if not portfolio:
+    """`phaze_common.cpsat.portfolio_solver`, or without the portfolio the default search alone on one
+    thread for `QUICK_SEARCH`; either stopping at `relative_gap`."""
+    if portfolio:
+        solver = portfolio_solver(time_limit, workers)
+    else:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(time_limit, 1e-3)
         solver.parameters.num_workers = 1
         solver.parameters.max_deterministic_time = QUICK_SEARCH
-    elif workers == 1:  # the portfolio's subsolvers take turns on one thread
-        solver.parameters.interleave_search = True
-        solver.parameters.interleave_batch_size = 1
-        solver.parameters.num_workers = SUBSOLVERS
-    else:
-        solver.parameters.num_workers = workers
+    solver.parameters.relative_gap_limit = relative_gap
     return solver
 
 
