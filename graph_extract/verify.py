@@ -8,6 +8,7 @@ exported model's ranks are its plan's (`graph_extract.plan.apply_plan` with the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -75,20 +76,39 @@ def run_shards_in_lockstep(modules: list[fx.GraphModule], inputs: list[torch.Ten
     return results  # the output node's value on every shard
 
 
+def plan_ranks(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan | None, width: int,
+               blocks: str | None = None) -> list[fx.GraphModule]:
+    """The `width` ranks' graphs of `model` (its real tensors, each rank its shares) under `plan`
+    (None: the plan derived by structure from the blocks at `blocks`), from the one export."""
+    graph = export(model, inputs)
+    plan = derived_plan(graph, blocks) if plan is None else plan
+    values = {**dict(graph.named_parameters(remove_duplicate=False)), **dict(graph.named_buffers(remove_duplicate=False))}
+    return [apply_plan(graph, plan, width, rank, values) for rank in range(width)]
+
+
+def lockstep_error(model: nn.Module, inputs: Mapping[str, torch.Tensor], ranks: list[fx.GraphModule]) -> float:
+    """The largest difference between `model(**inputs)` and what the rank graphs `ranks` give run in
+    lockstep; infinite where a rank gives other outputs in number or shape, or not a number."""
+    with torch.no_grad():
+        expected = _outputs(model(**inputs))
+        per_rank = run_shards_in_lockstep(ranks, list(inputs.values()))
+    error = 0.0
+    for outputs in per_rank:
+        outputs = _outputs(outputs)
+        if len(outputs) != len(expected) or any(got.shape != want.shape for got, want in zip(outputs, expected)):
+            return math.inf
+        for got, want in zip(outputs, expected):
+            difference = (got - want).abs().max().item()
+            error = max(error, difference if difference == difference else math.inf)
+    return error
+
+
 def verify_plan(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan | None, width: int,
                 blocks: str) -> float:
     """The largest difference between `model(**inputs)` (real tensors) and its `width` ranks' graphs
     under `plan` (None: the plan derived by structure, `graph_extract.plan.derived_plan`) run in
-    lockstep from the one export."""
-    graph = export(model, inputs)
-    plan = derived_plan(graph, blocks) if plan is None else plan
-    values = {**dict(graph.named_parameters(remove_duplicate=False)), **dict(graph.named_buffers(remove_duplicate=False))}
-    ranks = [apply_plan(graph, plan, width, rank, values) for rank in range(width)]
-    with torch.no_grad():
-        expected = _outputs(model(**inputs))
-        per_rank = run_shards_in_lockstep(ranks, list(inputs.values()))
-    return max((got - want).abs().max().item() for outputs in per_rank
-               for got, want in zip(_outputs(outputs), expected, strict=True))
+    lockstep from the one export (`plan_ranks`, `lockstep_error`)."""
+    return lockstep_error(model, inputs, plan_ranks(model, inputs, plan, width, blocks))
 
 
 def _verify_exported(spec: ModelSpec, width: int, tolerance: float, seed: int) -> VerificationResult:

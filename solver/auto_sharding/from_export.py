@@ -25,9 +25,7 @@ from torch import fx, nn
 
 from phaze_common.checks import InputError, positive_integer, positive_number
 from graph_extract.plan import COLWISE, ROWWISE, Plan, derived_plan
-from graph_extract.plan_pass import apply_plan
-from graph_extract.export import export
-from graph_extract.verify import run_shards_in_lockstep
+from graph_extract.verify import lockstep_error, plan_ranks
 
 from .costs import CostModel
 from .export_graph import BlockGraph, block_graph
@@ -177,26 +175,14 @@ def search_plan(module: fx.GraphModule, blocks: str, width: int, search: SearchS
 def rank_graphs(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan, width: int
                 ) -> list[fx.GraphModule]:
     """The `width` ranks' graphs of `model` (real weights) under `plan`, their parameters the ranks' shares."""
-    graph = export(model, inputs)
-    values = {**dict(graph.named_parameters(remove_duplicate=False)),
-              **dict(graph.named_buffers(remove_duplicate=False))}
-    return [apply_plan(graph, plan, width, rank, values) for rank in range(width)]
+    return plan_ranks(model, inputs, plan, width)
 
 
 def agrees(model: nn.Module, inputs: Mapping[str, torch.Tensor], ranks: Sequence[fx.GraphModule],
            tolerance: float = 1e-4) -> bool:
     """Whether the ranks' graphs run in lockstep (`graph_extract.verify`) give `model(**inputs)`'s outputs
     to within `tolerance`."""
-    with torch.no_grad():
-        expected = model(**inputs)
-        got = run_shards_in_lockstep(list(ranks), list(inputs.values()))
-    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-    for outputs in got:
-        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        if len(outputs) != len(expected) or any(
-                a.shape != b.shape or not (a - b).abs().max().item() < tolerance for a, b in zip(outputs, expected)):
-            return False
-    return True
+    return lockstep_error(model, inputs, list(ranks)) < tolerance
 
 
 def verified(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor], width: int,
