@@ -4,7 +4,10 @@ Activation bytes are the bytes a layer keeps from its forward pass for its backw
 micro-batch, in training precision, without recomputation: the union over the layer's operators of
 the tensors that operator's backward needs (rules in `saved_tensors`), each tensor counted once.
 Only tensors produced by operators count; parameters, buffers and model inputs do not. Dropout
-masks take one byte per element. For a GPT block of width t this is Korthikanti et al.'s
+masks take one byte per element. A gated unit's product keeps its gate and its other operand, not
+the gate's activation (Megatron-Core's bias-SwiGLU/GeGLU fusion and Transformer Engine's gated
+activations rebuild act(gate) in the backward from the gate; eager PyTorch, unfused, would keep it
+too: a simplification for an unfused framework). For a GPT block of width t this is Korthikanti et al.'s
 s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes, of which s·b·h·10 are replicated over the tensor-parallel
 ranks (what sequence parallelism splits) and 5·a·s²·b/t belong to the attention core (what
 selective recomputation drops); see `graph_extract.regions`. With a fused attention kernel
@@ -30,6 +33,8 @@ from graph_extract.regions import (attention_core, block_weight_products, input_
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
 _SAVE_INPUT = {"gelu", "silu", "log", "pow", "cos", "sin"}
+#: Activations a gated unit (SwiGLU, GeGLU) fuses with its product.
+_GATE_ACTIVATIONS = {"gelu", "silu"}
 #: Operators whose backward needs one specific, non-differentiable input (a mask or an index).
 _SAVE_ARGUMENT = {"masked_fill": 1, "where": 0, "gather": 1, "embedding": 0, "index_select": 1}
 
@@ -148,6 +153,11 @@ class LayerGraph:
         return next(layer for layer in self.layers if layer.id == layer_id)
 
 
+def _is_gate_activation(graph: OpGraph, source: int | None) -> bool:
+    """`source` is an activation that keeps its own input (`_GATE_ACTIVATIONS`)."""
+    return source is not None and graph.nodes[source].op in _GATE_ACTIVATIONS
+
+
 def saved_tensors(node: OpNode, graph: OpGraph) -> list[tuple[tuple[str, int], int]]:
     """(tensor key, bytes) of what `node`'s backward needs; key ("out", p) is p's output tensor."""
 
@@ -174,9 +184,12 @@ def saved_tensors(node: OpNode, graph: OpGraph) -> list[tuple[tuple[str, int], i
     if node.op in _SAVE_INPUT:
         return produced(0)
     if node.op in ("mul", "div"):
-        # each operand is needed for the other's gradient, which exists if that one is trained
+        # each operand is needed for the other's gradient, which exists if that one is trained; a
+        # gated unit's activation (act(gate) · up) is fused with its product: rebuilt from the gate
+        # its activation keeps, not kept
         trained = [source is not None for source in node.inputs] + [True] * len(node.weight_shapes)
         return [item for position in range(len(node.inputs)) if sum(trained) - trained[position] > 0
+                and not (node.op == "mul" and _is_gate_activation(graph, node.inputs[position]))
                 for item in produced(position)]
     return []  # add, sub, neg, comparisons, sum, amax (a detached shift in the loss), shape ops, collectives
 

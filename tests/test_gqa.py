@@ -76,8 +76,9 @@ def gqa_block_activation_bytes(b: int, s: int, h: int, heads: int, ffn: int, t: 
     """Bytes saved for the backward pass, 2 per element, no dropout: the block input and the two norm
     inputs and outputs (4·b·s·h, replicated); the local q, repeated k, repeated v and the context
     (4·b·s·h/t: the repeat is saved at the query heads' size, as Megatron's repeat_interleave does);
-    the softmax output (heads/t·b·s²); gate, silu and up outputs and their product (4·b·s·f/t)."""
-    return 2 * (4 * b * s * h + 4 * b * s * h // t + heads * b * s * s // t + 4 * b * s * ffn // t)
+    the softmax output (heads/t·b·s²); gate and up outputs and their product (3·b·s·f/t; the fused
+    SwiGLU rebuilds silu(gate) from the gate in the backward)."""
+    return 2 * (4 * b * s * h + 4 * b * s * h // t + heads * b * s * s // t + 3 * b * s * ffn // t)
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 8])

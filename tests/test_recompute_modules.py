@@ -60,8 +60,9 @@ def test_each_mode_has_one_name_and_a_bad_one_is_one_line():
 def test_a_traced_blocks_recompute_modules_by_hand(t):
     """b sequences of s tokens, width h, dense FFN f, E experts of width f_e, k a token, capacity C:
     layernorm drops the two norms' outputs (2·2bsh bytes: the dense block's QKV and FC1 inputs; in the
-    mixture the router's input too, a view of the same norm); mlp the FFN's four tensors (up, gate,
-    SiLU and product outputs, 4·2bs·f/t); moe_act the experts' SiLU and product outputs (2·2·E·C·f_e/t)."""
+    mixture the router's input too, a view of the same norm); mlp the FFN's three tensors (up, gate
+    and product outputs, 3·2bs·f/t; the fused SwiGLU rebuilds the SiLU output from the gate); moe_act
+    the experts' product outputs (2·E·C·f_e/t)."""
     b, s = 2, 16
     h, f, experts, k, fe = 64, 96, 4, 2, 32
     extracted = extract(MIXTURE, b, s, t)
@@ -74,11 +75,11 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
     assert norm.activation_bytes == norm.replicated_activation_bytes == 2 * 2 * b * s * h  # replicated: SP splits it
     assert modules["layers.1"]["layernorm"].activation_bytes == 2 * 2 * b * s * h
     mlp = modules["layers.0"]["mlp"]
-    assert mlp.activation_bytes == 4 * 2 * b * s * f // t and mlp.replicated_activation_bytes == 0
+    assert mlp.activation_bytes == 3 * 2 * b * s * f // t and mlp.replicated_activation_bytes == 0
     assert mlp.matrix_input_activation_bytes == 2 * b * s * f // t  # the product's output: FC2's input only
     assert mlp.forward_collective_bytes == ((2 * b * s * h,) if t > 1 else ())
     act = modules["layers.1"]["moe_act"]
-    assert act.activation_bytes == 2 * 2 * experts * capacity * fe // t
+    assert act.activation_bytes == 2 * experts * capacity * fe // t
     assert act.forward_collective_bytes == () and act.all_to_all_bytes == ()
     moe = modules["layers.1"]["moe"]
     assert moe.all_to_all_bytes == mixture.all_to_all_bytes == (2 * experts * capacity * h,) * 2
@@ -109,8 +110,8 @@ def test_a_traced_blocks_recompute_modules_by_hand(t):
     none = held_activations([step_layer], Recompute.of("none"), t, kernels)[0][0]
     held, working = held_activations([step_layer], Recompute.of("layernorm+mlp"), t, kernels)
     share = 1 - 1 / t
-    assert none - held[0] == pytest.approx(4 * b * s * h * (1 - share) + 8 * b * s * f / t, rel=1e-12)
-    assert working[0] == pytest.approx(8 * b * s * f / t, rel=1e-12)  # one FFN rebuilt at a time
+    assert none - held[0] == pytest.approx(4 * b * s * h * (1 - share) + 6 * b * s * f / t, rel=1e-12)
+    assert working[0] == pytest.approx(6 * b * s * f / t, rel=1e-12)  # one FFN rebuilt at a time
 
 
 @pytest.mark.parametrize("t", [1, 2])
