@@ -18,6 +18,17 @@ their inputs in FP8: one byte an element instead of two. A block's recompute mod
 (`RecomputedModule`): the saved tensors made inside the module, which recomputing it drops (an
 output-discarding module frees its output, a checkpointed one everything it made; the inputs they
 read from outside are kept either way), and the collectives it runs again.
+
+Under JAX's `jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims` (MaxText's remat_policy
+`minimal`, maxtext MaxText/layers/models.py @ 76bd53b0f) a remat'd block saves the outputs of its dot
+products without batch dimensions, its weight products, and the block's input; every other tensor
+its backward needs is rebuilt from those (`product_outputs`): the attention core's products (batch
+dimensions: batch and heads) and every element-wise operator run again. The products kept are the
+ones a saved tensor is rebuilt from, not all of them (JAX saves a residual only where the backward
+reads it: a product feeding only the block's output, the last down projection, is not kept); a
+product's partial sums and the forward all-reduce completing them are one product to JAX, whose
+output XLA keeps in the layout the program gives it (replicated here, split by sequence parallelism
+as MaxText's tensor axis splits it); a dropout mask is drawn again from its random key.
 """
 
 from __future__ import annotations
@@ -88,7 +99,9 @@ class Layer:
     values its attention cores read (what context parallelism's ring passes on);
     `recompute_modules` what recomputing each of its recompute modules changes;
     `parameter_tensors` the elements of each weight tensor it reads (per rank: what a framework
-    gathering each tensor apart issues one collective for).
+    gathering each tensor apart issues one collective for); `product_output_bytes` (and its
+    replicated part) the outputs of the weight products a block keeps besides its input when only
+    those are saved (`product_outputs`: JAX's checkpoint_dots_with_no_batch_dims).
     """
 
     id: int
@@ -115,6 +128,8 @@ class Layer:
     expert_backward_collective_bytes: tuple[int, ...] = ()
     recompute_modules: tuple[RecomputedModule, ...] = ()
     parameter_tensors: tuple[int, ...] = ()
+    product_output_bytes: int = 0
+    replicated_product_output_bytes: int = 0
 
     @property
     def is_block(self) -> bool:
@@ -257,6 +272,32 @@ def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int
             size for size, copied in made if copied))
 
 
+def product_outputs(graph: OpGraph, layer_id: int, saved: dict, matrix: tuple[bool, ...],
+                    derived: tuple[bool, ...]) -> frozenset[int]:
+    """The operators of layer `layer_id` whose outputs a block keeps when only its weight products'
+    outputs and its input are saved (module docstring): walking back from each tensor of `saved` (what
+    the backward reads) through the operators that rebuild it, the weight products (`matrix`) and the
+    forward all-reduces completing their partial sums met first. The walk stops at another layer's
+    tensor (the block's input, kept anyway), at one built from the model's inputs alone (`derived`:
+    positions, masks, rotary tables) and at a dropout mask (drawn again)."""
+    kept: set[int] = set()
+    seen: set[int] = set()
+    stack = [node for kind, node in saved if kind == "out"]
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        node = graph.nodes[node_id]
+        if node.layer != layer_id or derived[node_id]:
+            continue
+        if matrix[node_id] or (node.kind == "allreduce" and node.attr("direction") == "forward"):
+            kept.add(node_id)
+            continue
+        stack.extend(source for source in node.inputs if source is not None)
+    return frozenset(kept)
+
+
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     """Contract the op graph into layers; parameters are counted once per layer that reads them (a
     weight two layers read is also in `tied`). An edge between layers carries the tensors one layer
@@ -288,6 +329,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
             else:
                 first_reader[name] = layer_id
         name = _layer_name(nodes)
+        products = product_outputs(graph, layer_id, saved, matrix_products, built_by_every_stage)
         layers.append(
             Layer(
                 id=layer_id,
@@ -318,6 +360,9 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 recompute_modules=tuple(
                     _recomputed(graph, nodes, ids, saved, matrix_inputs, replicated, name, fused, layer_kernels)
                     for name, ids in modules.items() if any(node.id in ids for node in nodes)),
+                product_output_bytes=sum(graph.nodes[node].output_bytes for node in products),
+                replicated_product_output_bytes=sum(graph.nodes[node].output_bytes for node in products
+                                                    if replicated[node]),
             )
         )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())

@@ -62,10 +62,13 @@ class LayerCost:
 
     def recomputed(self, mode: str) -> float:
         """The forward seconds recomputation mode `mode` re-runs of this layer (if it is a block):
-        `full` all of it, a set of recompute modules each module's (`selective`: the attention core)."""
+        `full` all of it, `product_outputs` all but its weight products, a set of recompute modules
+        each module's (`selective`: the attention core)."""
         recompute = Recompute.of(mode)
         if recompute.full:
             return self.forward
+        if recompute.product_outputs:
+            return self.forward - self.matrix_forward
         modules = recompute.modules
         return ((self.attention_core_forward if "core_attn" in modules else 0.0)
                 + sum(seconds for name, seconds in self.module_forward if name in modules))
@@ -269,6 +272,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 launch_forward=cost[layer.id].launch_forward,
                 launch_backward=cost[layer.id].launch_backward,
                 key_value_bytes=layer.key_value_bytes,
+                product_output_bytes=layer.product_output_bytes,
+                replicated_product_output_bytes=layer.replicated_product_output_bytes,
                 expert_parallel_times=cost[layer.id].expert_parallel_times,
                 expert_forward_collective_bytes=layer.expert_forward_collective_bytes,
                 expert_backward_collective_bytes=layer.expert_backward_collective_bytes,

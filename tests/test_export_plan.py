@@ -51,13 +51,21 @@ def transformers_parameters(path: Path) -> int:
 ZOO_GRAPHS = json.loads((DATA / "zoo_layer_graphs.json").read_text())
 
 
+#: The layer fields the golden file predates (`layer_record`).
+PRODUCT_OUTPUT_FIELDS = ("product_output_bytes", "replicated_product_output_bytes")
+
+
 def layer_record(extracted) -> dict:
     """The extraction as tests/data/zoo_layer_graphs.json records it: runs of equal layers, edges,
     tied weights, parameter counts and repeat groups. The file predates torchtitan's operator-level
-    recompute module (`OP_LEVEL`), which the same module pass adds to every block: it is left out here
-    (tests/test_recompute_modules.py checks it by hand)."""
+    recompute module (`OP_LEVEL`), which the same module pass adds to every block, and the product
+    outputs JAX's checkpoint_dots_with_no_batch_dims keeps (`product_output_bytes` and its replicated
+    part): they are left out here (tests/test_recompute_modules.py and tests/test_product_outputs.py
+    check them by hand)."""
     layers = json.loads(json.dumps(layer_graph_to_dict(extracted.layer_graph)))
     for layer in layers["layers"]:
+        for name in PRODUCT_OUTPUT_FIELDS:
+            layer.pop(name, None)
         if "recompute_modules" in layer:
             layer["recompute_modules"] = [module for module in layer["recompute_modules"] if module["name"] != OP_LEVEL]
     runs: list[dict] = []

@@ -44,7 +44,9 @@ def test_each_mode_has_one_name_and_a_bad_one_is_one_line():
     assert Recompute.of("selective_op") == Recompute(modules=frozenset({OP_LEVEL}))
     assert Recompute.of("selective_op").name == "selective_op"
     with pytest.raises(InputError, match=r"^recompute: unknown 'attention'; allowed: none, selective, full, "
-                                         r"selective_op \(torchtitan's operator-level selective checkpointing\), or "
+                                         r"selective_op \(torchtitan's operator-level selective checkpointing\), "
+                                         r"product_outputs \(JAX's checkpoint_dots_with_no_batch_dims, MaxText's "
+                                         r"remat_policy minimal\), or "
                                          r"Megatron-Core's recompute modules joined by '\+' \(core_attn, layernorm, "
                                          r"mla_up_proj, mlp, moe, moe_act, shared_experts; e.g. layernorm\+moe_act\)$"):
         recompute_mode("attention")

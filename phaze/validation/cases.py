@@ -23,13 +23,14 @@ from solver.layout import Layout
 from solver.layout_step import Prediction, predict
 from solver.question import Axes, Question
 from solver.training_step import DISPATCH_SMS, TrainingOptions, recompute_mode
-from solver.training_step.memory import OP_LEVEL_MODE
+from solver.training_step.memory import OP_LEVEL_MODE, PRODUCT_OUTPUTS_MODE
 
 from phaze.settings import host_link
 from phaze.validation.flops import framework_flops, measured_seconds
 from phaze.validation.settings import (StatedSettings, stated_precision, unknown_variant, unmodelled_attention,
                                       whole_step_graphs)
-from phaze.validation.recipes import GPT_FAMILY, MOE_VOCABULARY, ModelRecipe, RECIPES, Recipe, STATED_OVERLAPS, UNFUSED_ATTENTION_FRAMEWORKS, VALIDATED_CHIPS
+from phaze.validation.recipes import (GPT_FAMILY, MOE_VOCABULARY, ModelRecipe, RECIPES, Recipe, STATED_OVERLAPS,
+                                     UNFUSED_ATTENTION_FRAMEWORKS, VALIDATED_CHIPS, tpu_runtime_reserve)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,12 @@ def is_moe(model: dict) -> bool:
 #: tables' short ones (their "recompute" column: "norm, act" for --recompute-modules layernorm moe_act,
 #: "shared_expert" for shared_experts).
 MODULE_NAMES = {"norm": "layernorm", "act": "moe_act", "shared_expert": "shared_experts"}
+
+
+#: MaxText's remat_policy `minimal` as a run's `recompute_detail` states it: JAX's
+#: checkpoint_dots_with_no_batch_dims (maxtext MaxText/layers/models.py @ 76bd53b0f), phaze's
+#: `product_outputs`.
+MAXTEXT_MINIMAL = re.compile(r"remat_policy\W+minimal\b")
 
 
 def stated_modules(detail: str) -> tuple[str, ...]:
@@ -243,6 +250,8 @@ def case(run: dict) -> Case | str:
         options = dataclasses.replace(options, activation_offload="layers")
     if stated.weight_dtype is not None:
         options = dataclasses.replace(options, weight_dtype=stated.weight_dtype)
+    if (reserve := tpu_runtime_reserve(chip)) is not None:  # a TPU: the runtime's HBM, no CUDA context
+        options = dataclasses.replace(options, framework_reserve=reserve)
     context = parallel["context_parallel"] or 1
     degree, slices = parallel["data_parallel"], 1
     multislice = recipe is not None and recipe.multislice
@@ -287,6 +296,8 @@ def case(run: dict) -> Case | str:
         return "no time per iteration, tokens/s or model TFLOP/s measured"
     if recompute == "selective" and "selective_ac_option 'op'" in (training.get("recompute_detail") or ""):
         recompute = OP_LEVEL_MODE  # torchtitan's operator-level policy
+    if recompute == "selective" and MAXTEXT_MINIMAL.search(training.get("recompute_detail") or ""):
+        recompute = PRODUCT_OUTPUTS_MODE  # JAX's checkpoint_dots_with_no_batch_dims
     modules = stated_modules(training.get("recompute_detail") or "")
     if modules and recompute == "selective":  # Megatron-Core's selective granularity, its modules as stated
         try:

@@ -18,6 +18,25 @@ from solver.training_step import TrainingOptions
 VALIDATED_CHIPS = tuple(sorted(name for system in SYSTEMS.values() for name in KNOWN_CHIPS[system.chip].names))
 
 
+#: HBM bytes the XLA compiler lets one program use on a TPU chip (its compile-time check, "Used X of Y
+#: hbm", and `jax.Device.memory_stats()["bytes_limit"]`): the TPU runtime keeps the rest of the chip's
+#: HBM. There is no CUDA context and no NCCL buffer on a TPU (`TrainingOptions.framework_reserve`'s
+#: GPU figure); a TPU run's reserve is the chip's capacity less this (`tpu_runtime_reserve`). TPU v6e:
+#: 33,550,237,696 bytes, 31.25 GiB of 32 (vllm-project/vllm PR #16211, the usage record of one v6e
+#: chip); TPU v4: 30.75 GiB of 32, "reserved 1.25G" (erfanzar/EasyDeL issue #166, XLA's out-of-memory
+#: report on a v4-32); TPU v5p: 95.74 GiB (openxla/xla docs/errors/error_1000.md @ 49aac430, XLA's
+#: "exceeding available bytes: 95.74G"), more than phaze's 95 GiB capacity of the chip: no reserve.
+XLA_PROGRAM_HBM = {"tpuv6e": 33_550_237_696, "tpuv4": 30.75 * 2**30, "tpuv5p": 95.74 * 2**30}
+
+
+def tpu_runtime_reserve(chip: str) -> float | None:
+    """The bytes of `chip`'s HBM a TPU program cannot use (`XLA_PROGRAM_HBM`), at least 0; None for a
+    chip without a figure (its runs keep `TrainingOptions.framework_reserve`'s default)."""
+    if chip not in XLA_PROGRAM_HBM:
+        return None
+    return max(KNOWN_CHIPS[chip].hbm_capacity - XLA_PROGRAM_HBM[chip], 0.0)
+
+
 #: Frameworks of runs measured before fused attention kernels: FlashAttention was published in May 2022
 #: (Dao et al.) and reached Megatron-LM as --use-flash-attn in 2023; these ran 2020-21 Megatron-LM,
 #: whose attention writes and keeps the s x s scores.
@@ -117,7 +136,8 @@ def _maxtext(flop_count: str, attention: float) -> Recipe:
         "ici_fsdp_parallelism ranks (FSDP), replicated over dcn_data_parallelism slices (hybrid sharding), all "
         "in weight_dtype float32 (no master copy; optax adamw's moments in the parameters' dtype); "
         "the tensor axis shards the activations' embedding between blocks (as sequence parallelism does); "
-        "remat_policy full = full recomputation, minimal = the matmul outputs kept (selective); the scripts' "
+        "remat_policy full = full recomputation, minimal = jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims "
+        "(MaxText/layers/models.py: the block's input and its weight products' outputs kept, product_outputs); the scripts' "
         "LIBTPU_INIT_ARGS (--xla_tpu_enable_async_collective_fusion, ..._fuse_all_gather, "
         "--xla_tpu_overlap_compute_collective_tc) overlap the collectives, the tensor axis's too, with the "
         f"matrix products; the time from TFLOP/s by MaxText's calculate_training_tflops {flop_count}",
@@ -220,7 +240,9 @@ RECIPES = {
         "each slice's ici_fsdp_parallelism ranks (FSDP), replicated over dcn slices, in weight_dtype float32 "
         "unless a run states bfloat16 (no master copy; optax adamw's moments in the parameters' dtype); XLA's async collective "
         "fusion flags overlap the collectives with the matrix products; the step's seconds from the README's "
-        "quoted log line", multislice=True),
+        "quoted log line; MaxText's dropout_rate 0.0 and a vocabulary not padded (MaxText/configs/base.yml @ "
+        "tpu-recipes-v0.1.2); on TPUs no CUDA context or NCCL buffers: the HBM the TPU runtime keeps instead "
+        "(XLA_PROGRAM_HBM)", multislice=True, family={"dropout": 0.0, "vocab_pad_multiple": 1}),
     "MaxText TPU v5p": _maxtext("of that commit (half the s x s attention)", 0.5),
     "MaxText TPU v5e": _maxtext("as of its table's first publication, 2023-11-08 (the whole s x s attention, "
                                 "before 4e41a72d1 halved it)", 1.0),

@@ -154,8 +154,9 @@ def ring_attention(shard: Shard) -> dict[str, np.ndarray]:
     the attention of the chunk in hand, 1/c of its attention; backward it passes K, V and their
     gradients (twice the bytes) behind 1/c of the backward attention (Transformer Engine's ring
     exchange, Liu et al. 2023). Each transfer hides behind the step it overlaps: exposed = (c − 1)
-    · max(transfer − step, 0) per direction, again for the forward of a fully recomputed block; the
-    point-to-point sends are on the tier the context-parallel group spans.
+    · max(transfer − step, 0) per direction, again for the forward of a block whose attention re-runs
+    (`full`, `product_outputs`); the point-to-point sends are on the tier the context-parallel group
+    spans.
     """
     c, tokens = shard.shard.context_parallel_width, shard.token_share
     if c == 1:
@@ -166,7 +167,7 @@ def ring_attention(shard: Shard) -> dict[str, np.ndarray]:
     forward_send, backward_send = link.time(key_value_bytes), link.time(2 * key_value_bytes)
     forward = (c - 1) * np.maximum(forward_send - shard.values("attention_forward") * tokens / c, 0.0)
     backward = (c - 1) * np.maximum(backward_send - shard.values("attention_backward") * tokens / c, 0.0)
-    again = shard.blocks() & shard.recompute.full
+    again = shard.blocks() & (shard.recompute.full or shard.recompute.product_outputs)
     exposed = forward + backward + np.where(again, forward, 0.0)
     sent_forward, sent_backward = (c - 1) * forward_send, (c - 1) * backward_send
     raw = sent_forward + sent_backward + np.where(again, sent_forward, 0.0)
@@ -175,7 +176,8 @@ def ring_attention(shard: Shard) -> dict[str, np.ndarray]:
 
 def expert_dispatch(shard: Shard, compute: np.ndarray) -> dict[str, np.ndarray]:
     """Seconds of a mixture's token all-to-alls per layer (a width-t rank's tokens, 1/t of them each
-    device's): dispatch and combine forward and backward, again where recomputed. With
+    device's): dispatch and combine forward and backward, again where recomputed (a block with
+    `full` or `product_outputs`: its all-to-alls are not weight products; or its recomputed modules'). With
     `overlap_expert_dispatch` they run behind another micro-batch's compute of the layer on the share
     of the device the dispatch's kernels leave it: compute C and exchanges R take max(C + share·R, R),
     so max(R − C, share·R) of R stays exposed. Returns exposed, hidden and the exposed backward."""
@@ -187,7 +189,8 @@ def expert_dispatch(shard: Shard, compute: np.ndarray) -> dict[str, np.ndarray]:
     all_to_all = np.array([exchanges(layer.all_to_all_bytes) for layer in shard.layers], float)
     again = np.array([sum(exchanges(module.all_to_all_bytes) for module in found) for found in shard.recomputed()],
                      float)
-    raw = 2 * all_to_all + np.where(shard.blocks() & shard.recompute.full, all_to_all, 0.0) + again
+    rerun = shard.blocks() & (shard.recompute.full or shard.recompute.product_outputs)
+    raw = 2 * all_to_all + np.where(rerun, all_to_all, 0.0) + again
     exposed = raw
     if shard.training.overlap_expert_dispatch:
         exposed = np.maximum(raw - compute, shard.training.expert_dispatch_compute_share * raw)
@@ -196,12 +199,15 @@ def expert_dispatch(shard: Shard, compute: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def recomputation(shard: Shard) -> np.ndarray:
-    """The forward seconds each block re-runs: all of it with `full`; else its recomputed modules'
-    forward (a mixture's experts at this shard's split differ by the layer's own difference: only the
-    experts' products read what the split changes) and the attention core's with `core_attn`."""
+    """The forward seconds each block re-runs: all of it with `full`; all but its weight products with
+    `product_outputs` (their outputs kept, the collectives completing them too); else its recomputed
+    modules' forward (a mixture's experts at this shard's split differ by the layer's own difference:
+    only the experts' products read what the split changes) and the attention core's with `core_attn`."""
     tokens, layers = shard.token_share, shard.layers
     if shard.recompute.full:
         rerun = shard.values("forward") * tokens
+    elif shard.recompute.product_outputs:
+        rerun = (shard.values("forward") - shard.values("matrix_forward")) * tokens
     else:
         at_split = shard.values("forward") - np.array([layer.forward for layer in layers], float)
         rerun = tokens * np.array([sum(dict(layer.module_forward).get(module.name, 0.0)

@@ -54,6 +54,14 @@ traced graph's split of each layer's saved tensors (`graph_extract.layergraph.La
     selective_op  torchtitan's operator-level selective checkpointing: the block's operators but
                 the attention kernels, the collectives and every other weight product re-run
                 (`graph_extract.regions.OP_LEVEL`, priced as a recompute module)
+    product_outputs  JAX's checkpoint_dots_with_no_batch_dims (MaxText's remat_policy minimal,
+                maxtext MaxText/layers/models.py @ 76bd53b0f): the block's input and the outputs of
+                the weight products its other saved tensors are rebuilt from
+                (`graph_extract.layergraph.product_outputs`), the replicated parts ÷ t with
+                sequence parallelism; everything else, the attention kernel too, re-runs in the
+                backward: the block's activations rebuilt as working memory, as `full` (a
+                simplification: a kept product output the backward also reads, V, is counted in
+                both)
 
 With a fused attention kernel a block keeps Q, K, V and the softmax statistics instead of the
 core's s × s tensors; in 8 bits the inputs only weight products keep are kept in one byte an element
@@ -80,6 +88,8 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 #: torchtitan's operator-level selective checkpointing (`graph_extract.regions.OP_LEVEL`): a mode of its
 #: own, not searched unless asked.
 OP_LEVEL_MODE = "selective_op"
+#: JAX's checkpoint_dots_with_no_batch_dims (module docstring): a mode of its own, not searched unless asked.
+PRODUCT_OUTPUTS_MODE = "product_outputs"
 MEMORY_KINDS = ("weights", "gradients", "optimizer_state", "activations", "framework_reserve")
 #: What the data-parallel replicas split among them (ZeRO stages 0-3), and the kinds each splits.
 SHARDINGS = ("none", "optimizer", "gradients", "full")
@@ -155,15 +165,17 @@ class ModelState:
 
 #: How the recomputation modes are written, for messages.
 RECOMPUTE_ALLOWED = (f"{', '.join(RECOMPUTE_MODES)}, {OP_LEVEL_MODE} (torchtitan's operator-level selective "
-                     "checkpointing), or Megatron-Core's recompute modules joined by '+' "
+                     f"checkpointing), {PRODUCT_OUTPUTS_MODE} (JAX's checkpoint_dots_with_no_batch_dims, MaxText's "
+                     "remat_policy minimal), or Megatron-Core's recompute modules joined by '+' "
                      f"({', '.join(RECOMPUTE_MODULES)}; e.g. layernorm+moe_act)")
 
 
 def recompute_mode(value: object, field: str = "recompute") -> str:
-    """The one name of a recomputation mode (module docstring): `none`, `full`, `selective`, or a set
-    of Megatron-Core's recompute modules joined by '+' in `RECOMPUTE_MODULES`' order (`core_attn`
-    alone is `selective`, Megatron-Core's default module); InputError naming `field` otherwise."""
-    if isinstance(value, str) and value in (*RECOMPUTE_MODES, OP_LEVEL_MODE):
+    """The one name of a recomputation mode (module docstring): `none`, `full`, `selective`,
+    `selective_op`, `product_outputs`, or a set of Megatron-Core's recompute modules joined by '+' in
+    `RECOMPUTE_MODULES`' order (`core_attn` alone is `selective`, Megatron-Core's default module);
+    InputError naming `field` otherwise."""
+    if isinstance(value, str) and value in (*RECOMPUTE_MODES, OP_LEVEL_MODE, PRODUCT_OUTPUTS_MODE):
         return value
     names = value.split("+") if isinstance(value, str) else []
     if not names or any(name not in RECOMPUTE_MODULES for name in names):
@@ -179,11 +191,13 @@ def recompute_mode(value: object, field: str = "recompute") -> str:
 
 @dataclass(frozen=True)
 class Recompute:
-    """A recomputation mode as a value: whole blocks re-run (`full`), or the recompute modules
-    `modules` re-run (Megatron-Core's; `core_attn` alone is `selective`), or nothing (`none`)."""
+    """A recomputation mode as a value: whole blocks re-run (`full`), or all but their weight products
+    (`product_outputs`), or the recompute modules `modules` re-run (Megatron-Core's; `core_attn` alone
+    is `selective`), or nothing (`none`)."""
 
     full: bool = False
     modules: frozenset[str] = frozenset()
+    product_outputs: bool = False
 
     @staticmethod
     @lru_cache(maxsize=256)
@@ -192,6 +206,8 @@ class Recompute:
         name = recompute_mode(name)
         if name in ("none", "full"):
             return Recompute(full=name == "full")
+        if name == PRODUCT_OUTPUTS_MODE:
+            return Recompute(product_outputs=True)
         if name == OP_LEVEL_MODE:
             return Recompute(modules=frozenset({OP_LEVEL}))
         return Recompute(modules=frozenset({"core_attn"}) if name == "selective" else frozenset(name.split("+")))
@@ -201,6 +217,8 @@ class Recompute:
         """Its one name (`recompute_mode`)."""
         if self.full:
             return "full"
+        if self.product_outputs:
+            return PRODUCT_OUTPUTS_MODE
         if self.modules == {OP_LEVEL}:
             return OP_LEVEL_MODE
         return recompute_mode("+".join(sorted(self.modules))) if self.modules else "none"
@@ -238,9 +256,11 @@ def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOp
                                    layer.replicated_activation_bytes, layer, share, narrow)
                       for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
-    if recompute.full:
-        inputs = np.array([layer.input_bytes - share * layer.replicated_input_bytes for layer in layers], float)
-        return np.where(recomputed, inputs, saved), np.where(recomputed, saved, 0.0)
+    if recompute.full or recompute.product_outputs:
+        kept = np.array([layer.input_bytes - share * layer.replicated_input_bytes
+                         + (layer.product_output_bytes - share * layer.replicated_product_output_bytes
+                            if recompute.product_outputs else 0.0) for layer in layers], float)
+        return np.where(recomputed, kept, saved), np.where(recomputed, saved, 0.0)
     modules = recompute.modules
     if not modules:
         return saved, np.zeros(len(layers))

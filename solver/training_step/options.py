@@ -42,7 +42,8 @@ search and every cache key read.
 * `framework_reserve`: bytes per device the framework holds besides tensors: the CUDA context,
   about 0.3-0.4 GB with lazy loading (pytorch/pytorch #107667, #109888), and NCCL's buffers, about
   0.5-0.7 GB per process group (NVIDIA/nccl #964), communicators sharing them when split from one:
-  1 GB by default;
+  1 GB by default (a GPU's figure: a TPU has neither, its runtime keeps some HBM from every program
+  instead, what XLA's compile-time check does not allow: a TPU run sets that here);
 * `overlap_pipeline_transfers`: with interleaving (v > 1) the pipeline's sends and receives hide
   behind the device's compute of its other chunks (Megatron's overlap_p2p_comm: on by default in
   Megatron-LM's command line, and only ever for the interleaved schedule);

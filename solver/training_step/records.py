@@ -65,6 +65,10 @@ class StepLayer:
     launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (`estimator.roofline`)
     launch_backward: float = 0.0  # of `backward`, likewise
     key_value_bytes: float = 0.0  # the keys and values the attention core reads (what ring attention passes on)
+    # the weight products' outputs a block keeps besides its input with `product_outputs`, and their
+    # replicated part (`graph_extract.Layer`)
+    product_output_bytes: float = 0.0
+    replicated_product_output_bytes: float = 0.0
     # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
     # experts (s = e·τ/t, `Layout.expert_split`), where they differ from s = 1 (a GPU's roofline: 1/s of
     # the expert weights read a micro-batch)
