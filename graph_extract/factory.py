@@ -45,12 +45,11 @@ import torch
 from torch import nn
 
 from graph_extract import hf
+from graph_extract.hf_shrink import EXPERT_COUNT_KEYS
 from graph_extract.operator_layers import OPERATOR_LAYERS
 from graph_extract.parallel import VocabParallelEmbedding
 from graph_extract.zoo import ModelSpec
 
-#: Hugging Face config keys of a mixture's routed experts (Mixtral and GPT-OSS, Qwen-MoE, DeepSeek).
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 #: The keywords phaze passes to a factory that takes them.
 KEYWORDS = ("sequence_length", "tensor_parallel_width", "rank")
 #: Longest default sequence [tokens] taken from config.max_position_embeddings (config.json's rule).

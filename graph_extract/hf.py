@@ -5,7 +5,9 @@
 `layer_types`), and builds `AutoModelForCausalLM.from_config` on the meta device: the family's own
 modules, parameters and forward, no weights. The model runs without a key/value cache and with the
 "eager" attention (the attention's products, mask and softmax as operators: what phaze prices and
-its kernels fuse, with the FLOPs of any other implementation).
+its kernels fuse, with the FLOPs of any other implementation). `build_shrunk(path, sequence_length)`
+builds the file shrunk for verification (`graph_extract.hf_shrink`) with random float32 weights on
+the CPU.
 
 The training loss is the zoo's per-token cross-entropy of the logits
 (`transformer.per_token_cross_entropy`, in the order of Megatron's vocabulary-parallel algorithm),
@@ -23,7 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from graph_extract.hf_shrink import check_shrunk, shrunk
 from graph_extract.transformer import per_token_cross_entropy
+from phaze_common.checks import InputError
 
 #: The attention implementation phaze exports: explicit products, mask and softmax.
 ATTENTION = "eager"
@@ -82,14 +86,23 @@ def digest(path: str | Path) -> str:
     return hashlib.sha1(Path(path).read_bytes() + transformers.__version__.encode()).hexdigest()
 
 
-def _config(path: str, blocks: int | None) -> object:
-    from transformers import AutoConfig
-
-    data = read_config(path)
-    model_type = data.pop("model_type", None)
+def _model_type(data: dict) -> str:
+    """The file's `model_type`; ValueError unless transformers builds it as a causal language model."""
+    model_type = data.get("model_type")
     if not knows(model_type):
         raise ValueError(f"model_type: {model_type!r} is not a causal language model transformers builds; allowed: "
                          f"{', '.join(model_types())}")
+    return model_type
+
+
+def _config(path: str, blocks: int | None, data: dict | None = None) -> object:
+    """The transformers config of the file at `path` (or of its JSON object `data`), cut to its first
+    `blocks` blocks (None: all)."""
+    from transformers import AutoConfig
+
+    data = dict(read_config(path) if data is None else data)
+    model_type = _model_type(data)
+    data.pop("model_type")
     data.pop("quantization_config", None)  # a storage format of weights: training runs in bf16 / fp16
     try:
         config = AutoConfig.for_model(model_type, **data)
@@ -125,9 +138,29 @@ def build(path: str | Path, blocks: int | None = None) -> nn.Module:
 
 
 def build_real(path: str | Path) -> nn.Module:
-    """The whole model of a (small) config.json with random weights on the CPU, with its loss: what
-    `graph_extract.verify` runs against its plan's ranks."""
+    """The whole model of a (small) config.json with random weights on the CPU, with its loss."""
     from transformers import AutoModelForCausalLM
 
     return CausalLMLoss(AutoModelForCausalLM.from_config(_config(str(path), None), attn_implementation=ATTENTION,
                                                          dtype=torch.float32))
+
+
+def build_shrunk(path: str | Path, sequence_length: int) -> nn.Module:
+    """The model of the config.json at `path` shrunk for verification (`graph_extract.hf_shrink.shrunk`
+    for `sequence_length` tokens), with random float32 weights on the CPU and its loss: what
+    `graph_extract.verify` runs against its plan's ranks."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    data = read_config(path)
+    aliases = CONFIG_MAPPING[_model_type(data)].attribute_map
+    config = _config(str(path), None, shrunk(data, sequence_length, aliases))
+    try:
+        with torch.device("meta"):
+            check_shrunk(AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION), data)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION, dtype=torch.float32)
+    except InputError:
+        raise
+    except Exception as error:  # the family's own code and checks
+        raise ValueError(f"transformers cannot build it shrunk: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:200]}") from None
+    return CausalLMLoss(model)

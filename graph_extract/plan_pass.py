@@ -144,9 +144,9 @@ class Rank:
 
     def call(self, node: fx.Node) -> None:
         self.operator(node)
-        if isinstance(self.placement.get(node), Shard) and node not in self.replicas:
+        if isinstance(self.placement.get(node), (Shard, tuple)) and node not in self.replicas:  # a tuple: a chunk's
             self.replicas[node] = max((self.replicas.get(argument, 1) for argument in node.all_input_nodes
-                                       if isinstance(self.placement[argument], Shard)), default=1)
+                                       if isinstance(self.placement[argument], (Shard, tuple))), default=1)
         path = node.meta.get("module_path", "")
         if node in self.experts.dispatches or node in self.experts.combines:  # tokens to and from their experts
             self.env[node] = self.emit(all_to_all, (self.env[node],), {}, path)

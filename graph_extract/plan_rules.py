@@ -92,8 +92,11 @@ def _view(rank: RankGraph, node: fx.Node) -> None:
             sizes[after + 1] //= replicas  # a replicated key/value head repeated for the rank's query heads
             rank.replicas[node] = replicas
         return rank.copy(node, Shard(after), args=(node.args[0], sizes, *node.args[2:]))
-    after = next((j for j in range(len(out)) if math.prod(out[:j]) == before and out[j] > 1), None)
-    if after is None or (out[after] % rank.width):
+    # the first output dimension at that offset of more than one element; of key/value heads held by
+    # `replicas` ranks each, the heads' dimension even where it holds one head
+    after = next((j for j in range(len(out)) if math.prod(out[:j]) == before and (out[j] > 1 or replicas > 1)),
+                 None)
+    if after is None or (out[after] % (rank.width // replicas)):
         raise rank.fail(node, f"a reshape of {Shard(dim)} to {list(out)}")
     if replicas > 1 and out[after] > _shape(source)[dim]:  # replicated heads merged with their repeats
         rank.replicas[node], replicas = 1, 1

@@ -2,15 +2,21 @@
 
 On a tiny configuration of a model family, with real random weights on the CPU, the t shards'
 traced graphs run side by side, node by node; each all-reduce is replaced by the real reduction
-over the t shards (sum, or max). The shards' outputs must equal the unsharded model's outputs. An
-exported model's ranks are its plan's (`graph_extract.plan.apply_plan` with the real weights).
+over the t shards (sum, or max). The shards' outputs must equal the unsharded model's outputs. The
+ranks are a plan's (`graph_extract.plan_pass.apply_plan` with the real weights): one given, or the
+model's own. A config.json is shrunk first (`graph_extract.hf_shrink`: its family and structure, two
+small blocks); a result can be kept in a cache folder, keyed by what it depends on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import fx, nn
@@ -23,6 +29,8 @@ from graph_extract.plan import Plan, derived_plan, read_plan
 from graph_extract.plan_pass import apply_plan
 from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.zoo import ModelSpec, get_spec
+from phaze_common.files import atomic_write, read_cache_file
+from phaze_common.log import warn_once
 
 #: Small enough to run in a fraction of a second, divisible by widths up to 8.
 TINY = dict(
@@ -36,6 +44,10 @@ TINY = dict(
 )
 
 MICRO_BATCH_SIZE = 2
+#: Tokens per sample of a config.json shrunk for verification (`graph_extract.hf_shrink`).
+SEQUENCE = TINY["default_sequence_length"]
+#: Bump when what a verification computes changes: cached results of another version are not read.
+CACHE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -111,35 +123,33 @@ def verify_plan(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan
     return lockstep_error(model, inputs, plan_ranks(model, inputs, plan, width, blocks))
 
 
-def _verify_exported(spec: ModelSpec, width: int, tolerance: float, seed: int) -> VerificationResult:
-    """An exported model (a factory, a config.json) built with random weights on the CPU as its
-    factory builds it (a small one: every weight is allocated), against its plan's ranks."""
+def _exported(spec: ModelSpec, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor], str]:
+    """An exported model with random weights on the CPU, its inputs and its blocks' path: a config.json
+    shrunk (`graph_extract.hf.build_shrunk`, `SEQUENCE` tokens), a factory's model as it builds it
+    (a small one: every weight is allocated)."""
     torch.manual_seed(seed)
     with torch.device("cpu"):
-        model = hf.build_real(spec.factory) if hf.is_config_file(spec.factory) else \
-            factory.factory_function(spec.factory)(**({"sequence_length": spec.default_sequence_length}
-                                                       if factory.default_sequence_length(spec.factory) else {}))
+        if hf.is_config_file(spec.factory):
+            model = hf.build_shrunk(factory.source_file(spec.factory), SEQUENCE)
+        else:
+            model = factory.factory_function(spec.factory)(**({"sequence_length": spec.default_sequence_length}
+                                                              if factory.default_sequence_length(spec.factory) else {}))
     model.eval()
+    vocabulary = model.config.vocab_size if hf.is_config_file(spec.factory) else spec.vocab_size
     generator = torch.Generator().manual_seed(seed)
-    inputs = {name: torch.randint(0, spec.vocab_size, tuple(value.shape), generator=generator)
-              for name, value in factory.model_inputs(model, MICRO_BATCH_SIZE, spec.default_sequence_length).items()}
-    plan = read_plan(spec.plan) if spec.plan is not None else None
-    error = verify_plan(model, inputs, plan, width, factory.find_blocks(model))
-    return VerificationResult(spec.name, width, error, tolerance)
+    inputs = {name: torch.randint(0, vocabulary, tuple(value.shape), generator=generator)
+              for name, value in factory.model_inputs(model, MICRO_BATCH_SIZE, _sequence(spec)).items()}
+    return model, inputs, factory.find_blocks(model)
 
 
-def verify_tensor_parallel(
-    model: str | ModelSpec, width: int, tolerance: float = 1e-4, seed: int = 0, **overrides: int
-) -> VerificationResult:
-    """Run a tiny configuration of `model`'s family sharded `width` ways against the unsharded model.
+def _sequence(spec: ModelSpec) -> int:
+    """The tokens per sample a verification runs: `SEQUENCE` for a config.json (shrunk for it), else
+    the model's default."""
+    return SEQUENCE if spec.factory is not None and hf.is_config_file(spec.factory) else spec.default_sequence_length
 
-    A grouped-query model keeps its query heads per key/value head (at least one key/value head).
-    An exported model (a factory without tensor_parallel_width, a config.json `transformers`
-    builds) runs as built, with random weights, under its plan (`verify_plan`).
-    """
-    spec = get_spec(model)
-    if is_exported(spec):
-        return _verify_exported(spec.with_overrides(**overrides), width, tolerance, seed)
+
+def _tiny(spec: ModelSpec, overrides: Mapping[str, object]) -> ModelSpec:
+    """A zoo model's family at `TINY` sizes (`verify_tensor_parallel`), then `overrides`."""
     tiny = dict(TINY)
     if spec.num_kv_heads is not None:
         tiny["num_kv_heads"] = max(TINY["num_heads"] * spec.num_kv_heads // spec.num_heads, 1)
@@ -151,10 +161,94 @@ def verify_tensor_parallel(
     if spec.latent_attention:
         tiny.update(q_lora_rank=None if spec.q_lora_rank is None else 24, kv_lora_rank=16, qk_nope_head_dim=8,
                     qk_rope_head_dim=4, v_head_dim=8)
-    spec = spec.with_overrides(**{**tiny, **overrides})
+    return spec.with_overrides(**{**tiny, **overrides})
+
+
+def _zoo_model(spec: ModelSpec, width: int, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor], str]:
     sequence_length = spec.default_sequence_length
     torch.manual_seed(seed)
-    full = TransformerModel(spec, sequence_length, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
-    inputs = example_inputs(full, micro_batch_size=MICRO_BATCH_SIZE, sequence_length=sequence_length, device="cpu", seed=seed)
-    error = verify_plan(full, inputs, None, width, "layers")
+    model = TransformerModel(spec, sequence_length, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
+    inputs = example_inputs(model, micro_batch_size=MICRO_BATCH_SIZE, sequence_length=sequence_length, device="cpu",
+                            seed=seed)
+    return model, inputs, "layers"
+
+
+def verify_tensor_parallel(
+    model: str | ModelSpec, width: int, tolerance: float = 1e-4, seed: int = 0, *,
+    plan: Plan | str | Path | None = None, cache_dir: str | Path | None = None, **overrides: object
+) -> VerificationResult:
+    """Run a tiny configuration of `model`'s family sharded `width` ways under `plan` against the
+    unsharded model (`verify_plan`).
+
+    A zoo model is built at `TINY` sizes (a grouped-query model keeps its query heads per key/value
+    head, at least one key/value head). An exported model (a factory without tensor_parallel_width,
+    a config.json `transformers` builds) runs with random weights: a config.json shrunk
+    (`graph_extract.hf_shrink`), a factory's model as built. `plan` (a Plan or a plan file) names
+    module paths of that tiny model, which has the full model's structure with fewer, smaller blocks;
+    None: the model's own (its `plan` file, else the plan derived by structure).
+
+    With `cache_dir`, the result is kept in `cache_dir/verified/` under its key (`verification_key`)
+    and read back instead of running the model again.
+    """
+    spec = get_spec(model)
+    if isinstance(plan, (str, Path)):
+        plan = read_plan(plan)
+    if is_exported(spec):
+        spec = spec.with_overrides(**overrides)
+        plan = read_plan(spec.plan) if plan is None and spec.plan is not None else plan
+    else:
+        spec = _tiny(spec, overrides)
+    key = verification_key(spec, plan, width, seed) if cache_dir is not None else None
+    path = cache_file(Path(cache_dir), key) if key is not None else None
+    if path is not None and (error := _cached_error(path, key)) is not None:
+        return VerificationResult(spec.name, width, error, tolerance)
+    model, inputs, blocks = _exported(spec, seed) if is_exported(spec) else _zoo_model(spec, width, seed)
+    error = verify_plan(model, inputs, plan, width, blocks)
+    if path is not None:
+        _store(path, key, spec.name, width, error)
     return VerificationResult(spec.name, width, error, tolerance)
+
+
+# the cache of verifications ---------------------------------------------------------------------
+
+def verification_key(spec: ModelSpec, plan: Plan | None, width: int, seed: int) -> dict:
+    """What a verification's result depends on: the model (an exported one: its source file's digest,
+    its function and sequence; a zoo one: its tiny spec), the plan's styles (None: `derived`), the
+    width, the seed, the micro-batch, torch's version and `CACHE_VERSION`."""
+    if is_exported(spec):
+        reference = spec.factory
+        model = {"source": factory.source_digest(reference), "sequence_length": _sequence(spec),
+                 "function": None if hf.is_config_file(reference) else reference.rpartition(":")[2]}
+    else:
+        model = dataclasses.asdict(spec)
+    return {"version": CACHE_VERSION, "model": model,
+            "plan": "derived" if plan is None else [list(pair) for pair in plan.styles],
+            "tensor_parallel_width": width, "seed": seed, "micro_batch_size": MICRO_BATCH_SIZE,
+            "torch": torch.__version__}
+
+
+def cache_file(cache_dir: Path, key: dict) -> Path:
+    """`cache_dir/verified/<SHA-1 of the key>.json` (the model's name is not part of the key: a
+    config.json copied elsewhere is the same model)."""
+    return cache_dir / "verified" / f"{hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()}.json"
+
+
+def _cached_error(path: Path, key: dict) -> float | None:
+    """The error a cache file holds for `key`; None: no file, another key's, or damaged (set aside)."""
+    def read(file: Path) -> float | None:
+        record = json.loads(file.read_text())
+        error = record["max_abs_error"]
+        if not isinstance(error, (int, float)) or isinstance(error, bool):
+            raise ValueError(f"max_abs_error {error!r} is not a number")
+        return float(error) if record.get("key") == json.loads(json.dumps(key)) else None
+
+    return read_cache_file(path, read, (KeyError, TypeError), "verification cache: cannot read %s (%s)")
+
+
+def _store(path: Path, key: dict, name: str, width: int, error: float) -> None:
+    record = {"key": key, "model": name, "tensor_parallel_width": width, "max_abs_error": error}
+    try:
+        atomic_write(path, json.dumps(record, indent=1))
+    except OSError as problem:
+        warn_once(("unwritable", path.parent), "verification cache: cannot write to %s (%s); results are not "
+                  "stored", path.parent, problem.strerror or problem)
