@@ -165,28 +165,15 @@ def derived_plan(module: fx.GraphModule, blocks: str) -> Plan:
     rowwise, and the products whose outputs reach its input directly are colwise; those that reach
     it only through another product (a latent attention's down projections, replicated as
     Megatron-Core's MLA duplicates them) and a router (whose values reach only the routing) stay
-    replicated; the token embedding (the largest table) is rowwise (vocabulary-parallel) and the
-    product after the blocks onto the vocabulary colwise (its logits split, the loss computed on
-    them as Megatron's)."""
+    replicated; outside the blocks, `vocabulary_styles`."""
     parameters = dict(module.named_parameters(remove_duplicate=False))
     products: dict[str, list[tuple[fx.Node, str]]] = {}
-    styles: dict[str, str] = {}
-    tables = [node.args[0] for node in module.graph.nodes
-              if node.target is aten.embedding.default and isinstance(node.args[0], fx.Node)]
-    vocabulary = max(tables, key=lambda table: _shape(table)[0]) if tables else None  # the token embedding
-    if vocabulary is not None:
-        styles[vocabulary.target.rpartition(".")[0]] = ROWWISE
-    after_blocks = False
+    styles: dict[str, str] = dict(vocabulary_styles(module, blocks))
     for node in module.graph.nodes:
         path = node.meta.get("module_path", "")
-        after_blocks |= path.startswith(f"{blocks}.")
-        if (owner := _weight_product(node, parameters)) is None:
-            continue
-        if path.startswith(f"{blocks}."):
+        if path.startswith(f"{blocks}.") and (owner := _weight_product(node, parameters)) is not None:
             child = ".".join(path.split(".")[: len(blocks.split(".")) + 2])
             products.setdefault(child, []).append((node, owner))
-        elif after_blocks and vocabulary is not None and _shape(node)[-1] == _shape(vocabulary)[0]:
-            styles[owner] = COLWISE  # the output projection over the vocabulary
     for found in products.values():
         ancestors = {node: _ancestors(node) for node, _ in found}
         for last, owner in found:
@@ -198,6 +185,28 @@ def derived_plan(module: fx.GraphModule, blocks: str) -> Plan:
                 if node in feeding and not any(node in ancestors[other] for other in feeding - {node}):
                     styles.setdefault(feeder, COLWISE)
     return Plan(styles=tuple(styles.items()))
+
+
+def vocabulary_styles(module: fx.GraphModule, blocks: str) -> dict[str, str]:
+    """The styles outside the blocks: the token embedding (the largest table looked up) rowwise
+    (vocabulary-parallel) and the weight product after the blocks onto the vocabulary colwise (its
+    logits split, the loss computed on them as Megatron's)."""
+    parameters = dict(module.named_parameters(remove_duplicate=False))
+    styles: dict[str, str] = {}
+    tables = [node.args[0] for node in module.graph.nodes
+              if node.target is aten.embedding.default and isinstance(node.args[0], fx.Node)]
+    vocabulary = max(tables, key=lambda table: _shape(table)[0]) if tables else None  # the token embedding
+    if vocabulary is None:
+        return styles
+    styles[vocabulary.target.rpartition(".")[0]] = ROWWISE
+    after_blocks = False
+    for node in module.graph.nodes:
+        path = node.meta.get("module_path", "")
+        after_blocks |= path.startswith(f"{blocks}.")
+        if after_blocks and not path.startswith(f"{blocks}.") and _shape(node)[-1:] == _shape(vocabulary)[:1] \
+                and (owner := _weight_product(node, parameters)) is not None:
+            styles[owner] = COLWISE  # the output projection over the vocabulary
+    return styles
 
 
 def _data_inputs(node: fx.Node) -> list[fx.Node]:

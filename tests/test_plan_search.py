@@ -222,14 +222,6 @@ def test_a_plan_whose_all_reduce_is_dropped_is_caught():
     assert not agrees(real, real_inputs, ranks)
 
 
-def test_a_mixture_of_experts_block_is_refused():
-    spec = get_spec("mixtral-8x7b").with_overrides(**TINY, num_kv_heads=2, num_experts=4, experts_per_token=2)
-    with torch.device("meta"):
-        model = TransformerModel(spec, SEQUENCE, spec.padded_vocab_size(1), MICRO_BATCH_SIZE)
-    with pytest.raises(InputError, match=r"^plan search: .* at layers\.0\.mlp: a mixture of experts"):
-        block_graph(export(model, example_inputs(model, MICRO_BATCH_SIZE, SEQUENCE)), "layers", 2)
-
-
 class AttentionKernelMixer(Mixer):
     """The Mixer with aten.scaled_dot_product_attention over the key/value heads (enable_gqa)."""
 

@@ -1,9 +1,9 @@
-"""The sharding graph of an exported model's first transformer block (the search of
+"""The sharding graph of an exported model's transformer block (the search of
 `solver.auto_sharding.from_export`).
 
-The first block's nodes of the exported, unsharded graph (`graph_extract.export`: module path
-`<blocks>.0` or under it) become a `ShardingGraph`, one operator per node, each tensor with the
-node's shape; an operator's iteration dims are named by position:
+A block's nodes of the exported, unsharded graph (`graph_extract.export`: module path `<blocks>.<i>`
+or under it) become a `ShardingGraph`, one operator per node, each tensor with the node's shape; an
+operator's iteration dims are named by position:
 
 - a weight product (aten.linear, mm or matmul of a `get_attr` weight): `x[..,k] w[n,k] -> y[..,n]`;
   splitting n is `colwise`, k `rowwise`, nothing is replicated compute;
@@ -16,22 +16,48 @@ node's shape; an operator's iteration dims are named by position:
   cat): dims mapped by their sizes, a merged dim (heads·head_dim) and its leading factor (heads)
   being one iteration dim that splits as many ways as the factor (a split of the merged dim is a
   split of its leading factor); the other factors, a sliced or concatenated dim and an expanded one
-  do not split.
+  do not split. An expansion of size-1 dims read only by element-wise operators and concatenations
+  is left to them as a broadcast (a latent attention's one rotated key expanded to the heads): they
+  read it whole where they split the expanded dim, and its gradient is then a partial sum
+  all-reduced (the plan pass cuts the expansion to the rank's heads).
+
+A mixture of experts (the zoo's `MixtureOfExperts`: Mixtral, Qwen3-MoE, DeepSeek-V3's routed
+experts):
+
+- the router (a weight product whose values reach a top-k through other operators only) is
+  replicated, as derived_plan leaves it; softmax, top-k (its values; a `route` operator over the
+  experts' dim) and the weights' normalisation follow it; integer and boolean tensors (the chosen
+  experts, the slots of the dispatch, masks) are constants;
+- an expert product (bmm, matmul or `_grouped_mm` of an [experts, in, out] weight) is
+  `x[..,k] w[e,k,n] -> y[..,n]`, splitting n `colwise` and k `rowwise` as the plan pass splits the
+  weight's out or in dimension, in the experts' own tensor-parallel group (taken as the t ranks);
+  the experts' dim and the token slots never split: expert parallelism is phaze's placement
+  search's, not this ILP's;
+- the dispatch (pads, row picks and reshapes of the tokens before an expert product, `moves_rows`)
+  is part of the products that read it: they read the tokens [.., h] themselves, so that under a
+  colwise split the gradient of the tokens (not of the k-times larger dispatched rows) is
+  all-reduced, once for the tensor (the plan pass's one copy into the experts' group);
+- the combine (the expert product's rows moved back to the tokens, weighed by the routing
+  weights and summed, `moves_rows`) is part of the product that writes it: the product's output is
+  the combine's [.., h], so that under a rowwise split the tokens' sum is all-reduced after the
+  combine, as the plan pass keeps the `Partial` sum through these operators and all-reduces it
+  there, and the routing weights' gradient (a sum over the split features) is all-reduced too. The
+  combine's element-wise work (1/f of the product's, f the experts' width) is counted as the
+  product's, split with it.
 
 The batch and sequence dims (those of the block's input but its last, and every dim they flow into)
 and the head dim never split: data and context parallelism are other axes of phaze's search. A dim
 of size n splits t ways if t divides n or, as a grouped-query attention's key/value heads under
 Megatron's rule, n divides t (each of the n parts then held by t/n ranks; the ILP prices such a split
 as t ways). Parameters other than the weight products' (norms' scales, biases) and buffers (masks,
-rotary tables) are constants outside the graph. A mixture of experts (grouped products, routing) is
-refused: its placement is expert parallelism's.
+rotary tables) are constants outside the graph. Any other operator is refused in one line naming it.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -40,86 +66,49 @@ from torch import fx
 
 from phaze_common.checks import InputError, positive_integer
 
+from .export_nodes import (IDENTITIES, PADS, RESHAPES, ROW_PICKS, TOP_K, block_kinds, combine_chain,
+                           dim_groups, first_shape, in_block, is_expert_product, is_floating, moves_rows, node_shape,
+                           routers, weight_of)
 from .graph import Op, Operand, ShardingGraph, Tensor
 
 aten = torch.ops.aten
 #: Labels of a tensor dim: a batch or sequence dim, another dim that never splits, or one that may.
 TOKENS, FIXED, FREE = "tokens", "fixed", None
 
-_WEIGHT_PRODUCTS = (aten.linear.default, aten.mm.default, aten.matmul.default)
 _ACTIVATION_PRODUCTS = (aten.matmul.default, aten.bmm.default, aten.mm.default)
 _ATTENTION = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention.default,
               aten._scaled_dot_product_efficient_attention.default,
               aten._scaled_dot_product_flash_attention_for_cpu.default)
-_MIXTURE = (aten._grouped_mm.default, aten.index_select.default, aten.index.Tensor, aten.topk.default)
 _NORMS = (aten.rms_norm.default, aten.layer_norm.default)
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
 _REDUCTIONS = (aten.mean.dim, aten.sum.dim_IntList, aten.amax.default)
-_RESHAPES = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unflatten.int,
-             aten.flatten.using_ints, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
-             aten.squeeze.default)
-_IDENTITIES = (aten.clone.default, aten.contiguous.default, aten._to_copy.default, aten.to.dtype,
-               aten.alias.default, aten.detach.default, aten.dropout.default, aten.type_as.default)
+#: Operators that take a broadcast operand as it is (an expansion of size-1 dims left to them).
+_BROADCASTING = (aten.cat.default,)
 
 
 @dataclass(frozen=True, kw_only=True)
 class BlockGraph:
-    """A block's sharding graph, the module of each weight product (operator name -> module path in
-    the first block) and the product's output dim (its split: colwise) and contracted dim (rowwise)."""
+    """A block's sharding graph (block `<blocks>.<index>`), what each weight product's plan entry
+    names (operator name -> the module path of a linear map, the parameter path of an experts'
+    weight, in this block) and the product's output dim (its split: colwise) and contracted dim
+    (rowwise)."""
 
     graph: ShardingGraph
     blocks: str
+    index: int
     products: Mapping[str, str]
     out_dims: Mapping[str, str]
     in_dims: Mapping[str, str]
 
 
-def _shape(node: object) -> tuple[int, ...] | None:
-    meta = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
-    if not hasattr(meta, "shape"):  # none, or a tuple of outputs
-        return None
-    return tuple(int(size) for size in meta.shape)
-
-
-def _in_block(node: fx.Node, prefix: str) -> bool:
-    path = node.meta.get("module_path", "")
-    return path == prefix or path.startswith(prefix + ".")
-
-
-def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-    """The dims of two shapes of the same elements in consecutive groups of equal products (a size-1
-    dim alone in its group)."""
-    i = j = 0
-    found: list[tuple[list[int], list[int]]] = []
-    while i < len(a) or j < len(b):
-        if i < len(a) and a[i] == 1:
-            found.append(([i], []))
-            i += 1
-            continue
-        if j < len(b) and b[j] == 1:
-            found.append(([], [j]))
-            j += 1
-            continue
-        left, right, pa, pb = [i], [j], a[i], b[j]
-        i, j = i + 1, j + 1
-        while pa != pb:
-            if pa < pb:
-                left.append(i)
-                pa *= a[i]
-                i += 1
-            else:
-                right.append(j)
-                pb *= b[j]
-                j += 1
-        found.append((left, right))
-    return found
+_shape = node_shape
 
 
 class _Builder:
     """The block's operators, one per node, with each tensor's dim labels."""
 
-    def __init__(self, width: int, element_bytes: int) -> None:
-        self.width, self.element_bytes = width, element_bytes
+    def __init__(self, width: int, element_bytes: int, inside: set[fx.Node], routers: frozenset[fx.Node]) -> None:
+        self.width, self.element_bytes, self.inside, self.routers = width, element_bytes, inside, routers
         self.tensors: dict[str, Tensor] = {}
         self.labels: dict[str, list[str | None]] = {}
         self.alias: dict[fx.Node, str] = {}
@@ -127,6 +116,15 @@ class _Builder:
         self.products: dict[str, str] = {}
         self.out_dims: dict[str, str] = {}
         self.in_dims: dict[str, str] = {}
+        self.dispatched: dict[fx.Node, str] = {}  # a dispatch's rows -> the tokens tensor they are picked from
+        self.combines: dict[fx.Node, tuple[fx.Node, list[fx.Node]]] = {}  # a combine's end -> (product, chain)
+        self.folded: set[fx.Node] = set()  # nodes that are part of an expert product's operator
+
+    def reads(self, node: fx.Node) -> bool:
+        """Whether `node` is an operator of the graph: a weight product, the end of a combine, or an
+        operator reading a graph tensor or a dispatch."""
+        return weight_of(node) is not None or node in self.combines or any(
+            self.name(argument) is not None or argument in self.dispatched for argument in node.all_input_nodes)
 
     def name(self, node: object) -> str | None:
         """The graph tensor of a node, None for a constant."""
@@ -203,7 +201,7 @@ class _Builder:
         sizes = {**{f"a{i}": s for i, s in enumerate(a)}, **{f"b{j}": s for j, s in enumerate(b)}}
         labels: list[str | None] = [FIXED] * len(b)
         fixed = set(sizes)
-        for left, right in _groups(a, b):
+        for left, right in dim_groups(a, b):
             lead_a = next((i for i in left if a[i] > 1), None)
             lead_b = next((j for j in right if b[j] > 1), None)
             if lead_a is None or lead_b is None:
@@ -241,12 +239,63 @@ class _Builder:
         parameter = weight.target
         self.add_tensor(parameter, _shape(weight), [FREE, FREE], parameter=True)
         sizes = {**dict(zip(lead, x[:-1])), "k": k, "n": n}
-        labels = [*self.labels[name][:-1], FREE]
+        router = node in self.routers  # replicated
+        labels = [*self.labels[name][:-1], FIXED if router else FREE]
+        fixed = {"k", "n"} if router else {"k"} if self.labels[name][-1] is not FREE else set()
         self.add_op(node, "product", [(name, (*lead, "k")), (parameter, ("n", "k") if transposed else ("k", "n"))],
-                    (*lead, "n"), sizes, {"k"} if self.labels[name][-1] is not FREE else set(), labels,
-                    2 * math.prod(x) * n)
+                    (*lead, "n"), sizes, fixed, labels, 2 * math.prod(x) * n)
         self.products[node.name] = parameter.rpartition(".")[0]
         self.out_dims[node.name], self.in_dims[node.name] = "n", "k"
+
+    def expert_product(self, node: fx.Node, end: fx.Node, chain: list[fx.Node]) -> None:
+        """x[.., k] · w[e, k, n] -> [.., n]: an experts' weight, x the tokens its dispatch picks rows of
+        (or its own input), the output the combine's `end` after `chain` (or the product's own)."""
+        source, weight = node.args[0], node.args[1]
+        name = self.dispatched.get(source) or self.name(source)
+        if name is None:
+            raise self.refuse(node, "an expert product of a constant")
+        x, (experts, k, n) = self.tensors[name].shape, _shape(weight)
+        if x[-1] != k:
+            raise self.refuse(node, f"an expert product of {list(x)} and a weight of {list(_shape(weight))}")
+        parameter = weight.target
+        self.add_tensor(parameter, _shape(weight), [FIXED, FREE, FREE], parameter=True)
+        out = _shape(end)
+        lead_in, lead_out = [f"x{i}" for i in range(len(x) - 1)], [f"y{i}" for i in range(len(out) - 1)]
+        sizes = {**dict(zip(lead_in, x[:-1])), **dict(zip(lead_out, out[:-1])), "e": experts, "k": k, "n": n}
+        inputs = [(name, (*lead_in, "k")), (parameter, ("e", "k", "n"))]
+        flops = 2 * math.prod(_shape(node)) * k
+        for link in chain:  # the combine's weighing (a factor: an operand of its own dims) and sum
+            if link.target is aten.sum.dim_IntList:
+                flops += math.prod(_shape(link.args[0]))
+            if link.target is not aten.mul.Tensor:
+                continue
+            flops += math.prod(_shape(link))
+            for factor in map(self.name, link.args):
+                if factor is not None:
+                    dims = tuple(f"w{len(inputs)}_{j}" for j in range(len(self.tensors[factor].shape)))
+                    sizes.update(zip(dims, self.tensors[factor].shape))
+                    inputs.append((factor, dims))
+        fixed = set(sizes) - {"k", "n"} | ({"k"} if self.labels[name][-1] is not FREE else set())
+        self.add_tensor(end.name, out, [FIXED] * (len(out) - 1) + [FREE])
+        self.ops.append(Op(name=node.name, kind="product",
+                           inputs=tuple(Operand(tensor=t, dims=d) for t, d in inputs),
+                           output=Operand(tensor=end.name, dims=(*lead_out, "n")),
+                           sizes=tuple((dim, self.capacity(size) if dim not in fixed else size)
+                                       for dim, size in sizes.items()),
+                           fixed=frozenset(fixed), flops=float(flops)))
+        self.products[node.name] = parameter
+        self.out_dims[node.name], self.in_dims[node.name] = "n", "k"
+
+    def top_k(self, node: fx.Node) -> None:
+        """The values of a top-k over one dim: a `route` operator, that dim unsplit."""
+        name = self.name(node.args[0])
+        shape, out = self.tensors[name].shape, first_shape(node)
+        over = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)) % len(shape)
+        dims = tuple(f"i{i}" if i != over else "x" for i in range(len(shape)))
+        out_dims = tuple(dim if i != over else "j" for i, dim in enumerate(dims))
+        sizes = {**dict(zip(dims, shape)), "j": out[over]}
+        labels = [label if i != over else FIXED for i, label in enumerate(self.labels[name])]
+        self.add_op(node, "route", [(name, dims)], out_dims, sizes, {"x", "j"}, labels, math.prod(shape), shape=out)
 
     def activation_product(self, node: fx.Node, left: fx.Node, right: fx.Node) -> None:
         """a[.., m, k] · b[.., k, n] -> [.., m, n] (batch dims aligned)."""
@@ -312,16 +361,36 @@ class _Builder:
 
     def node(self, node: fx.Node) -> None:
         target, args = node.target, node.args
-        if target in _MIXTURE:
-            raise InputError(f"plan search: {target} at {node.meta.get('module_path', '')}: a mixture of experts "
-                             "(grouped products, routing) is not handled; its split is expert parallelism's")
+        if node in self.folded:
+            return
+        if node in self.combines:
+            return self.expert_product(self.combines[node][0], node, self.combines[node][1])
+        if not is_floating(node):  # the routing's integers, masks: constants
+            return
+        if any(argument in self.dispatched for argument in node.all_input_nodes) and not is_expert_product(node):
+            if moves_rows(node, args[0], combine=False):
+                self.dispatched[node] = self.dispatched[args[0]]
+                return
+            raise self.refuse(node, "a use of the experts' dispatched rows other than an expert product")
+        if target in PADS + ROW_PICKS and moves_rows(node, args[0], combine=False) and self.name(args[0]) is not None:
+            self.dispatched[node] = self.name(args[0])  # a dispatch: read by the expert products
+            return
         if target is operator.getitem:
             if args[1] != 0 or self.name(args[0]) is None:
                 raise self.refuse(node, f"output {args[1]} of {args[0].target}")
             self.alias[node] = self.name(args[0])
             return
-        if target in _WEIGHT_PRODUCTS and isinstance(args[1], fx.Node) and args[1].op == "get_attr":
+        if is_expert_product(node):
+            chain = combine_chain(node, self.inside)
+            if not chain:
+                return self.expert_product(node, node, [])
+            self.combines[chain[-1]] = (node, chain)
+            self.folded.update(chain[:-1])
+            return
+        if weight_of(node) is not None:
             return self.weight_product(node, args[0], args[1], transposed=target is aten.linear.default)
+        if target in TOP_K:
+            return self.top_k(node)
         if _shape(node) is None and not node.users:  # a check without a value (_assert_tensor_metadata)
             return
         if _shape(node) is None and target not in _ATTENTION:
@@ -339,7 +408,7 @@ class _Builder:
             dims = [dims] if isinstance(dims, int) else list(dims or range(len(_shape(args[0]))))
             keep = bool(args[2]) if len(args) > 2 else bool(node.kwargs.get("keepdim", False))
             return self.reduced(node, "normalise", args[0], dims, keep)
-        if target in _RESHAPES:
+        if target in RESHAPES:
             return self.reshape(node, args[0])
         if target is aten.transpose.int:
             order = list(range(len(_shape(node))))
@@ -352,23 +421,28 @@ class _Builder:
             source = _shape(args[0])
             rank = len(_shape(node))
             grown = {i + rank - len(source) for i, size in enumerate(source) if size != _shape(node)[i + rank - len(source)]}
+            if all(source[i - rank + len(source)] == 1 for i in grown) and node.users and all(
+                    user.target in _BROADCASTING or torch.Tag.pointwise in getattr(user.target, "tags", ())
+                    for user in node.users):
+                self.alias[node] = self.name(args[0])  # a broadcast, left to its readers
+                return
             return self.aligned(node, "view", [args[0]], grown | set(range(rank - len(source))), 0)
         if target is aten.slice.Tensor:
             return self.aligned(node, "view", [args[0]], {(args[1] if len(args) > 1 else 0) % len(_shape(node))}, 0)
         if target is aten.cat.default:
             return self.aligned(node, "view", list(args[0]), {(args[1] if len(args) > 1 else 0) % len(_shape(node))}, 0)
-        if target in _IDENTITIES:
+        if target in IDENTITIES:
             return self.aligned(node, "view", [args[0]], set(), 0)
         if torch.Tag.pointwise in getattr(target, "tags", ()):
             return self.aligned(node, "elementwise", [a for a in node.all_input_nodes])
         raise self.refuse(node, "this operator")
 
 
-def block_graph(module: fx.GraphModule, blocks: str, width: int, element_bytes: int = 2) -> BlockGraph:
-    """The sharding graph of the first block (`<blocks>.0`) of an exported graph at `width` ranks."""
+def block_graph(module: fx.GraphModule, blocks: str, width: int, element_bytes: int = 2, index: int = 0) -> BlockGraph:
+    """The sharding graph of block `<blocks>.<index>` of an exported graph at `width` ranks."""
     positive_integer("width", width)
-    prefix = f"{blocks}.0"
-    nodes = [node for node in module.graph.nodes if node.op == "call_function" and _in_block(node, prefix)]
+    prefix = f"{blocks}.{index}"
+    nodes = [node for node in module.graph.nodes if node.op == "call_function" and in_block(node, prefix)]
     if not nodes:
         raise InputError(f"blocks: no node of module {prefix} in the exported graph")
     inside = set(nodes)
@@ -376,7 +450,7 @@ def block_graph(module: fx.GraphModule, blocks: str, width: int, element_bytes: 
     if len(outputs) != 1 or _shape(outputs[0]) is None:
         raise InputError(f"blocks: {prefix} must hand one tensor to what follows, got {[n.name for n in outputs]}")
     shape = _shape(outputs[0])
-    builder = _Builder(width, element_bytes)
+    builder = _Builder(width, element_bytes, inside, routers(nodes, inside))
     for node in nodes:
         for argument in node.all_input_nodes:
             if argument not in inside and argument.op != "get_attr" and _shape(argument) == shape \
@@ -385,11 +459,19 @@ def block_graph(module: fx.GraphModule, blocks: str, width: int, element_bytes: 
     if not builder.tensors:
         raise InputError(f"blocks: {prefix} reads no tensor of its output's shape {list(shape)}")
     for node in nodes:
-        is_product = node.target in _WEIGHT_PRODUCTS and len(node.args) > 1 and isinstance(node.args[1], fx.Node) \
-            and node.args[1].op == "get_attr"
-        if is_product or any(builder.name(argument) is not None for argument in node.all_input_nodes):
+        if builder.reads(node):
             builder.node(node)
     graph = ShardingGraph(tensors=tuple(builder.tensors.values()), ops=tuple(builder.ops),
                           input_boundary="replicated", output_boundary="replicated")
-    return BlockGraph(graph=graph, blocks=blocks, products=MappingProxyType(builder.products),
+    return BlockGraph(graph=graph, blocks=blocks, index=index, products=MappingProxyType(builder.products),
                       out_dims=MappingProxyType(builder.out_dims), in_dims=MappingProxyType(builder.in_dims))
+
+
+def kind_graphs(module: fx.GraphModule, blocks: str, width: int, element_bytes: int = 2
+                ) -> tuple[tuple[tuple[int, ...], BlockGraph], ...]:
+    """The blocks `<blocks>.<i>` grouped by structure (`export_nodes.block_kinds`: a model's dense and
+    mixture-of-experts blocks), each group with the sharding graph of its first block."""
+    kinds = block_kinds(module, blocks)
+    if not kinds:
+        raise InputError(f"blocks: no node of module {blocks}.<i> in the exported graph")
+    return tuple((indices, block_graph(module, blocks, width, element_bytes, indices[0])) for indices in kinds)

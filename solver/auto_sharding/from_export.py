@@ -1,7 +1,11 @@
 """The tensor-parallel plan of an exported model's transformer block, searched by the sharding ILP and
 returned as a `graph_extract.plan.Plan` the plan pass (`graph_extract.plan_pass.apply_plan`) accepts.
 
-The first block's nodes become a `ShardingGraph` (`export_graph.block_graph`).
+The blocks are grouped by structure (a model's first dense blocks and its mixture-of-experts blocks
+are two kinds); the first block of each kind becomes a `ShardingGraph` (`export_graph.block_graph`:
+its mixture of experts and latent attention included) and is searched on its own, the blocks
+between them exchanging the replicated residual stream. A module's style is one wildcard entry
+(`<blocks>.*.<path>`) where the kinds that hold it agree, else one entry per block.
 
 The search is restricted to what the plan pass can express (PyTorch's `ColwiseParallel` and
 `RowwiseParallel`): the mesh has one axis of the t tensor-parallel ranks whose all-reduces are ring
@@ -12,7 +16,9 @@ blocks); products may be computed whole (`replicated_compute`), each FLOP priced
 chip's rate times its efficiency. The gradients of a tensor read by several products are summed
 before their conversion (resharding.py), so q, k and v reading one normed input pay one backward
 all-reduce, as the plan pass inserts one copy (Megatron's `copy_to_tensor_parallel_region`) per
-tensor and module.
+tensor and module. The experts' tensor-parallel group is the t ranks (expert parallelism, which
+divides the experts among ranks, is the placement search's, not this ILP's: each rank holds every
+expert's share).
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import torch
 from torch import fx, nn
 
 from phaze_common.checks import InputError, positive_integer, positive_number
-from graph_extract.plan import COLWISE, ROWWISE, Plan, derived_plan
-from graph_extract.verify import lockstep_error, plan_ranks
+from graph_extract.plan import COLWISE, ROWWISE, Plan, vocabulary_styles
+from graph_extract.transformer import TransformerModel, example_inputs
+from graph_extract.verify import MICRO_BATCH_SIZE, TINY, lockstep_error, plan_ranks
+from graph_extract.zoo import get_spec
 
 from .costs import CostModel
-from .export_graph import BlockGraph, block_graph
+from .export_graph import BlockGraph, block_graph, kind_graphs
 from .ilp import ShardingPlan, solve
 from .mesh import AlphaBeta, DeviceMesh, MeshAxis
 from .resharding import REPLICATE
@@ -84,21 +92,18 @@ def cost_settings(chip_flops: float = 400e12, efficiency: float = 0.5) -> CostSe
 
 # --- plans --------------------------------------------------------------------------------------
 
-def _pattern(block: BlockGraph, module_path: str) -> str:
-    return f"{block.blocks}.*.{module_path.removeprefix(f'{block.blocks}.0.')}"
+def _relative(block: BlockGraph, module_path: str) -> str:
+    return module_path.removeprefix(f"{block.blocks}.{block.index}.")
 
 
-def block_styles(block: BlockGraph, strategies: Mapping[str, Strategy]) -> dict[str, str]:
-    """Module pattern (the block index a wildcard) -> style of each split weight product."""
-    found: dict[str, str] = {}
+def block_styles(block: BlockGraph, strategies: Mapping[str, Strategy]) -> dict[str, str | None]:
+    """Module path below the block -> style of each weight product (None: replicated)."""
+    found: dict[str, str | None] = {}
     for op, path in block.products.items():
         dim = strategies[op].splits[0]
-        if dim is None:
-            continue
-        style = COLWISE if dim == block.out_dims[op] else ROWWISE
-        pattern = _pattern(block, path)
-        if found.setdefault(pattern, style) != style:
-            raise InputError(f"plan search: {path}: its products split both {COLWISE} and {ROWWISE}")
+        style = None if dim is None else COLWISE if dim == block.out_dims[op] else ROWWISE
+        if found.setdefault(_relative(block, path), style) != style:
+            raise InputError(f"plan search: {path}: its products split two ways")
     return found
 
 
@@ -126,12 +131,6 @@ def plan_strategies(block: BlockGraph, plan: Plan, model: CostModel) -> dict[str
     return chosen
 
 
-def _outside_entries(module: fx.GraphModule, blocks: str) -> tuple[tuple[str, str], ...]:
-    """`derived_plan`'s entries outside the blocks: the vocabulary-parallel embedding and output projection."""
-    return tuple((pattern, style) for pattern, style in derived_plan(module, blocks).styles
-                 if not pattern.startswith(f"{blocks}."))
-
-
 @dataclass(frozen=True, kw_only=True)
 class SearchSettings:
     """The prices of the search: the chip's rate [FLOP/s] and efficiency, the link's bandwidth
@@ -156,18 +155,53 @@ def search_model(block: BlockGraph, width: int, search: SearchSettings = SearchS
     return tensor_parallel_mesh(width, search.link_bandwidth, search.link_latency, 2 * replicated or 1.0), settings
 
 
+@dataclass(frozen=True, kw_only=True)
+class BlockSearch:
+    """The blocks of one kind (their indices), the sharding graph of the first and the ILP's plan of it."""
+
+    indices: tuple[int, ...]
+    block: BlockGraph
+    result: ShardingPlan
+
+
+def search_blocks(module: fx.GraphModule, blocks: str, width: int, search: SearchSettings = SearchSettings()
+                  ) -> tuple[BlockSearch, ...]:
+    """The ILP's plan of least time per step of each kind of block of an exported graph at `width` ranks."""
+    found = []
+    for indices, block in kind_graphs(module, blocks, width, search.element_bytes):
+        mesh, settings = search_model(block, width, search)
+        result = solve(block.graph, mesh, settings, time_limit=search.time_limit)
+        if result.status == "infeasible":
+            raise InputError(f"plan search: no plan of {blocks}.{indices[0]} at width {width}")
+        found.append(BlockSearch(indices=indices, block=block, result=result))
+    return tuple(found)
+
+
+def searched_styles(searched: Sequence[BlockSearch]) -> tuple[tuple[str, str], ...]:
+    """The plan entries of the searched kinds: `<blocks>.*.<path>` where every kind holding the
+    module splits it alike, else `<blocks>.<i>.<path>` for each block of a kind that splits it."""
+    styles = [block_styles(kind.block, kind.result.strategies) for kind in searched]
+    entries: dict[str, str] = {}
+    for path in dict.fromkeys(path for kind in styles for path in kind):
+        chosen = {kind[path] for kind in styles if path in kind}
+        for kind, found in zip(searched, styles):
+            style = found.get(path)
+            if style is not None and len(chosen) == 1:
+                entries[f"{kind.block.blocks}.*.{path}"] = style
+            elif style is not None:
+                entries.update((f"{kind.block.blocks}.{index}.{path}", style) for index in kind.indices)
+    return tuple(entries.items())
+
+
 def search_plan(module: fx.GraphModule, blocks: str, width: int, search: SearchSettings = SearchSettings()
                 ) -> tuple[Plan, ShardingPlan]:
     """The plan of least time per step of the blocks of an exported graph at `width` ranks: the ILP's
-    styles for the first block's weight products (a wildcard for the block index), then the
-    embedding's and output projection's of `derived_plan`; with the ILP's result."""
-    block = block_graph(module, blocks, width, search.element_bytes)
-    mesh, settings = search_model(block, width, search)
-    result = solve(block.graph, mesh, settings, time_limit=search.time_limit)
-    if result.status == "infeasible":
-        raise InputError(f"plan search: no plan of {blocks}.0 at width {width}")
-    styles = block_styles(block, result.strategies)
-    return Plan(styles=(*styles.items(), *_outside_entries(module, blocks))), result
+    styles for each kind of block's weight products (`searched_styles`), then the embedding's and
+    output projection's (`graph_extract.plan.vocabulary_styles`); with the ILP's result of the first
+    block (`search_blocks` gives every kind's)."""
+    searched = search_blocks(module, blocks, width, search)
+    outside = tuple(vocabulary_styles(module, blocks).items())
+    return Plan(styles=(*searched_styles(searched), *outside)), searched[0].result
 
 
 # --- verification -------------------------------------------------------------------------------
@@ -190,3 +224,31 @@ def verified(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor], w
     """Whether `plan`'s `width` ranks, run in lockstep on `model`'s real (small) weights, compute the
     unsharded model's outputs."""
     return agrees(model, inputs, rank_graphs(model, inputs, plan, width), tolerance)
+
+
+def tiny_zoo_model(name: str, width: int, device: str = "cpu", seed: int = 0, **overrides: object
+                   ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The tiny configuration of a zoo model that `graph_extract.verify.verify_tensor_parallel` checks
+    at `width` ranks (its rule: `TINY`'s sizes, the query heads per key/value head kept, at most 8
+    experts and 2 per token, one dense first block if the model has dense ones, experts a quarter
+    of TINY's feed-forward width if the model sets their own, a latent attention's ranks 24 and 16),
+    with `overrides`, built on `device` (random weights from `seed`), and its inputs; the module paths
+    are the full model's, so that a plan searched on the full model applies to it."""
+    spec = get_spec(name)
+    tiny: dict[str, object] = dict(TINY)
+    if spec.num_kv_heads is not None:
+        tiny["num_kv_heads"] = max(TINY["num_heads"] * spec.num_kv_heads // spec.num_heads, 1)
+    if spec.num_experts is not None:
+        tiny.update(num_experts=min(spec.num_experts, 8), experts_per_token=min(spec.experts_per_token, 2),
+                    first_dense_layers=min(spec.first_dense_layers, 1))
+        if spec.moe_ffn_hidden_size is not None:
+            tiny["moe_ffn_hidden_size"] = TINY["ffn_hidden_size"] // 4
+    if spec.latent_attention:
+        tiny.update(q_lora_rank=None if spec.q_lora_rank is None else 24, kv_lora_rank=16, qk_nope_head_dim=8,
+                    qk_rope_head_dim=4, v_head_dim=8)
+    spec = spec.with_overrides(**{**tiny, **overrides})
+    sequence = spec.default_sequence_length
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = TransformerModel(spec, sequence, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
+    return model, example_inputs(model, MICRO_BATCH_SIZE, sequence, device=device, seed=seed)
