@@ -10,6 +10,8 @@
    recomputation mode, from a cold graph cache, as `phaze run_solver chip=a100_80gb` runs it (budget
    60 s); then again, the graphs cached, over context-parallel widths 1, 2, 4 and the four
    data-parallel shardings too (budget 10 s).
+3. The search of 2 with `tensor_parallel_plan=searched` (each width's plan searched by the sharding ILP
+   and verified, then its graphs), from a cold cache, over the same with Megatron's plan (budget 2x).
 Run from the repository root: python -m benchmarks.predict
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import phaze
 from graph_extract import extract, get_spec, valid_tensor_parallel_widths
+from phaze.plan_settings import planned_spec
 from phaze_hardware import cluster, known_chip
 from solver.evaluate import evaluate_placements
 from solver.layer_costs import roofline_costs
@@ -60,15 +63,22 @@ def one_prediction(cache_dir: Path) -> None:
           f"{result.time_per_batch_s:.2f} s per batch, MFU {result.mfu:.1%}")
 
 
-def search(cache_dir: Path, context_widths: tuple[int, ...] = (1,), shardings: tuple[str, ...] | None = None) -> None:
+def search(cache_dir: Path, context_widths: tuple[int, ...] = (1,), shardings: tuple[str, ...] | None = None,
+           searched: bool = False) -> float:
+    """The search's seconds (printed with its best placement); `searched`: every width split by its
+    searched plan (`tensor_parallel_plan=searched`), the plans' search and verification included."""
     chip = known_chip("a100_80gb")
     widths = valid_tensor_parallel_widths(GPT3, 8)
-    question = Question(GPT3, SEQUENCE, BATCH, cluster("dgx_a100", DEVICES))
+    system = cluster("dgx_a100", DEVICES)
+    question = Question(GPT3, SEQUENCE, BATCH, system)
     start, best = time.perf_counter(), None
     for micro_batch_size in (1, 2, 4, 8):
         axes = Axes((micro_batch_size,), (80 * GIB,), RECOMPUTE_MODES, widths, context_parallel_widths=context_widths,
                     data_parallel_shardings=shardings)
-        graphs = {width: extract(GPT3, micro_batch_size, SEQUENCE, width, cache_dir=cache_dir) for width in widths}
+        spec = GPT3
+        if searched:
+            spec = planned_spec("searched", GPT3, micro_batch_size, SEQUENCE, widths, chip, system, cache_dir)
+        graphs = {width: extract(spec, micro_batch_size, SEQUENCE, width, cache_dir=cache_dir) for width in widths}
         costs = roofline_costs(question.kernels, graphs, chip)
         for evaluation in evaluate_placements(question, axes, graphs, chip, costs):
             if evaluation.feasible and (best is None or evaluation.throughput > best[1].throughput):
@@ -77,18 +87,23 @@ def search(cache_dir: Path, context_widths: tuple[int, ...] = (1,), shardings: t
     micro_batch_size, evaluation = best
     placement = evaluation.placement
     over = (f" x context widths {context_widths} x shardings {shardings}, graphs cached" if shardings
-            else ", cold graph cache")
+            else ", cold graph cache") + (", tensor_parallel_plan=searched" if searched else "")
     print(f"2. placement search, GPT-3 175B on {DEVICES} A100 (4 micro-batch sizes x widths {widths} x every p, d, v "
           f"x 3 recomputation modes{over}): {seconds:.1f} s; best: micro-batch {micro_batch_size}, "
           f"{placement.layout.text()} {placement.recompute} {placement.data_parallel_sharding}: "
           f"{placement.time_per_batch:.2f} s per batch")
+    return seconds
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second, \
+            tempfile.TemporaryDirectory() as third:
         one_prediction(Path(first))
-        search(Path(second))
+        megatron = search(Path(second))
         search(Path(second), (1, 2, 4), SHARDINGS)
+        searched = search(Path(third), searched=True)
+        print(f"3. the search with tensor_parallel_plan=searched over megatron, both from a cold cache: "
+              f"{searched / megatron:.2f}x (budget 2x)")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def cache_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence
     if spec.plan is not None:
         from graph_extract.plan import plan_digest  # torch.distributed.tensor: loaded when first needed
 
-        fields += (plan_digest(spec.plan),)
+        fields += (plan_digest(spec.plan, width),)
     spec_hash = hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
     name = f"{spec.name}_mbs{micro_batch_size}_seq{sequence_length}_tp{width}_v{FORMAT_VERSION}_{spec_hash}.json"
     return Path(cache_dir) / "graphs" / name
@@ -213,20 +213,28 @@ def _trace(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: 
     return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks, width)
 
 
+def exported_model(spec: ModelSpec, micro_batch_size: int, sequence_length: int,
+                   width: int) -> tuple[torch.nn.Module, str, torch.fx.GraphModule]:
+    """The unsharded model of `spec`'s traced blocks (`traced_blocks`), its blocks' path and its one
+    export (`graph_extract.export`), once per process and shape: the zoo's model (its vocabulary
+    padded for `width`, Megatron's rule), a factory's or a config.json's."""
+    from graph_extract import factory
+
+    traced = spec.with_overrides(num_layers=traced_blocks(spec))
+    if spec.factory is None:
+        return _export_zoo(traced, micro_batch_size, sequence_length, spec.padded_vocab_size(width))
+    return _export(spec.factory, factory.source_digest(spec.factory), micro_batch_size, sequence_length,
+                   traced.num_layers)
+
+
 def _exported(spec: ModelSpec, traced: ModelSpec, micro_batch_size: int, sequence_length: int,
               width: int) -> ExtractedModel:
-    """Apply the model's plan at `width` to its one export (`graph_extract.export`): the zoo's model
-    (its vocabulary padded for the width, Megatron's rule), a factory's or a config.json's."""
-    from graph_extract import factory
+    """Apply the model's plan at `width` (its plan file's, else `derived_plan`) to its one export."""
     from graph_extract.plan import derived_plan, read_plan  # torch.distributed.tensor: loaded here
     from graph_extract.plan_pass import apply_plan
 
-    if spec.factory is None:
-        model, blocks, graph = _export_zoo(traced, micro_batch_size, sequence_length, spec.padded_vocab_size(width))
-    else:
-        model, blocks, graph = _export(spec.factory, factory.source_digest(spec.factory), micro_batch_size,
-                                       sequence_length, traced.num_layers)
-    plan = read_plan(spec.plan) if spec.plan is not None else derived_plan(graph, blocks)
+    model, blocks, graph = exported_model(spec, micro_batch_size, sequence_length, width)
+    plan = read_plan(spec.plan, width) if spec.plan is not None else derived_plan(graph, blocks)
     module = apply_plan(graph, plan, width)
     return _extracted(spec, traced, micro_batch_size, sequence_length, width, model, module, blocks, 1)
 

@@ -102,9 +102,8 @@ class Plan:
         return self.style(parameter) or self.style(parameter.rpartition(".")[0])
 
 
-def read_plan(path: str | Path) -> Plan:
-    """The plan of a YAML file: a mapping of module (or parameter) path patterns to `ColwiseParallel`
-    or `RowwiseParallel`; InputError naming the file and what is wrong."""
+def _plan_data(path: str | Path) -> dict:
+    """The mapping of a YAML plan file; InputError naming the file and what is wrong."""
     import yaml
 
     try:
@@ -116,15 +115,56 @@ def read_plan(path: str | Path) -> Plan:
     if not isinstance(data, dict) or not data:
         raise InputError(f"model.plan: {path}: must map module patterns to ColwiseParallel or RowwiseParallel, got "
                          f"{type(data).__name__}")
+    return data
+
+
+def plan_widths(path: str | Path) -> tuple[int, ...] | None:
+    """The tensor-parallel widths a plan file has a plan for (its top-level keys are widths), None
+    for a plan of every width (its keys are module patterns)."""
+    data = _plan_data(path)
+    if not all(isinstance(key, int) and not isinstance(key, bool) for key in data):
+        return None
+    return tuple(sorted(data))
+
+
+def read_plan(path: str | Path, width: int | None = None) -> Plan:
+    """The plan of a YAML file at `width`: a mapping of module (or parameter) path patterns to
+    `ColwiseParallel` or `RowwiseParallel` (every width), or of tensor-parallel widths to such
+    mappings (the plan of each width: what `tensor_parallel_plan=searched` writes); InputError naming
+    the file and what is wrong. A width the file has no plan for is refused, but one rank, which any
+    plan gives whole: the file's first plan."""
+    data = _plan_data(path)
+    widths = plan_widths(path)
+    if widths is not None:
+        if width is None or (width not in data and width != 1):
+            raise InputError(f"model.plan: {path}: no plan for tensor_parallel_width {width}; allowed: "
+                             f"{', '.join(map(str, widths))}")
+        data = data.get(width, data[widths[0]])
+        if not isinstance(data, dict) or not data:
+            raise InputError(f"model.plan: {path}: width {width}: must map module patterns to ColwiseParallel or "
+                             f"RowwiseParallel, got {type(data).__name__}")
     try:
         return Plan.of(data)
     except InputError as error:
         raise InputError(f"model.plan: {path}: {str(error).removeprefix('plan: ')}") from None
 
 
-def plan_digest(path: str | Path) -> str:
-    """SHA-1 of a plan file's bytes: a changed plan is another graph."""
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+def plan_digest(path: str | Path, width: int | None = None) -> str:
+    """SHA-1 of the plan a file gives at `width` (its patterns and styles, in order): another plan is
+    another graph; the same plan in another file, or beside other widths' plans, is the same graph."""
+    return hashlib.sha1(repr(read_plan(path, width).styles).encode()).hexdigest()
+
+
+def write_plan(path: str | Path, plans: Mapping[int, Plan]) -> None:
+    """Write the plans of several tensor-parallel widths as one YAML file `read_plan` reads (styles
+    as PyTorch names them), atomically."""
+    import yaml
+
+    from phaze_common.files import atomic_write
+
+    names = {COLWISE: "ColwiseParallel", ROWWISE: "RowwiseParallel"}
+    data = {width: {pattern: names[style] for pattern, style in plan.styles} for width, plan in sorted(plans.items())}
+    atomic_write(Path(path), yaml.safe_dump(data, sort_keys=False))
 
 
 def _style_name(pattern: object, style: object) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from torch import fx, nn
 
 from graph_extract import factory, hf
 from graph_extract.export import export
+from graph_extract.hf_shrink import shrunk
 from graph_extract.extraction import is_exported
 from graph_extract.parallel import all_reduce
 from graph_extract.plan import Plan, derived_plan, read_plan
@@ -131,24 +133,52 @@ def _exported(spec: ModelSpec, seed: int) -> tuple[nn.Module, dict[str, torch.Te
     with torch.device("cpu"):
         if hf.is_config_file(spec.factory):
             model = hf.build_shrunk(factory.source_file(spec.factory), SEQUENCE)
+            vocabulary = model.config.vocab_size
         else:
-            model = factory.factory_function(spec.factory)(**({"sequence_length": spec.default_sequence_length}
-                                                              if factory.default_sequence_length(spec.factory) else {}))
+            function = factory.factory_function(spec.factory)
+            keywords = _factory_keywords(function, spec)
+            model = function(**keywords)
+            vocabulary = keywords.get("vocab_size", spec.vocab_size)
     model.eval()
-    vocabulary = model.config.vocab_size if hf.is_config_file(spec.factory) else spec.vocab_size
     generator = torch.Generator().manual_seed(seed)
     inputs = {name: torch.randint(0, vocabulary, tuple(value.shape), generator=generator)
               for name, value in factory.model_inputs(model, MICRO_BATCH_SIZE, _sequence(spec)).items()}
     return model, inputs, factory.find_blocks(model)
 
 
+def _keyword_defaults(function) -> dict[str, object]:
+    return {name: parameter.default for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.default is not inspect.Parameter.empty}
+
+
+def _sized(function) -> bool:
+    """Whether a factory function takes its sizes as keywords named as config.json names them (with
+    defaults): `hidden_size`, `num_attention_heads`, `num_hidden_layers`, `vocab_size`."""
+    return {"hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"} <= set(_keyword_defaults(function))
+
+
+def _factory_keywords(function, spec: ModelSpec) -> dict[str, object]:
+    """A factory's keywords for verification: its sizes shrunk by the config.json rule
+    (`graph_extract.hf_shrink.shrunk` of its defaults, `SEQUENCE` tokens) when it takes them as
+    keywords (`_sized`), else its sequence only (the model built at its own sizes)."""
+    defaults = _keyword_defaults(function)
+    if not _sized(function):
+        return {"sequence_length": spec.default_sequence_length} if "sequence_length" in defaults else {}
+    small = shrunk({**defaults, "max_position_embeddings": spec.max_position_embeddings}, SEQUENCE)
+    keywords = {name: small[name] for name in defaults if name in small}
+    return {**keywords, "sequence_length": SEQUENCE} if "sequence_length" in defaults else keywords
+
+
 def _sequence(spec: ModelSpec) -> int:
-    """The tokens per sample a verification runs: `SEQUENCE` for a config.json (shrunk for it), else
-    the model's default."""
-    return SEQUENCE if spec.factory is not None and hf.is_config_file(spec.factory) else spec.default_sequence_length
+    """The tokens per sample a verification runs: `SEQUENCE` for a config.json or a factory taking its
+    sizes as keywords (shrunk for it), else the model's default."""
+    if spec.factory is not None and (hf.is_config_file(spec.factory)
+                                     or _sized(factory.factory_function(spec.factory))):
+        return SEQUENCE
+    return spec.default_sequence_length
 
 
-def _tiny(spec: ModelSpec, overrides: Mapping[str, object]) -> ModelSpec:
+def tiny_spec(spec: ModelSpec, overrides: Mapping[str, object]) -> ModelSpec:
     """A zoo model's family at `TINY` sizes (`verify_tensor_parallel`), then `overrides`."""
     tiny = dict(TINY)
     if spec.num_kv_heads is not None:
@@ -197,7 +227,7 @@ def verify_tensor_parallel(
         spec = spec.with_overrides(**overrides)
         plan = read_plan(spec.plan) if plan is None and spec.plan is not None else plan
     else:
-        spec = _tiny(spec, overrides)
+        spec = tiny_spec(spec, overrides)
     key = verification_key(spec, plan, width, seed) if cache_dir is not None else None
     path = cache_file(Path(cache_dir), key) if key is not None else None
     if path is not None and (error := _cached_error(path, key)) is not None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from phaze_common.checks import InputError, is_integer, positive_integer
 from graph_extract import ModelSpec, get_spec
-from graph_extract.extraction import is_exported
 from graph_extract.zoo import is_factory_reference
 from phaze.config_keys import CUSTOM_MODEL, MODEL_CONFIG_ONLY_CUSTOM, model_name_error, unknown_key_error
+from phaze.plan_settings import check_plan_file, exportable
 from phaze.custom_model import NAME_PATTERN, built_by_transformers, folder_error, read_factory, read_model_file
 from solver.layout import Layout, MegatronSplit
 
@@ -102,17 +102,11 @@ def model_spec(model: Mapping, sequence_length: object = None) -> ModelSpec:
 
 
 def _plan_file(plan: object, spec: ModelSpec) -> str:
-    """`model.plan`, checked: a readable YAML plan of a model phaze exports."""
-    from graph_extract.plan import read_plan  # torch.distributed.tensor: loaded when a plan is given
-
-    if not is_exported(spec):
-        raise InputError("model.plan: only for a model phaze exports (model=custom with a factory that takes no "
-                         "tensor_parallel_width, or a config.json transformers builds); allowed: null")
-    if not isinstance(plan, str) or not Path(plan).is_file():
-        raise InputError(f"model.plan: {plan!r} is not a file; allowed: null, or a YAML plan file (module pattern: "
-                         "ColwiseParallel or RowwiseParallel)")
-    read_plan(plan)
-    return plan
+    """`model.plan`, checked: a readable YAML plan of a model phaze splits by a plan."""
+    if not exportable(spec):
+        raise InputError("model.plan: only for a model phaze splits by a plan (the zoo's, model=custom with a factory "
+                         "that takes no tensor_parallel_width, or a config.json transformers builds); allowed: null")
+    return check_plan_file("model.plan", plan, ("null",))
 
 
 def fixed_megatron(model: Mapping, devices: int) -> tuple[Layout | None, MegatronSplit]:

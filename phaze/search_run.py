@@ -187,6 +187,8 @@ class Run:
             reason = self.nothing_fits(hbm, complete, evaluated, len(search.candidates))
             return {**base, "feasible": False, "reason": reason, "throughput": 0.0}
         record = {**results.best_record(best, self.settings.question, axes, hbm), **base}
+        if (width := record["placement"]["tensor_parallel_width"]) is not None:
+            record.update(self.settings.plan_record(axes.micro_batch_size, width))
         if complete:
             record["baselines"] = {
                 "tpuv4_like": tpuv4_baseline(self.settings, search.resources, hbm, record["throughput"]),

@@ -50,6 +50,7 @@ from phaze.parallel_settings import (GIB, MAX_DEVICES, check_options_apply, pred
                                      read_schedule, read_shardings, read_virtual_stages, read_widths, shown)
 from phaze.config_keys import SYSTEM_FILE
 from phaze.model_config import fixed_megatron, model_spec
+from phaze.plan_settings import plan_record, planned_spec
 from solver.search import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
 from solver.layout import Layout
 from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches
@@ -97,6 +98,7 @@ class Settings:
     executor: str = "local"  # where run_solver evaluates candidates: local processes or Ray actors
     ray_address: str | None = None  # executor=ray: a cluster to join (auto, host:port); None: a private Ray
     system_design: SystemDesign | None = None  # architecture_space=system: the memories, links, budgets, objective
+    tensor_parallel_plan: str = "megatron"  # megatron, searched or a plan file (the spec's plan: its file)
 
     @property
     def spec(self) -> ModelSpec:
@@ -105,6 +107,11 @@ class Settings:
     @property
     def devices(self) -> int:
         return self.question.cluster.num_devices
+
+    def plan_record(self, micro_batch_size: int, width: int) -> dict:
+        """`tensor_parallel_plan` and the plan at `width` with whether it is verified (`plan_settings.plan_record`)."""
+        return {"tensor_parallel_plan": self.tensor_parallel_plan,
+                **plan_record(self.spec, micro_batch_size, self.question.sequence_length, width, self.cache_dir)}
 
     def search_context(self, micro_batch_size: int) -> SearchContext:
         """What evaluating a chip at one micro-batch size depends on."""
@@ -227,7 +234,8 @@ def _system_design(config: Mapping, known: KnownChip | None, accelerator, area_b
 
 
 #: The keys every mode reads (the model and system groups are each mode's own).
-COMMON_KEYS = ("mode", "model", "system", "micro_batch_size", "sequence_length", "cache_dir", "force_reextract")
+COMMON_KEYS = ("mode", "model", "system", "micro_batch_size", "sequence_length", "cache_dir", "force_reextract",
+               "tensor_parallel_plan")
 #: The keys of the widths the graphs are traced at.
 GRAPH_KEYS = ("max_tensor_parallel_width", "tensor_parallel_width")
 #: The keys of a training step (the question, its options and the axes priced).
@@ -337,6 +345,9 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     global_batch_size = positive_integer("global_batch_size", config["global_batch_size"], MAX_BATCH)
     cluster, step_model = _system(config["system"],
                                   positive_integer("num_devices", config["num_devices"], MAX_DEVICES))
+    cache_dir = environment.cache_dir(config["cache_dir"])
+    spec = planned_spec(config["tensor_parallel_plan"], spec, micro_batch_sizes[0], sequence_length, widths, known,
+                        cluster, cache_dir)
     shardings = read_shardings(config)
     shard_width = config["data_parallel_shard_width"]
     baseline, baseline_split = fixed_megatron(config["model"], cluster.num_devices)
@@ -415,7 +426,7 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         question=question,
         axes=axes,
         force_reextract=config["force_reextract"],
-        cache_dir=environment.cache_dir(config["cache_dir"]),
+        cache_dir=cache_dir,
         accelerator=accelerator,
         area_budget=area_budget,
         search=choice("search", config["search"], STRATEGIES),
@@ -428,4 +439,5 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         ray_address=ray_address,
         system_design=(_system_design(config, known, accelerator, area_budget, cluster.num_devices)
                        if mode == "run_solver" else None),
+        tensor_parallel_plan=str(config["tensor_parallel_plan"]),
     )

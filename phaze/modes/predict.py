@@ -65,6 +65,7 @@ def prediction_record(settings: Settings, prediction: Prediction, extracted: Ext
         "memory_bytes": prediction.memory_bytes,
         "most_loaded_stage": prediction.busiest_device,
         "group_tiers": prediction.group_tiers,
+        **settings.plan_record(axes.micro_batch_size, layout.tensor_parallel_width),
         "stages": [
             {"layers": list(placement.device_layers(device)), "devices": layout.tensor_parallel_width,
              "parameters": parameters, "memory_bytes": memory}

@@ -30,9 +30,9 @@ import torch
 from torch import fx, nn
 
 from phaze_common.checks import InputError, positive_integer, positive_number
-from graph_extract.plan import COLWISE, ROWWISE, Plan, vocabulary_styles
+from graph_extract.plan import COLWISE, ROWWISE, Plan, derived_plan, vocabulary_styles
 from graph_extract.transformer import TransformerModel, example_inputs
-from graph_extract.verify import MICRO_BATCH_SIZE, TINY, lockstep_error, plan_ranks
+from graph_extract.verify import MICRO_BATCH_SIZE, lockstep_error, plan_ranks, tiny_spec
 from graph_extract.zoo import get_spec
 
 from .costs import CostModel
@@ -204,6 +204,35 @@ def search_plan(module: fx.GraphModule, blocks: str, width: int, search: SearchS
     return Plan(styles=(*searched_styles(searched), *outside)), searched[0].result
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanSearch:
+    """A searched plan, its cost by the ILP's model and that of `derived_plan`'s (Megatron's split)
+    by the same model [s per step of the searched blocks: each kind's block times its blocks], and
+    the ILP's result of each kind of block."""
+
+    plan: Plan
+    searched: tuple[BlockSearch, ...]
+    objective: float
+    megatron_objective: float
+
+
+def search_against_megatron(module: fx.GraphModule, blocks: str, width: int,
+                            search: SearchSettings = SearchSettings()) -> PlanSearch:
+    """`search_plan`'s plan with its cost and Megatron's (`derived_plan` of `module`, priced on each
+    kind's block by the ILP's cost model)."""
+    searched = search_blocks(module, blocks, width, search)
+    derived = derived_plan(module, blocks)
+    objective = megatron = 0.0
+    for kind in searched:
+        mesh, settings = search_model(kind.block, width, search)
+        model = CostModel(kind.block.graph, mesh, settings)
+        megatron += len(kind.indices) * model.evaluate(plan_strategies(kind.block, derived, model)).total
+        objective += len(kind.indices) * kind.result.objective
+    outside = tuple(vocabulary_styles(module, blocks).items())
+    return PlanSearch(plan=Plan(styles=(*searched_styles(searched), *outside)), searched=searched,
+                      objective=objective, megatron_objective=megatron)
+
+
 # --- verification -------------------------------------------------------------------------------
 
 def rank_graphs(model: nn.Module, inputs: Mapping[str, torch.Tensor], plan: Plan, width: int
@@ -229,24 +258,10 @@ def verified(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor], w
 def tiny_zoo_model(name: str, width: int, device: str = "cpu", seed: int = 0, **overrides: object
                    ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """The tiny configuration of a zoo model that `graph_extract.verify.verify_tensor_parallel` checks
-    at `width` ranks (its rule: `TINY`'s sizes, the query heads per key/value head kept, at most 8
-    experts and 2 per token, one dense first block if the model has dense ones, experts a quarter
-    of TINY's feed-forward width if the model sets their own, a latent attention's ranks 24 and 16),
-    with `overrides`, built on `device` (random weights from `seed`), and its inputs; the module paths
-    are the full model's, so that a plan searched on the full model applies to it."""
-    spec = get_spec(name)
-    tiny: dict[str, object] = dict(TINY)
-    if spec.num_kv_heads is not None:
-        tiny["num_kv_heads"] = max(TINY["num_heads"] * spec.num_kv_heads // spec.num_heads, 1)
-    if spec.num_experts is not None:
-        tiny.update(num_experts=min(spec.num_experts, 8), experts_per_token=min(spec.experts_per_token, 2),
-                    first_dense_layers=min(spec.first_dense_layers, 1))
-        if spec.moe_ffn_hidden_size is not None:
-            tiny["moe_ffn_hidden_size"] = TINY["ffn_hidden_size"] // 4
-    if spec.latent_attention:
-        tiny.update(q_lora_rank=None if spec.q_lora_rank is None else 24, kv_lora_rank=16, qk_nope_head_dim=8,
-                    qk_rope_head_dim=4, v_head_dim=8)
-    spec = spec.with_overrides(**{**tiny, **overrides})
+    (`graph_extract.verify.tiny_spec`), with `overrides`, built for `width` ranks on `device` (random
+    weights from `seed`), and its inputs; the module paths are the full model's, so that a plan
+    searched on the full model applies to it."""
+    spec = tiny_spec(get_spec(name), overrides)
     sequence = spec.default_sequence_length
     torch.manual_seed(seed)
     with torch.device(device):

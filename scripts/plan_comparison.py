@@ -1,0 +1,72 @@
+"""Megatron's split against the searched one (`tensor_parallel_plan=searched`), per model and
+tensor-parallel width: the zoo's megatrongpt3, llama3-70b, mixtral-8x7b and deepseek-v3 and the
+Hugging Face config.json files of tests/data/hf_configs, on 256 H100s (dgx_h100; p = 8, d fills the
+cluster, micro-batch 1, batch 256, 4,096 tokens, selective recomputation). Prints one markdown row per
+model and width: whether the searched plan differs from Megatron's (and where), whether each was
+verified, the ILP's cost of each for the traced blocks, and the step time and memory of each.
+Run from the repository root: python scripts/plan_comparison.py [--models llama3-70b] [--widths 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import phaze.api  # noqa: E402
+from phaze.modes.predict import prediction_record  # noqa: E402
+from graph_extract import valid_tensor_parallel_widths  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf_configs"
+ZOO = ("megatrongpt3", "llama3-70b", "mixtral-8x7b", "deepseek-v3")
+KEYS = dict(chip="h100_sxm", system="dgx_h100", num_devices=256, pipeline_parallel_width=8, global_batch_size=256,
+            micro_batch_size=1, sequence_length=4096, recompute="selective")
+GIB = 2**30
+
+
+def predicted(model: str, width: int, plan: str, cache_dir: str) -> dict:
+    checked = phaze.api.settings("predict", model, tensor_parallel_width=width, data_parallel_width=32 // width,
+                                 tensor_parallel_plan=plan, cache_dir=cache_dir, **KEYS)
+    return prediction_record(checked, phaze.api.run_prediction(checked), phaze.api.graphs(checked))
+
+
+def differences(megatron: dict, searched: dict) -> str:
+    """The modules whose style differs (`pattern: megatron -> searched`), or "same"."""
+    names = sorted(set(megatron) | set(searched))
+    changed = [f"`{name}`: {megatron.get(name, 'whole')} → {searched.get(name, 'whole')}" for name in names
+               if megatron.get(name) != searched.get(name)]
+    return "; ".join(changed) or "same"
+
+
+def row(name: str, model: str, width: int, cache_dir: str) -> str:
+    megatron, searched = (predicted(model, width, plan, cache_dir) for plan in ("megatron", "searched"))
+    search = searched.get("plan_search") or {}
+    cost = (f"{search['megatron_objective'] * 1e3:.3f} / {search['objective'] * 1e3:.3f}" if search else "–")
+    memory = (f"{megatron['memory_bytes']['total'] / GIB:.1f} / {searched['memory_bytes']['total'] / GIB:.1f}")
+    return (f"| {name} | {width} | {differences(megatron['plan'], searched['plan'])} | "
+            f"{megatron['plan_verified']} / {searched['plan_verified']} | {cost} | "
+            f"{megatron['time_per_batch_s']:.3f} / {searched['time_per_batch_s']:.3f} | {memory} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=[*ZOO, *sorted(path.name for path in CONFIGS.iterdir())])
+    parser.add_argument("--widths", nargs="*", type=int, default=[2, 4, 8])
+    arguments = parser.parse_args()
+    print("| model | t | searched plan vs Megatron's | verified (Megatron / searched) | ILP cost of the traced "
+          "blocks [ms] (Megatron / searched) | step [s] (Megatron / searched) | memory [GiB] (Megatron / searched) |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name in arguments.models:
+            model = str(CONFIGS / name / "config.json") if (CONFIGS / name).is_dir() else name
+            spec = phaze.api.settings("extract_graph", model, cache_dir=cache_dir).spec
+            for width in arguments.widths:
+                if width in valid_tensor_parallel_widths(spec, width):
+                    print(row(name, model, width, cache_dir), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The searched tensor-parallel plans of a model at several widths, written once as a plan file the
+extraction reads (`graph_extract.plan.read_plan`), with a record of each width's search beside it.
+
+At each width above one the sharding ILP (`from_export.search_plan`) prices every plan of the first
+block the plan pass expresses, Megatron's (`graph_extract.plan.derived_plan`) among them; the
+searched plan is kept only when its cost is lower than Megatron's by more than `TIE` of it, else
+Megatron's is written (a tie keeps the plan every framework runs, and its graphs). A plan that does
+not compute the unsharded model when its ranks run side by side on a small model of the family
+(`graph_extract.verify.verify_tensor_parallel`) is never written: Megatron's is, and the record
+says so. One rank holds the model whole under any plan; its graph holds the plan's collectives (of
+size 1), so it is given the plan searched at two ranks (Megatron's for a model that does not split
+in two).
+
+The prices are the chip's matrix rate and the tensor-parallel group's link (bandwidth and latency
+of the cluster's first tier); the file's name is a digest of the model, shapes, widths and prices,
+so a run asking the same again reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from graph_extract import ModelSpec
+from graph_extract.extraction import check_request, exported_model
+from graph_extract.plan import Plan, derived_plan, write_plan
+from graph_extract.verify import verify_tensor_parallel
+from phaze_common.checks import InputError
+from phaze_common.files import atomic_write
+
+from .from_export import SearchSettings, search_against_megatron
+
+log = logging.getLogger(__name__)
+
+#: Relative margin under Megatron's cost a searched plan must beat to be kept.
+TIE = 1e-6
+#: The width whose plan one rank is given: every collective is in a graph at every width (of size 1
+#: at one rank, `graph_extract.plan_pass`), so one rank's graph is that of the plan of the other widths.
+ONE_RANK_PLAN_WIDTH = 2
+
+
+def _splits(spec: ModelSpec, width: int) -> bool:
+    """Whether `spec`'s model splits over `width` ranks (its heads and key/value heads allow it)."""
+    try:
+        check_request(spec, 1, spec.default_sequence_length, width)
+    except InputError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class WidthSearch:
+    """The search at one width: the ILP's status (the worst of its kinds of block), its plan's cost
+    and Megatron's plan's by the same model [s a step of the traced blocks], its largest optimality
+    gap and its solves' seconds, whether the written plan is the searched one (else Megatron's), and
+    whether the searched plan computed the unsharded model (None: not run, as when it is not better)."""
+
+    width: int
+    status: str
+    objective: float
+    megatron_objective: float
+    gap: float
+    solve_seconds: float
+    searched: bool
+    searched_verified: bool | None
+
+
+def _digest(spec: ModelSpec, micro_batch_size: int, sequence_length: int, widths: Sequence[int],
+            prices: SearchSettings) -> str:
+    fields = (repr(spec), micro_batch_size, sequence_length, tuple(sorted(widths)), repr(prices))
+    return hashlib.sha1(repr(fields).encode()).hexdigest()[:12]
+
+
+def searched_plan_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence_length: int,
+                       widths: Sequence[int], prices: SearchSettings) -> Path:
+    """Where the searched plans of these widths are written."""
+    name = f"{spec.name}_{_digest(spec, micro_batch_size, sequence_length, widths, prices)}.yaml"
+    return Path(cache_dir) / "plans" / name
+
+
+def search_width(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int,
+                 prices: SearchSettings, cache_dir: Path | None) -> tuple[Plan, WidthSearch]:
+    """The plan written for `width` and the record of its search."""
+    _, blocks, graph = exported_model(spec, micro_batch_size, sequence_length, width)
+    found = search_against_megatron(graph, blocks, width, prices)
+    better = found.objective < found.megatron_objective * (1.0 - TIE)
+    verified = verify_tensor_parallel(spec, width, plan=found.plan, cache_dir=cache_dir).passed if better else None
+    results = [kind.result for kind in found.searched]
+    status = "optimal" if all(result.status == "optimal" for result in results) else "feasible"
+    record = WidthSearch(width=width, status=status, objective=found.objective,
+                         megatron_objective=found.megatron_objective, gap=max(result.gap for result in results),
+                         solve_seconds=sum(result.solve_seconds for result in results),
+                         searched=bool(better and verified), searched_verified=verified)
+    if better and not verified:
+        log.warning("plan search: the searched plan of %s at width %d does not compute the model; Megatron's is used",
+                    spec.name, width)
+    return (found.plan if record.searched else derived_plan(graph, blocks)), record
+
+
+def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: int, widths: Sequence[int],
+                       prices: SearchSettings, cache_dir: Path) -> Path:
+    """The plan file of `spec` at `widths` (searched, else Megatron's; width 1 two ranks'), written
+    once under `cache_dir`/plans with its records (`<file>.json`: a `WidthSearch` per width)."""
+    path = searched_plan_path(cache_dir, spec, micro_batch_size, sequence_length, widths, prices)
+    if path.exists() and path.with_suffix(".json").exists():
+        return path
+    plans, records = {}, []
+    searched = sorted(set(widths) | ({ONE_RANK_PLAN_WIDTH} if 1 in widths and _splits(spec, ONE_RANK_PLAN_WIDTH) else set()))
+    for width in searched:
+        if width == 1:
+            continue
+        plans[width], record = search_width(spec, micro_batch_size, sequence_length, width, prices, cache_dir)
+        records.append(asdict(record))
+    if 1 in widths:
+        if ONE_RANK_PLAN_WIDTH in plans:
+            plans[1] = plans[ONE_RANK_PLAN_WIDTH]
+        else:
+            _, blocks, graph = exported_model(spec, micro_batch_size, sequence_length, 1)
+            plans[1] = derived_plan(graph, blocks)
+    write_plan(path, {width: plans[width] for width in sorted(set(widths))})
+    atomic_write(path.with_suffix(".json"), json.dumps({"records": records}, indent=1))
+    return path
+
+
+def search_records(path: Path) -> dict[int, WidthSearch]:
+    """The records written beside a searched plan file, by width (none for a file phaze did not search)."""
+    try:
+        records = json.loads(Path(path).with_suffix(".json").read_text())["records"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {record["width"]: WidthSearch(**record) for record in records}
