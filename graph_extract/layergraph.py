@@ -17,7 +17,11 @@ their inputs in FP8: one byte an element instead of two. A block's recompute mod
 (`graph_extract.regions.recompute_modules`) each record what re-running them changes
 (`RecomputedModule`): the saved tensors made inside the module, which recomputing it drops (an
 output-discarding module frees its output, a checkpointed one everything it made; the inputs they
-read from outside are kept either way), and the collectives it runs again.
+read from outside are kept either way), and the collectives it runs again. A mixture's routed tokens
+at the model's width are counted apart (`Layer.dispatched_activation_bytes`,
+`Layer.combined_activation_bytes`): traced as if the experts were split over the t ranks, each rank
+holding every token, while a rank keeps of them what the expert tensor-parallel width gives it
+(`solver.training_step.memory`).
 
 Under JAX's `jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims` (MaxText's remat_policy
 `minimal`, maxtext MaxText/layers/models.py @ 76bd53b0f) a remat'd block saves the outputs of its dot
@@ -38,8 +42,8 @@ from dataclasses import dataclass
 
 from graph_extract.attention import attention_kernels
 from graph_extract.opgraph import EXPERT_TENSOR, OpGraph, OpNode, weight_sizes
-from graph_extract.regions import (attention_core, block_weight_products, input_derived, made_by, recompute_modules,
-                                   replicated_outputs)
+from graph_extract.regions import (attention_core, block_weight_products, expert_outputs, input_derived, made_by,
+                                   recompute_modules, replicated_outputs)
 
 #: Elementwise operators whose backward needs their output, and those that need their input.
 _SAVE_OUTPUT = {"relu", "tanh", "sigmoid", "exp", "rsqrt", "sqrt"}
@@ -59,9 +63,9 @@ LAYER_KINDS = ("embedding", "block", "head", "operators")
 class RecomputedModule:
     """One of Megatron-Core's recompute modules of a block (`name`, `graph_extract.regions`), bytes per
     micro-batch on one rank of the tensor-parallel group: the saved tensors made inside it, which
-    recomputing it drops (with their replicated part and the part only weight products keep, as
-    `Layer`'s), and its forward collectives, which run again when it is recomputed (tensor-parallel
-    all-reduces, the routed experts' all-reduces, the token all-to-alls)."""
+    recomputing it drops (with their replicated part, the part only weight products keep and the
+    routed tokens, as `Layer`'s), and its forward collectives, which run again when it is recomputed
+    (tensor-parallel all-reduces, the routed experts' all-reduces, the token all-to-alls)."""
 
     name: str
     activation_bytes: int
@@ -75,6 +79,8 @@ class RecomputedModule:
     # mla_up_proj): what it drops then, and the replicated part of it (None: as without)
     fused_attention_activation_bytes: int | None = None
     fused_replicated_activation_bytes: int | None = None
+    dispatched_activation_bytes: int = 0
+    combined_activation_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,12 @@ class Layer:
     weight products keep (FP8 keeps them in one byte an element); `matrix_parameter_bytes` are the
     weights those products read (FP8 adds an 8-bit copy of them); `key_value_bytes` are the keys and
     values its attention cores read (what context parallelism's ring passes on);
+    `dispatched_activation_bytes` (of the replicated part) are the routed tokens only the experts'
+    products keep (their input at the model's width h: E·C·h elements for E experts of C token
+    slots, s·b·k·h at capacity factor 1, as traced with every rank holding all s·b tokens and each
+    expert split over the t ranks); `combined_activation_bytes` (of the rest) what the combine keeps
+    of the experts' outputs at width h (the partial sums it weighs by the router's probabilities,
+    s·b·k·h elements as traced); `solver.training_step.memory` prices what a rank keeps of both;
     `recompute_modules` what recomputing each of its recompute modules changes;
     `parameter_tensors` the elements of each weight tensor it reads (per rank: what a framework
     gathering each tensor apart issues one collective for); `product_output_bytes` (and its
@@ -130,6 +142,8 @@ class Layer:
     parameter_tensors: tuple[int, ...] = ()
     product_output_bytes: int = 0
     replicated_product_output_bytes: int = 0
+    dispatched_activation_bytes: int = 0
+    combined_activation_bytes: int = 0
 
     @property
     def is_block(self) -> bool:
@@ -245,11 +259,26 @@ def _saved(graph: OpGraph, nodes: tuple[OpNode, ...], matrix: tuple[bool, ...], 
     return saved, set(saved) - others
 
 
+def _routed(graph: OpGraph, nodes: tuple[OpNode, ...], saved: dict, replicated: tuple[bool, ...],
+            returned: frozenset[int]) -> tuple[set, set]:
+    """Keys of the layer's saved tensors holding its routed tokens at the model's width: (the
+    replicated ones only the experts' products keep, those the combine keeps of the experts'
+    outputs `returned`, not replicated)."""
+    keepers: dict[tuple[str, int], set[str]] = {}
+    for node in nodes:
+        for key, _ in saved_tensors(node, graph):
+            keepers.setdefault(key, set()).add(node.op)
+    dispatched = {key for key, ops in keepers.items() if ops == {"grouped_linear"} and replicated[key[1]]}
+    return dispatched, {key for key in saved if key[1] in returned and not replicated[key[1]]}
+
+
 def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int], saved: dict, matrix_inputs: set,
-                replicated: tuple[bool, ...], name: str, fused: dict, kernels) -> RecomputedModule:
+                replicated: tuple[bool, ...], name: str, fused: dict, kernels, routed: tuple[set, set]
+                ) -> RecomputedModule:
     """What recomputing the operators `module` of a layer (its `nodes`, its `saved` tensors; with
-    fused attention `kernels`, the `fused` ones and the kernels' inputs) changes: the saved tensors
-    whose storage the module made (a view of its input stays its input)."""
+    fused attention `kernels`, the `fused` ones and the kernels' inputs; its `routed` keys,
+    dispatched and combined) changes: the saved tensors whose storage the module made (a view of its
+    input stays its input)."""
     dropped = [key for key in saved if made_by(graph, key[1]) in module]
     inside = tuple(node for node in nodes if node.id in module)
     made = [(size, replicated[key[1]]) for key, size in fused.items() if made_by(graph, key[1]) in module] + [
@@ -269,7 +298,9 @@ def _recomputed(graph: OpGraph, nodes: tuple[OpNode, ...], module: frozenset[int
         all_to_all_bytes=tuple(node.output_bytes for node in inside if node.kind == "alltoall"),
         fused_attention_activation_bytes=None if fused_bytes == unfused else fused_bytes,
         fused_replicated_activation_bytes=None if fused_bytes == unfused else sum(
-            size for size, copied in made if copied))
+            size for size, copied in made if copied),
+        dispatched_activation_bytes=sum(saved[key] for key in dropped if key in routed[0]),
+        combined_activation_bytes=sum(saved[key] for key in dropped if key in routed[1]))
 
 
 def product_outputs(graph: OpGraph, layer_id: int, saved: dict, matrix: tuple[bool, ...],
@@ -306,6 +337,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     modules = recompute_modules(graph)
     kernels = attention_kernels(graph)
     matrix_products = block_weight_products(graph)
+    returned = expert_outputs(graph)
     crossing: dict[tuple[int, int], dict[int, int]] = {}
     built_by_every_stage = input_derived(graph)
     for source, dest in graph.edges:
@@ -317,6 +349,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
         nodes = graph.layer_nodes(layer_id)
         weights, experts = weight_sizes(nodes), _expert_weights(nodes)
         saved, matrix_inputs = _saved(graph, nodes, matrix_products)
+        routed = _routed(graph, nodes, saved, replicated, returned)
         layer_kernels = [kernel for kernel in kernels if kernel.layer == layer_id]
         skipped = frozenset().union(*(kernel.members for kernel in layer_kernels))
         fused, _ = _saved(graph, nodes, matrix_products, skipped)
@@ -358,11 +391,13 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,
                 key_value_bytes=sum(kernel.key_value_bytes for kernel in layer_kernels),
                 recompute_modules=tuple(
-                    _recomputed(graph, nodes, ids, saved, matrix_inputs, replicated, name, fused, layer_kernels)
+                    _recomputed(graph, nodes, ids, saved, matrix_inputs, replicated, name, fused, layer_kernels, routed)
                     for name, ids in modules.items() if any(node.id in ids for node in nodes)),
                 product_output_bytes=sum(graph.nodes[node].output_bytes for node in products),
                 replicated_product_output_bytes=sum(graph.nodes[node].output_bytes for node in products
                                                     if replicated[node]),
+                dispatched_activation_bytes=sum(saved[key] for key in routed[0]),
+                combined_activation_bytes=sum(saved[key] for key in routed[1]),
             )
         )
     edges = tuple(LayerEdge(src, dst, sum(sizes.values())) for (src, dst), sizes in crossing.items())

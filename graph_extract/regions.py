@@ -19,6 +19,11 @@ products.
   products (their activation function), `shared_experts` the shared experts' network,
   `mla_up_proj` a latent attention's up projections and what runs between the attention's
   products and its core (the rotary embedding's application, the scaling, the joins).
+* Routed tokens: the experts' outputs on their way back to their tokens (`expert_outputs`): the
+  operators a mixture's down products feed, up to the next weight product, traced at width t as
+  partial sums of all s·b tokens on every rank (`graph_extract.layergraph` counts what the combine
+  keeps of them apart, with the experts' replicated inputs: a rank keeps a share of them that
+  depends on the expert tensor-parallel width).
 """
 
 from __future__ import annotations
@@ -60,6 +65,23 @@ def replicated_outputs(graph: OpGraph) -> tuple[bool, ...]:
         else:
             replicated.append(inputs and not _uses_sharded_weight(node, graph.sharded_parameters))
     return tuple(replicated)
+
+
+def expert_outputs(graph: OpGraph) -> frozenset[int]:
+    """Ids of the operators a mixture's down products (the grouped products whose output no grouped
+    product reads) feed, up to the next weight product: the experts' outputs returned to their tokens,
+    weighted and summed (the combine)."""
+    successors: dict[int, list[int]] = {}
+    for source, dest in graph.edges:
+        successors.setdefault(source, []).append(dest)
+    found: set[int] = set()
+    for node in graph.nodes:
+        if node.op != "grouped_linear":
+            continue
+        after = _reach(node.id, successors, graph)
+        if not any(graph.nodes[later].op == "grouped_linear" for later in after):
+            found.update(later for later in after if graph.nodes[later].kind not in ("gemm", "bmm"))
+    return frozenset(found)
 
 
 def input_derived(graph: OpGraph) -> tuple[bool, ...]:

@@ -280,6 +280,8 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 recompute_modules=layer.recompute_modules,
                 module_forward=cost[layer.id].module_forward,
                 parameter_tensors=layer.parameter_tensors,
+                dispatched_activation_bytes=layer.dispatched_activation_bytes,
+                combined_activation_bytes=layer.combined_activation_bytes,
             )
             for layer in layer_graph.layers
         )

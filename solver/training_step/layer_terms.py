@@ -260,7 +260,8 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
     tokens = shard.token_share
     forward, backward = shard.values("forward") * tokens, shard.values("backward") * tokens
     tensor, ring, dispatch = tensor_parallel(shard), ring_attention(shard), expert_dispatch(shard, forward + backward)
-    held, working = held_activations(shard.layers, shard.recompute, shard.graph.width, shard.kernels)
+    held, working = held_activations(shard.layers, shard.recompute, shard.graph.width, shard.kernels,
+                                     shard.shard.expert_tensor_width)
     held, offloaded = split_offloaded(held, shard.blocks(), shard.training.offloads_activations)
     gathers, regathered = (blocking_gathers(shard.layers) if shard.training.sharded_collectives == "blocking_tensors"
                            else (np.zeros((2, len(shard.layers))), np.zeros(len(shard.layers))))

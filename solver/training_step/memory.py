@@ -63,6 +63,24 @@ traced graph's split of each layer's saved tensors (`graph_extract.layergraph.La
                 simplification: a kept product output the backward also reads, V, is counted in
                 both)
 
+A mixture's routed tokens at the model's width h are traced as if each expert were split over the
+t ranks (τ = t) with every rank holding all s·b tokens' k choices (`graph_extract.Layer`'s
+`dispatched_activation_bytes` and `combined_activation_bytes`). In Megatron-Core's MoE layer with
+sequence parallelism (NVIDIA/Megatron-LM @ d98e8a64, megatron/core/transformer/moe/token_dispatcher.py:
+`MoEAlltoAllTokenDispatcher` routes each rank's own s·b/t tokens, its expert-parallel all-to-all sends
+them to their experts' ranks and `dispatch_postprocess` all-gathers them over the τ ranks of the
+expert tensor-parallel group; `combine_preprocess` reduce-scatters the experts' outputs over those τ
+ranks before the all-to-all returns them to their tokens; `MoEFlexTokenDispatcher` (DeepEP) sends
+each token to the τ ranks of each of its experts) a rank's experts get s·b·k·τ/t routed tokens:
+their input at width h, which their first products keep, is τ/t of the traced, and f_e/τ of each
+expert's FFN leaves the FFN-width tensors at the traced s·b·k·f_e/t for every τ; the combine runs on
+the rank's own s·b·k/t rows: 1/t of the traced, as a replicated tensor's. Without sequence
+parallelism (which Megatron-Core asks for with tensor and expert parallelism, model_parallel_config.py)
+every rank routes all s·b tokens: the traced sizes. Simplification: from core_v0.13 Megatron-Core
+weighs the experts' outputs by the router's probabilities in their activation, at the FFN width
+(ADLR/megatron-lm!2668, experts.py `activation_func_with_probs`), and its combine keeps nothing at
+width h; the s·b·k·h/t kept here is what its earlier `unpermute` kept to weigh them.
+
 With a fused attention kernel a block keeps Q, K, V and the softmax statistics instead of the
 core's s × s tensors; in 8 bits the inputs only weight products keep are kept in one byte an element
 (`KernelOptions.narrow_bytes`: MXFP8's with its scale byte per 32; TE keeps the column-wise copy the
@@ -224,41 +242,65 @@ class Recompute:
         return recompute_mode("+".join(sorted(self.modules))) if self.modules else "none"
 
 
-def device_bytes(total: float, replicated: float, saved, share: float, narrow: float) -> float:
+@dataclass(frozen=True, kw_only=True)
+class DeviceShare:
+    """What one device of a width-t group keeps of the traced saved tensors (module docstring):
+    `replicated` is the fraction of the replicated ones that leaves it (sequence parallelism),
+    `dispatched` the fraction of the experts' routed tokens it keeps (τ/t with sequence parallelism),
+    `narrow` the bytes an 8-bit element takes (`KernelOptions.narrow_bytes`; 0: 16-bit training)."""
+
+    replicated: float
+    dispatched: float
+    narrow: float
+
+    @classmethod
+    def of(cls, kernels: KernelOptions, width: int, expert_width: int) -> DeviceShare:
+        """The shares at tensor-parallel width t = `width` and expert tensor-parallel width τ =
+        `expert_width`: 1 − 1/t and τ/t with sequence parallelism, 0 and 1 without."""
+        return cls(replicated=kernels.replicated_share(width),
+                   dispatched=expert_width / width if kernels.sequence_parallel else 1.0,
+                   narrow=kernels.narrow_bytes if kernels.fp8 else 0.0)
+
+
+def device_bytes(total: float, replicated: float, saved, share: DeviceShare) -> float:
     """What one device keeps of `total` bytes of saved tensors (a layer's, or a recompute module's),
     `replicated` of them identical over the tensor-parallel group (`saved` gives the part only
-    weight products keep): the replicated part `share` less (sequence parallelism), and in 8-bit
-    training (`narrow`: bytes an 8-bit element takes, `KernelOptions.narrow_bytes`; 0: 16-bit) the
-    inputs only weight products keep in `narrow` bytes an element instead of two."""
-    kept = total - share * replicated
-    if narrow:
-        kept -= (1.0 - narrow / 2.0) * (saved.matrix_input_activation_bytes
-                                        - share * saved.replicated_matrix_input_activation_bytes)
+    weight products keep and the routed tokens): the replicated part and the combine's routed tokens
+    `share.replicated` less (sequence parallelism), the experts' routed tokens (all replicated, kept
+    only by weight products) `share.dispatched` of them, and in 8-bit training the inputs only weight
+    products keep in `share.narrow` bytes an element instead of two."""
+    # the experts' routed tokens kept beyond what the replicated part's 1 − share.replicated keeps of them
+    gathered = (share.dispatched - 1.0 + share.replicated) * saved.dispatched_activation_bytes
+    kept = total - share.replicated * (replicated + saved.combined_activation_bytes) + gathered
+    if share.narrow:
+        kept -= (1.0 - share.narrow / 2.0) * (saved.matrix_input_activation_bytes + gathered
+                                              - share.replicated * saved.replicated_matrix_input_activation_bytes)
     return kept
 
 
-def module_bytes(module, fused: bool, share: float, narrow: float) -> float:
+def module_bytes(module, fused: bool, share: DeviceShare) -> float:
     """What recomputing a recompute module frees on one device (`device_bytes` of what it made),
     with or without a fused attention kernel."""
     if fused and module.fused_attention_activation_bytes is not None:
         return device_bytes(module.fused_attention_activation_bytes, module.fused_replicated_activation_bytes, module,
-                            share, narrow)
-    return device_bytes(module.activation_bytes, module.replicated_activation_bytes, module, share, narrow)
+                            share)
+    return device_bytes(module.activation_bytes, module.replicated_activation_bytes, module, share)
 
 
-def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed). A layer
-    without a fused-attention figure keeps with a fused kernel what it keeps without."""
-    share = kernels.replicated_share(width)
-    narrow = kernels.narrow_bytes if kernels.fp8 else 0.0
+def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOptions, expert_width: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer: (bytes kept per micro-batch in flight, working bytes while it is recomputed), at
+    tensor-parallel width `width` and expert tensor-parallel width `expert_width` (None: the same). A
+    layer without a fused-attention figure keeps with a fused kernel what it keeps without."""
+    share = DeviceShare.of(kernels, width, width if expert_width is None else expert_width)
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
     saved = np.array([device_bytes(layer.fused_attention_activation_bytes if here else layer.activation_bytes,
-                                   layer.replicated_activation_bytes, layer, share, narrow)
+                                   layer.replicated_activation_bytes, layer, share)
                       for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if recompute.full or recompute.product_outputs:
-        kept = np.array([layer.input_bytes - share * layer.replicated_input_bytes
-                         + (layer.product_output_bytes - share * layer.replicated_product_output_bytes
+        kept = np.array([layer.input_bytes - share.replicated * layer.replicated_input_bytes
+                         + (layer.product_output_bytes - share.replicated * layer.replicated_product_output_bytes
                             if recompute.product_outputs else 0.0) for layer in layers], float)
         return np.where(recomputed, kept, saved), np.where(recomputed, saved, 0.0)
     modules = recompute.modules
@@ -268,7 +310,7 @@ def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOp
     if "core_attn" in modules:
         held = saved - np.array([0.0 if here else layer.attention_core_activation_bytes
                                  for layer, here in zip(layers, fused)], float)
-    dropped = [[module_bytes(module, here, share, narrow) for module in layer.recompute_modules
+    dropped = [[module_bytes(module, here, share) for module in layer.recompute_modules
                 if module.name in modules] for layer, here in zip(layers, fused)]
     held = held - np.array([sum(each) for each in dropped], float)
     working = np.array([max(each, default=0.0) for each in dropped], float)

@@ -81,6 +81,8 @@ class StepLayer:
     recompute_modules: tuple[RecomputedModule, ...] = ()
     module_forward: tuple[tuple[str, float], ...] = ()
     parameter_tensors: tuple[int, ...] = ()  # elements of each weight tensor it reads (`graph_extract.Layer`)
+    dispatched_activation_bytes: float = 0.0  # of the replicated part, the routed tokens the experts keep
+    combined_activation_bytes: float = 0.0  # what the combine keeps of the experts' outputs (`graph_extract.Layer`)
 
 
 @dataclass(frozen=True)
