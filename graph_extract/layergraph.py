@@ -98,7 +98,10 @@ class Layer:
     expert tensor-parallel width.
 
     `fused_attention_activation_bytes` is `activation_bytes` with the attention core run as a fused
-    kernel (its Q, K, V and softmax statistics kept instead of the s × s tensors);
+    kernel (its Q, K, V and softmax statistics kept instead of the s × s tensors), and
+    `fused_replicated_activation_bytes` its replicated part where it differs (an attention core
+    whole on every rank, as a plan that does not split it leaves it: the tensors made inside the core
+    are replicated and the kernel keeps none of them; None: `replicated_activation_bytes`);
     `matrix_input_activation_bytes` (and its replicated part) are the saved tensors only a block's
     weight products keep (FP8 keeps them in one byte an element); `matrix_parameter_bytes` are the
     weights those products read (FP8 adds an 8-bit copy of them); `key_value_bytes` are the keys and
@@ -132,6 +135,7 @@ class Layer:
     expert_parameter_bytes: int = 0
     all_to_all_bytes: tuple[int, ...] = ()
     fused_attention_activation_bytes: int = 0
+    fused_replicated_activation_bytes: int | None = None
     matrix_input_activation_bytes: int = 0
     replicated_matrix_input_activation_bytes: int = 0
     matrix_parameter_bytes: int = 0
@@ -329,6 +333,16 @@ def product_outputs(graph: OpGraph, layer_id: int, saved: dict, matrix: tuple[bo
     return frozenset(kept)
 
 
+def _fused_replicated(fused: dict, kernels, replicated: tuple[bool, ...], saved: dict) -> int | None:
+    """The replicated part of a layer's saved tensors with its attention cores fused (`fused`: those
+    outside the kernels; a kernel's Q, K, V and statistics replicated where its inputs are); None
+    where it is the replicated part of `saved`, the unfused ones."""
+    made = sum(size for (_, node), size in fused.items() if replicated[node]) + sum(
+        kernel.saved_bytes for kernel in kernels if all(replicated[source] for source, _ in kernel.inputs))
+    unfused = sum(size for (_, node), size in saved.items() if replicated[node])
+    return None if made == unfused else made
+
+
 def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
     """Contract the op graph into layers; parameters are counted once per layer that reads them (a
     weight two layers read is also in `tied`). An edge between layers carries the tensors one layer
@@ -386,6 +400,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 expert_parameter_bytes=sum(size for name, size in weights.items() if name in experts) * dtype_bytes,
                 all_to_all_bytes=tuple(node.output_bytes for node in nodes if node.kind == "alltoall"),
                 fused_attention_activation_bytes=fused_bytes,
+                fused_replicated_activation_bytes=_fused_replicated(fused, layer_kernels, replicated, saved),
                 matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs),
                 replicated_matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs if replicated[key[1]]),
                 matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,

@@ -183,11 +183,22 @@ def _style_name(pattern: object, style: object) -> str:
 
 # --- the plan derived by structure -------------------------------------------------------------
 
+#: transformers' stand-in for `aten._grouped_mm` where that has no kernel (float32 on the CPU, as a
+#: model shrunk for verification runs): the same product of (input, weight, offsets).
+GROUPED_FALLBACK = "transformers::grouped_mm_fallback"
+
+
+def is_grouped_product(target: object) -> bool:
+    """Whether `target` is a grouped expert product: `aten._grouped_mm` or transformers' stand-in."""
+    return target is aten._grouped_mm.default or (isinstance(target, torch._ops.OpOverload)
+                                                  and target.name() == GROUPED_FALLBACK)
+
+
 def _weight_product(node: fx.Node, parameters: Mapping[str, nn.Parameter]) -> str | None:
     """What a plan names for the weight `node` multiplies: the module of a linear map, the parameter
     of a grouped expert product (one module holds several); None for another operator."""
-    if node.op != "call_function" or node.target not in (aten.linear.default, aten._grouped_mm.default,
-                                                         aten.matmul.default, aten.bmm.default):
+    if node.op != "call_function" or not (node.target in (aten.linear.default, aten.matmul.default, aten.bmm.default)
+                                          or is_grouped_product(node.target)):
         return None
     weights = [argument.target for argument in node.args[:2]
                if isinstance(argument, fx.Node) and argument.op == "get_attr" and argument.target in parameters]
@@ -252,7 +263,7 @@ def vocabulary_styles(module: fx.GraphModule, blocks: str) -> dict[str, str]:
 def _data_inputs(node: fx.Node) -> list[fx.Node]:
     """The inputs whose values flow into `node`'s: a product's activation (not its group offsets), a
     lookup's table (not its indices), and only floating-point tensors (not the routing's integers)."""
-    if node.target in (aten._grouped_mm.default, aten.index.Tensor, aten.embedding.default):
+    if is_grouped_product(node.target) or node.target in (aten.index.Tensor, aten.embedding.default):
         inputs = [node.args[0 if node.target is not aten.embedding.default else 0]]
     else:
         inputs = node.all_input_nodes

@@ -16,7 +16,7 @@ from phaze_common.checks import InputError
 from graph_extract.export import annotate, getattr_path
 from graph_extract.opgraph import EXPERT_TENSOR
 from graph_extract.parallel import all_reduce, all_to_all, copy_to_tensor_parallel_region
-from graph_extract.plan import COLWISE, REPLICATE, ROWWISE, Plan, _normal, _shape, _weight_product
+from graph_extract.plan import COLWISE, REPLICATE, ROWWISE, Plan, _normal, _shape, _weight_product, is_grouped_product
 from graph_extract.plan_rules import RULES, VIEWS, Resplit, parameter_dim
 
 aten = torch.ops.aten
@@ -167,7 +167,7 @@ class Rank:
         tensors = [argument for argument in node.all_input_nodes]
         shards = {argument: self.placement[argument] for argument in tensors
                   if not isinstance(self.placement[argument], Replicate)}
-        if target in (aten.linear.default, aten._grouped_mm.default) or (
+        if target is aten.linear.default or is_grouped_product(target) or (
                 target in (aten.matmul.default, aten.bmm.default) and _weight_product(node, self.parameters)):
             return self.product(node, path)
         if any(isinstance(placement, Partial) for placement in shards.values()):

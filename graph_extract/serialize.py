@@ -10,7 +10,7 @@ from graph_extract.layergraph import Layer, LayerEdge, LayerGraph, RecomputedMod
 from graph_extract.opgraph import GemmDims, OpGraph, OpNode
 
 #: Bump when the content or meaning of the files changes; old cache files are then ignored.
-FORMAT_VERSION = 13
+FORMAT_VERSION = 14
 
 
 def _shapes(value: list) -> tuple[tuple[int, ...], ...]:

@@ -26,7 +26,6 @@ from pathlib import Path
 from phaze_common.checks import InputError
 from graph_extract import ModelSpec
 from graph_extract.extraction import is_exported
-from graph_extract.plan import plan_widths, read_plan
 from phaze_hardware import KnownChip
 from phaze_hardware.cluster import Cluster
 
@@ -43,6 +42,8 @@ def exportable(spec: ModelSpec) -> bool:
 def check_plan_file(key: str, path: object, names: Sequence[str]) -> str:
     """A readable plan file's path (every width it holds read), else InputError naming `key` and the
     values allowed besides a file (`names`)."""
+    from graph_extract.plan import plan_widths, read_plan  # torch.distributed.tensor: loaded when a plan is given
+
     if not isinstance(path, str) or not Path(path).is_file():
         raise InputError(f"{key}: {path!r} is not a file; allowed: {', '.join(names)}, or a YAML plan file "
                          "(module pattern: ColwiseParallel or RowwiseParallel)")
@@ -84,12 +85,13 @@ def planned_spec(value: object, spec: ModelSpec, micro_batch_size: int, sequence
 def plan_record(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int,
                 cache_dir: Path | None) -> dict:
     """What prediction.json and best.json record of the plan at `width`: `plan` (module pattern ->
-    style; None for a model that builds its own shards) and `plan_verified` (its ranks compute the
-    unsharded small model; None where no plan applies)."""
+    style; None for a model that builds its own shards), `plan_verified` (its ranks compute the
+    unsharded small model; one rank is the model itself; None where no plan applies) and, for a plan
+    phaze searched, `plan_search` (the width's `solver.auto_sharding.plan_files.WidthSearch`)."""
     if not exportable(spec):
         return {"plan": None, "plan_verified": None}
     from graph_extract.extraction import exported_model
-    from graph_extract.plan import derived_plan
+    from graph_extract.plan import derived_plan, read_plan
     from graph_extract.verify import verify_tensor_parallel
 
     if spec.plan is not None:
@@ -97,7 +99,7 @@ def plan_record(spec: ModelSpec, micro_batch_size: int, sequence_length: int, wi
     else:
         _, blocks, graph = exported_model(spec, micro_batch_size, sequence_length, width)
         plan = derived_plan(graph, blocks)
-    verified = verify_tensor_parallel(spec, width, plan=plan, cache_dir=cache_dir).passed
+    verified = width == 1 or verify_tensor_parallel(spec, width, plan=plan, cache_dir=cache_dir).passed
     record = {"plan": dict(plan.styles), "plan_verified": verified}
     if spec.plan is not None and (searched := _search_record(spec.plan, width)) is not None:
         record["plan_search"] = searched

@@ -5,6 +5,7 @@ cluster, micro-batch 1, batch 256, 4,096 tokens, selective recomputation). Print
 model and width: whether the searched plan differs from Megatron's (and where), whether each was
 verified, the ILP's cost of each for the traced blocks, and the step time and memory of each.
 Run from the repository root: python scripts/plan_comparison.py [--models llama3-70b] [--widths 2 4]
+[--markdown docs/reference/plans.md] (the docs page: its introduction and the table).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import phaze.api  # noqa: E402
 from phaze.modes.predict import prediction_record  # noqa: E402
 from graph_extract import valid_tensor_parallel_widths  # noqa: E402
+from phaze_common.files import atomic_write  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf_configs"
 ZOO = ("megatrongpt3", "llama3-70b", "mixtral-8x7b", "deepseek-v3")
@@ -51,21 +53,41 @@ def row(name: str, model: str, width: int, cache_dir: str) -> str:
             f"{megatron['time_per_batch_s']:.3f} / {searched['time_per_batch_s']:.3f} | {memory} |")
 
 
+INTRODUCTION = """# Searched plans
+
+Megatron's tensor-parallel split (`tensor_parallel_plan=megatron`, derived by structure) beside the
+plan the sharding ILP finds (`tensor_parallel_plan=searched`), for the zoo's GPT-3 175B, Llama-3-70B,
+Mixtral-8x7B and DeepSeek-V3 and five Hugging Face config.json files phaze has no code for, on 256
+H100s (dgx_h100; p = 8, d fills the cluster, micro-batch 1, batch 256, 4,096 tokens, selective
+recomputation). "same": the search kept Megatron's plan (its cost equal, to 10⁻⁶); a difference names
+each module whose style changed. The ILP's cost is of the traced blocks (one per kind of block, times
+its blocks), the step and the memory phaze's prediction with each plan (the memory of the busiest
+device). Every plan is verified by running its ranks on a shrunk model of the family. Written by
+`python scripts/plan_comparison.py --markdown docs/reference/plans.md`.
+
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=[*ZOO, *sorted(path.name for path in CONFIGS.iterdir())])
     parser.add_argument("--widths", nargs="*", type=int, default=[2, 4, 8])
+    parser.add_argument("--markdown", type=Path, help="write the docs page (introduction and table) here")
     arguments = parser.parse_args()
-    print("| model | t | searched plan vs Megatron's | verified (Megatron / searched) | ILP cost of the traced "
-          "blocks [ms] (Megatron / searched) | step [s] (Megatron / searched) | memory [GiB] (Megatron / searched) |")
-    print("|---|---|---|---|---|---|---|")
+    lines = ["| model | t | searched plan vs Megatron's | verified (Megatron / searched) | ILP cost of the traced "
+             "blocks [ms] (Megatron / searched) | step [s] (Megatron / searched) | memory [GiB] (Megatron / "
+             "searched) |", "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory() as cache_dir:
         for name in arguments.models:
             model = str(CONFIGS / name / "config.json") if (CONFIGS / name).is_dir() else name
             spec = phaze.api.settings("extract_graph", model, cache_dir=cache_dir).spec
             for width in arguments.widths:
                 if width in valid_tensor_parallel_widths(spec, width):
-                    print(row(name, model, width, cache_dir), flush=True)
+                    lines.append(row(name, model, width, cache_dir))
+                    print(lines[-1], flush=True)
+    if arguments.markdown:
+        atomic_write(arguments.markdown, INTRODUCTION + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -262,6 +262,7 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 expert_parameters=layer.expert_parameter_bytes / TRAINING_DTYPE_BYTES,
                 all_to_all_bytes=layer.all_to_all_bytes,
                 fused_attention_activation_bytes=layer.fused_attention_activation_bytes,
+                fused_replicated_activation_bytes=layer.fused_replicated_activation_bytes,
                 matrix_input_activation_bytes=layer.matrix_input_activation_bytes,
                 replicated_matrix_input_activation_bytes=layer.replicated_matrix_input_activation_bytes,
                 matrix_parameters=layer.matrix_parameter_bytes / TRAINING_DTYPE_BYTES,

@@ -267,7 +267,7 @@ def test_model_plan_on_the_command_line(tmp_path):
                 pipeline_parallel_width=1, data_parallel_width=4, cache_dir=str(tmp_path))
     checked = phaze.api.settings("predict", model=f"{LLAMA}:tiny", **{"model.plan": str(LLAMA_PLAN)}, **keys)
     assert checked.spec.plan == str(LLAMA_PLAN)
-    with pytest.raises(InputError, match=r"^model.plan: only for a model phaze exports"):
+    with pytest.raises(InputError, match=r"^model.plan: only for a model phaze splits by a plan"):
         phaze.api.settings("predict", model=f"{LLAMA}:llama3_8b_sharded", **{"model.plan": str(LLAMA_PLAN)}, **keys)
     with pytest.raises(InputError, match=r"^model.plan: unknown key; allowed: name, "):  # the zoo's are Megatron's
         phaze.api.settings("predict", model="llama3-8b", **{"model.plan": str(LLAMA_PLAN)}, **keys)

@@ -66,8 +66,8 @@ def test_a_model_that_builds_its_own_shards_takes_megatron_only(tmp_path):
 
 #: A Llama in tests/data/mixer_llama.py's form (its attention and MLP one module), large enough that
 #: splitting its products pays for their all-reduces: sizes as keywords.
-SMALL_MIXER = dict(vocab_size=4096, num_hidden_layers=4, hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
-                   intermediate_size=6144)
+SMALL_MIXER = dict(vocab_size=4096, num_hidden_layers=4, hidden_size=2048, num_attention_heads=16,
+                   num_key_value_heads=8, intermediate_size=6144)
 
 
 def small_mixer(tmp_path: Path) -> str:
@@ -112,6 +112,9 @@ def test_the_searched_plan_splits_a_one_module_block_as_megatron_and_is_not_slow
     search = searched["plan_search"]
     assert search["width"] == 2 and search["searched"] and search["objective"] < search["megatron_objective"]
     assert searched["time_per_batch_s"] <= megatron["time_per_batch_s"]
+    # the attention whole on both ranks keeps at least what the split one keeps (its fused kernel's
+    # replicated part counted from the kernel's tensors, not the unfused core's s × s ones)
+    assert megatron["memory_bytes"]["activations"] >= searched["memory_bytes"]["activations"] > 0
     h, heads, kv, blocks = 2048, 16, 8, SMALL_MIXER["num_hidden_layers"]
     attention = 2 * h * h + 2 * h * (h * kv // heads)
     weights = lambda record: sum(stage["parameters"] for stage in record["stages"])  # noqa: E731

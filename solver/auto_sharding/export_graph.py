@@ -105,7 +105,8 @@ _shape = node_shape
 
 
 class _Builder:
-    """The block's operators, one per node, with each tensor's dim labels."""
+    """The block's operators, one per node, with each tensor's dim labels: tensors, operators, and the
+    moves of a tensor's elements (views, permutations)."""
 
     def __init__(self, width: int, element_bytes: int, inside: set[fx.Node], routers: frozenset[fx.Node]) -> None:
         self.width, self.element_bytes, self.inside, self.routers = width, element_bytes, inside, routers
@@ -225,6 +226,12 @@ class _Builder:
         dims = tuple(f"i{i}" for i in range(len(shape)))
         self.add_op(node, "view", [(name, dims)], tuple(dims[i] for i in order), dict(zip(dims, shape)), set(),
                     [self.labels[name][i] for i in order], 0)
+
+
+
+class _OperatorBuilder(_Builder):
+    """The block's operators by kind: weight and expert products, routing, element-wise products,
+    attention kernels and reductions (`node` dispatches one node to them)."""
 
     def weight_product(self, node: fx.Node, source: fx.Node, weight: fx.Node, transposed: bool) -> None:
         """x[.., k] · w -> y[.., n], w [n, k] (a linear map) or [k, n]."""
@@ -450,7 +457,7 @@ def block_graph(module: fx.GraphModule, blocks: str, width: int, element_bytes: 
     if len(outputs) != 1 or _shape(outputs[0]) is None:
         raise InputError(f"blocks: {prefix} must hand one tensor to what follows, got {[n.name for n in outputs]}")
     shape = _shape(outputs[0])
-    builder = _Builder(width, element_bytes, inside, routers(nodes, inside))
+    builder = _OperatorBuilder(width, element_bytes, inside, routers(nodes, inside))
     for node in nodes:
         for argument in node.all_input_nodes:
             if argument not in inside and argument.op != "get_attr" and _shape(argument) == shape \

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from graph_extract.plan import Plan, derived_plan, write_plan
 from graph_extract.verify import verify_tensor_parallel
 from phaze_common.checks import InputError
 from phaze_common.files import atomic_write
+from phaze_common.log import warn_once
 
 from .from_export import SearchSettings, search_against_megatron
 
@@ -109,21 +111,32 @@ def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: 
     if path.exists() and path.with_suffix(".json").exists():
         return path
     plans, records = {}, []
-    searched = sorted(set(widths) | ({ONE_RANK_PLAN_WIDTH} if 1 in widths and _splits(spec, ONE_RANK_PLAN_WIDTH) else set()))
-    for width in searched:
-        if width == 1:
-            continue
+    one_rank = {ONE_RANK_PLAN_WIDTH} if 1 in widths and _splits(spec, ONE_RANK_PLAN_WIDTH) else set()
+    for width in sorted((set(widths) | one_rank) - {1}):
         plans[width], record = search_width(spec, micro_batch_size, sequence_length, width, prices, cache_dir)
         records.append(asdict(record))
+        log.info("plan search of %s at width %d: %s, %.3g s (Megatron's %.3g s), %s", spec.name, width, record.status,
+                 record.objective, record.megatron_objective, "searched plan kept" if record.searched
+                 else "Megatron's plan kept")
     if 1 in widths:
         if ONE_RANK_PLAN_WIDTH in plans:
             plans[1] = plans[ONE_RANK_PLAN_WIDTH]
         else:
             _, blocks, graph = exported_model(spec, micro_batch_size, sequence_length, 1)
             plans[1] = derived_plan(graph, blocks)
+    try:
+        _write(path, plans, widths, records)
+    except OSError as error:  # a read-only cache: the plans written where this process can
+        warn_once(("unwritable", path.parent), "plan cache: cannot write to %s (%s); the searched plans are kept in "
+                  "a temporary folder", path.parent, error.strerror or error)
+        path = Path(tempfile.mkdtemp(prefix="phaze-plans-")) / path.name
+        _write(path, plans, widths, records)
+    return path
+
+
+def _write(path: Path, plans: dict[int, Plan], widths: Sequence[int], records: list[dict]) -> None:
     write_plan(path, {width: plans[width] for width in sorted(set(widths))})
     atomic_write(path.with_suffix(".json"), json.dumps({"records": records}, indent=1))
-    return path
 
 
 def search_records(path: Path) -> dict[int, WidthSearch]:

@@ -295,7 +295,9 @@ def held_activations(layers, recompute: Recompute, width: int, kernels: KernelOp
     share = DeviceShare.of(kernels, width, width if expert_width is None else expert_width)
     fused = [kernels.flash_attention and layer.fused_attention_activation_bytes is not None for layer in layers]
     saved = np.array([device_bytes(layer.fused_attention_activation_bytes if here else layer.activation_bytes,
-                                   layer.replicated_activation_bytes, layer, share)
+                                   layer.fused_replicated_activation_bytes
+                                   if here and layer.fused_replicated_activation_bytes is not None
+                                   else layer.replicated_activation_bytes, layer, share)
                       for layer, here in zip(layers, fused)], float)
     recomputed = np.array([layer.is_block for layer in layers], bool)
     if recompute.full or recompute.product_outputs:

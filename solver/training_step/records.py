@@ -55,6 +55,7 @@ class StepLayer:
     all_to_all_bytes: tuple[float, ...] = ()  # the token all-to-alls of one forward pass
     fused_attention_activation_bytes: float | None = None  # `activation_bytes` with a fused attention kernel
     # (None: the same)
+    fused_replicated_activation_bytes: float | None = None  # its replicated part where it differs (None: the same)
     matrix_input_activation_bytes: float = 0.0  # kept only by weight products (FP8: one byte an element)
     replicated_matrix_input_activation_bytes: float = 0.0
     matrix_parameters: float = 0.0  # of `parameters`, those weight products read (FP8: an 8-bit copy)
