@@ -130,3 +130,15 @@ def test_a_zoo_model_searched_keeps_megatrons_plan_and_time(tmp_path):
     search = searched["plan_search"]
     assert not search["searched"] and search["objective"] == pytest.approx(search["megatron_objective"], rel=1e-6)
     assert searched["time_per_batch_s"] == megatron["time_per_batch_s"]
+
+
+def test_a_block_the_search_cannot_express_keeps_megatrons_plan(tmp_path):
+    """Megatron's GPT-2 fuses q, k and v into one product and picks each with `select`, an operator
+    the search's graph does not handle: the width's record says so and Megatron's plan is priced."""
+    keys = dict(sequence_length=1024, num_devices=16, data_parallel_width=8)
+    megatron = predicted("megatrongpt2-xl", tmp_path / "cache", **keys)
+    searched = predicted("megatrongpt2-xl", tmp_path / "cache", tensor_parallel_plan="searched", **keys)
+    search = searched["plan_search"]
+    assert search["status"] == "refused" and not search["searched"] and search["objective"] is None
+    assert search["refused"].startswith("plan search: aten.select.int at layers.0.attention")
+    assert searched["plan"] == megatron["plan"] and searched["time_per_batch_s"] == megatron["time_per_batch_s"]

@@ -214,23 +214,29 @@ class PlanSearch:
     searched: tuple[BlockSearch, ...]
     objective: float
     megatron_objective: float
+    megatron_priced: bool
 
 
 def search_against_megatron(module: fx.GraphModule, blocks: str, width: int,
                             search: SearchSettings = SearchSettings()) -> PlanSearch:
     """`search_plan`'s plan with its cost and Megatron's (`derived_plan` of `module`, priced on each
-    kind's block by the ILP's cost model)."""
+    kind's block by the ILP's cost model); `megatron_priced` is false where Megatron's plan pays a
+    conversion the ILP prices as refused (one the plan pass makes otherwise, as the all-reduced mean
+    of squares of a norm over split heads): its cost is then no measure of it."""
     searched = search_blocks(module, blocks, width, search)
     derived = derived_plan(module, blocks)
     objective = megatron = 0.0
+    priced = True
     for kind in searched:
         mesh, settings = search_model(kind.block, width, search)
         model = CostModel(kind.block.graph, mesh, settings)
-        megatron += len(kind.indices) * model.evaluate(plan_strategies(kind.block, derived, model)).total
+        cost = model.evaluate(plan_strategies(kind.block, derived, model)).total
+        priced &= cost < mesh.axes[0].collectives.refused
+        megatron += len(kind.indices) * cost
         objective += len(kind.indices) * kind.result.objective
     outside = tuple(vocabulary_styles(module, blocks).items())
     return PlanSearch(plan=Plan(styles=(*searched_styles(searched), *outside)), searched=searched,
-                      objective=objective, megatron_objective=megatron)
+                      objective=objective, megatron_objective=megatron, megatron_priced=priced)
 
 
 # --- verification -------------------------------------------------------------------------------

@@ -59,16 +59,23 @@ class WidthSearch:
     """The search at one width: the ILP's status (the worst of its kinds of block), its plan's cost
     and Megatron's plan's by the same model [s a step of the traced blocks], its largest optimality
     gap and its solves' seconds, whether the written plan is the searched one (else Megatron's), and
-    whether the searched plan computed the unsharded model (None: not run, as when it is not better)."""
+    whether the searched plan computed the unsharded model (None: not run, as when it is not better).
+    A block the search cannot express (an operator its graph does not handle) is `status` "refused",
+    with the reason in `refused` and no costs: Megatron's plan is written. Where Megatron's plan pays
+    a conversion the ILP prices as refused (`megatron_priced` false: the plan pass makes it otherwise,
+    as a split norm's all-reduced mean of squares), the ILP's comparison is no measure and Megatron's
+    plan is written too."""
 
     width: int
     status: str
-    objective: float
-    megatron_objective: float
-    gap: float
+    objective: float | None
+    megatron_objective: float | None
+    gap: float | None
     solve_seconds: float
     searched: bool
     searched_verified: bool | None
+    refused: str | None = None
+    megatron_priced: bool = True
 
 
 def _digest(spec: ModelSpec, micro_batch_size: int, sequence_length: int, widths: Sequence[int],
@@ -88,15 +95,22 @@ def search_width(spec: ModelSpec, micro_batch_size: int, sequence_length: int, w
                  prices: SearchSettings, cache_dir: Path | None) -> tuple[Plan, WidthSearch]:
     """The plan written for `width` and the record of its search."""
     _, blocks, graph = exported_model(spec, micro_batch_size, sequence_length, width)
-    found = search_against_megatron(graph, blocks, width, prices)
-    better = found.objective < found.megatron_objective * (1.0 - TIE)
+    try:
+        found = search_against_megatron(graph, blocks, width, prices)
+    except InputError as refusal:
+        warn_once(("plan search refused", spec.name), "%s; Megatron's plan is used", refusal)
+        return derived_plan(graph, blocks), WidthSearch(
+            width=width, status="refused", objective=None, megatron_objective=None, gap=None, solve_seconds=0.0,
+            searched=False, searched_verified=None, refused=str(refusal))
+    better = found.megatron_priced and found.objective < found.megatron_objective * (1.0 - TIE)
     verified = verify_tensor_parallel(spec, width, plan=found.plan, cache_dir=cache_dir).passed if better else None
     results = [kind.result for kind in found.searched]
     status = "optimal" if all(result.status == "optimal" for result in results) else "feasible"
     record = WidthSearch(width=width, status=status, objective=found.objective,
                          megatron_objective=found.megatron_objective, gap=max(result.gap for result in results),
                          solve_seconds=sum(result.solve_seconds for result in results),
-                         searched=bool(better and verified), searched_verified=verified)
+                         searched=bool(better and verified), searched_verified=verified,
+                         megatron_priced=found.megatron_priced)
     if better and not verified:
         log.warning("plan search: the searched plan of %s at width %d does not compute the model; Megatron's is used",
                     spec.name, width)
@@ -115,9 +129,8 @@ def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: 
     for width in sorted((set(widths) | one_rank) - {1}):
         plans[width], record = search_width(spec, micro_batch_size, sequence_length, width, prices, cache_dir)
         records.append(asdict(record))
-        log.info("plan search of %s at width %d: %s, %.3g s (Megatron's %.3g s), %s", spec.name, width, record.status,
-                 record.objective, record.megatron_objective, "searched plan kept" if record.searched
-                 else "Megatron's plan kept")
+        log.info("plan search of %s at width %d: %s, %s", spec.name, width, record.status,
+                 "searched plan kept" if record.searched else "Megatron's plan kept")
     if 1 in widths:
         if ONE_RANK_PLAN_WIDTH in plans:
             plans[1] = plans[ONE_RANK_PLAN_WIDTH]
