@@ -2,7 +2,8 @@
 (`solver.auto_sharding.from_export`), returned as a plan the plan pass applies, and checked by
 running its ranks in lockstep on real weights."""
 
-import math
+import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,10 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from graph_extract.export import export
+from graph_extract.factory import factory_function
 from graph_extract.parallel import all_reduce
 from graph_extract.plan import COLWISE, ROWWISE, derived_plan
 from graph_extract.plan_pass import apply_plan
-from graph_extract.transformer import TransformerModel, example_inputs, per_token_cross_entropy
+from graph_extract.transformer import TransformerModel, example_inputs
 from graph_extract.verify import MICRO_BATCH_SIZE, TINY
 from graph_extract.zoo import get_spec
 from phaze_common.checks import InputError
@@ -105,74 +107,18 @@ def test_the_searched_plan_computes_the_zoo_llama_at_four_ranks():
 
 # a plain PyTorch Llama whose attention and MLP are one module -----------------------------------
 
-class Mixer(nn.Module):
-    """A pre-norm Llama block's attention (grouped-query, causal, no rotation) and SwiGLU MLP in one module."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn: int, sequence: int) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
-        self.attention_norm, self.mlp_norm = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-        self.q = nn.Linear(hidden, hidden, bias=False)
-        self.k = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.v = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.o = nn.Linear(hidden, hidden, bias=False)
-        self.gate = nn.Linear(hidden, ffn, bias=False)
-        self.up = nn.Linear(hidden, ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
-        self.register_buffer("future", torch.ones(sequence, sequence, dtype=torch.bool).triu(1), persistent=False)
-
-    def split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
-        x = x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
-        group = self.heads // heads
-        return x if group == 1 else x.unsqueeze(2).expand(-1, -1, group, -1, -1).flatten(1, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.attention_norm(x)
-        q, k, v = self.split(self.q(h), self.heads), self.split(self.k(h), self.kv_heads), self.split(self.v(h), self.kv_heads)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        weights = F.softmax(scores.masked_fill(self.future, float("-inf")), dim=-1)
-        x = x + self.o(torch.matmul(weights, v).transpose(1, 2).flatten(-2))
-        h = self.mlp_norm(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+#: tests/data/mixer_llama.py: a Llama whose attention and MLP are one module (`model.stack.<i>.mixer`).
+MIXER_LLAMA = factory_function(f"{Path(__file__).resolve().parent / 'data' / 'mixer_llama.py'}:llama3_8b")
+Mixer = inspect.getmodule(MIXER_LLAMA).Mixer
 
 
-class Layer(nn.Module):
-    def __init__(self, *sizes: int) -> None:
-        super().__init__()
-        self.mixer = Mixer(*sizes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mixer(x)
-
-
-class Decoder(nn.Module):
-    def __init__(self, vocab: int, layers: int, *sizes: int) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(vocab, sizes[0])
-        self.stack = nn.ModuleList(Layer(*sizes) for _ in range(layers))
-        self.norm = nn.RMSNorm(sizes[0])
-
-
-class PlainLlama(nn.Module):
-    """`model.embed_tokens`, `model.stack.<i>.mixer`, `model.norm`, `lm_head`, a per-token loss."""
-
-    def __init__(self, vocab: int = 256, layers: int = 2, hidden: int = 64, heads: int = 8, kv_heads: int = 4,
-                 ffn: int = 160, sequence: int = SEQUENCE) -> None:
-        super().__init__()
-        self.model = Decoder(vocab, layers, hidden, heads, kv_heads, ffn, sequence)
-        self.lm_head = nn.Linear(hidden, vocab, bias=False)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        for layer in self.model.stack:
-            x = layer(x)
-        return per_token_cross_entropy(self.lm_head(self.model.norm(x)), labels)
-
-
-def plain(device: str) -> tuple[PlainLlama, dict]:
+def plain(device: str) -> tuple[nn.Module, dict]:
+    """tests/data/mixer_llama.py's Llama at 2 blocks, hidden 64, 8 query and 4 key/value heads, FFN
+    160, a vocabulary of 256, with random weights on `device`, and its inputs."""
     torch.manual_seed(0)
     with torch.device(device):
-        model = PlainLlama().eval()
+        model = MIXER_LLAMA(SEQUENCE, vocab_size=256, num_hidden_layers=2, hidden_size=64, num_attention_heads=8,
+                            num_key_value_heads=4, intermediate_size=160).eval()
     generator = torch.Generator().manual_seed(0)
     inputs = {name: torch.randint(0, 256, (MICRO_BATCH_SIZE, SEQUENCE), generator=generator).to(device)
               for name in ("input_ids", "labels")}
@@ -245,7 +191,7 @@ def test_an_attention_kernel_is_split_on_its_heads(width):
     model, inputs = plain("meta")
     for layer in model.model.stack:
         with torch.device("meta"):
-            layer.mixer = AttentionKernelMixer(64, 8, 4, 160, SEQUENCE)
+            layer.mixer = AttentionKernelMixer(64, 8, 4, 160, SEQUENCE, 500000.0)
     graph = export(model, inputs)
     plan, result = search_plan(graph, "model.stack", width, SLOW)
     assert {pattern: style for pattern, style in plan.styles if pattern.startswith("model.stack.")} == {
