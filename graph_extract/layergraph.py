@@ -333,13 +333,17 @@ def product_outputs(graph: OpGraph, layer_id: int, saved: dict, matrix: tuple[bo
     return frozenset(kept)
 
 
-def _fused_replicated(fused: dict, kernels, replicated: tuple[bool, ...], saved: dict) -> int | None:
+def _replicated_bytes(saved: dict, replicated: tuple[bool, ...]) -> int:
+    """The bytes of `saved` (tensor key -> bytes) identical on every rank."""
+    return sum(size for (_, node), size in saved.items() if replicated[node])
+
+
+def _fused_replicated(fused: dict, kernels, replicated: tuple[bool, ...], unfused: int) -> int | None:
     """The replicated part of a layer's saved tensors with its attention cores fused (`fused`: those
     outside the kernels; a kernel's Q, K, V and statistics replicated where its inputs are); None
-    where it is the replicated part of `saved`, the unfused ones."""
-    made = sum(size for (_, node), size in fused.items() if replicated[node]) + sum(
+    where it is `unfused`, the replicated part without fused kernels."""
+    made = _replicated_bytes(fused, replicated) + sum(
         kernel.saved_bytes for kernel in kernels if all(replicated[source] for source, _ in kernel.inputs))
-    unfused = sum(size for (_, node), size in saved.items() if replicated[node])
     return None if made == unfused else made
 
 
@@ -368,6 +372,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
         skipped = frozenset().union(*(kernel.members for kernel in layer_kernels))
         fused, _ = _saved(graph, nodes, matrix_products, skipped)
         fused_bytes = sum(fused.values()) + sum(kernel.saved_bytes for kernel in layer_kernels)
+        replicated_saved = _replicated_bytes(saved, replicated)
         inputs = {source: size for (_, dest), sizes in crossing.items() if dest == layer_id for source, size in sizes.items()}
         matrix = {name for node in nodes if matrix_products[node.id] for name in node.weight_names}
         for name, size in weights.items():
@@ -385,7 +390,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 parameter_bytes=sum(weights.values()) * dtype_bytes,
                 parameter_tensors=tuple(weights.values()),
                 activation_bytes=sum(saved.values()),
-                replicated_activation_bytes=sum(size for (_, node), size in saved.items() if replicated[node]),
+                replicated_activation_bytes=replicated_saved,
                 attention_core_activation_bytes=sum(size for (_, node), size in saved.items() if node in core),
                 input_bytes=sum(inputs.values()),
                 replicated_input_bytes=sum(size for source, size in inputs.items() if replicated[source]),
@@ -400,7 +405,7 @@ def build_layer_graph(graph: OpGraph, dtype_bytes: int = 2) -> LayerGraph:
                 expert_parameter_bytes=sum(size for name, size in weights.items() if name in experts) * dtype_bytes,
                 all_to_all_bytes=tuple(node.output_bytes for node in nodes if node.kind == "alltoall"),
                 fused_attention_activation_bytes=fused_bytes,
-                fused_replicated_activation_bytes=_fused_replicated(fused, layer_kernels, replicated, saved),
+                fused_replicated_activation_bytes=_fused_replicated(fused, layer_kernels, replicated, replicated_saved),
                 matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs),
                 replicated_matrix_input_activation_bytes=sum(saved[key] for key in matrix_inputs if replicated[key[1]]),
                 matrix_parameter_bytes=sum(size for name, size in weights.items() if name in matrix) * dtype_bytes,

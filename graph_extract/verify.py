@@ -194,11 +194,15 @@ def tiny_spec(spec: ModelSpec, overrides: Mapping[str, object]) -> ModelSpec:
     return spec.with_overrides(**{**tiny, **overrides})
 
 
-def _zoo_model(spec: ModelSpec, width: int, seed: int) -> tuple[nn.Module, dict[str, torch.Tensor], str]:
+def zoo_model(spec: ModelSpec, width: int, seed: int = 0, device: str = "cpu"
+              ) -> tuple[nn.Module, dict[str, torch.Tensor], str]:
+    """The zoo's model of `spec` (its vocabulary padded for `width`) on `device` with random weights
+    from `seed`, its inputs and its blocks' path."""
     sequence_length = spec.default_sequence_length
     torch.manual_seed(seed)
-    model = TransformerModel(spec, sequence_length, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
-    inputs = example_inputs(model, micro_batch_size=MICRO_BATCH_SIZE, sequence_length=sequence_length, device="cpu",
+    with torch.device(device):
+        model = TransformerModel(spec, sequence_length, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
+    inputs = example_inputs(model, micro_batch_size=MICRO_BATCH_SIZE, sequence_length=sequence_length, device=device,
                             seed=seed)
     return model, inputs, "layers"
 
@@ -232,7 +236,7 @@ def verify_tensor_parallel(
     path = cache_file(Path(cache_dir), key) if key is not None else None
     if path is not None and (error := _cached_error(path, key)) is not None:
         return VerificationResult(spec.name, width, error, tolerance)
-    model, inputs, blocks = _exported(spec, seed) if is_exported(spec) else _zoo_model(spec, width, seed)
+    model, inputs, blocks = _exported(spec, seed) if is_exported(spec) else zoo_model(spec, width, seed)
     error = verify_plan(model, inputs, plan, width, blocks)
     if path is not None:
         _store(path, key, spec.name, width, error)

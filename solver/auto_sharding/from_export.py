@@ -31,8 +31,7 @@ from torch import fx, nn
 
 from phaze_common.checks import InputError, positive_integer, positive_number
 from graph_extract.plan import COLWISE, ROWWISE, Plan, derived_plan, vocabulary_styles
-from graph_extract.transformer import TransformerModel, example_inputs
-from graph_extract.verify import MICRO_BATCH_SIZE, lockstep_error, plan_ranks, tiny_spec
+from graph_extract.verify import lockstep_error, plan_ranks, tiny_spec, zoo_model
 from graph_extract.zoo import get_spec
 
 from .costs import CostModel
@@ -206,13 +205,14 @@ def search_plan(module: fx.GraphModule, blocks: str, width: int, search: SearchS
 
 @dataclass(frozen=True, kw_only=True)
 class PlanSearch:
-    """A searched plan, its cost by the ILP's model and that of `derived_plan`'s (Megatron's split)
-    by the same model [s per step of the searched blocks: each kind's block times its blocks], and
-    the ILP's result of each kind of block."""
+    """A searched plan and its cost by the ILP's model, `derived_plan`'s (Megatron's split,
+    `megatron`) and its cost by the same model [s per step of the searched blocks: each kind's block
+    times its blocks], and the ILP's result of each kind of block."""
 
     plan: Plan
     searched: tuple[BlockSearch, ...]
     objective: float
+    megatron: Plan
     megatron_objective: float
     megatron_priced: bool
 
@@ -236,7 +236,7 @@ def search_against_megatron(module: fx.GraphModule, blocks: str, width: int,
         objective += len(kind.indices) * kind.result.objective
     outside = tuple(vocabulary_styles(module, blocks).items())
     return PlanSearch(plan=Plan(styles=(*searched_styles(searched), *outside)), searched=searched,
-                      objective=objective, megatron_objective=megatron, megatron_priced=priced)
+                      objective=objective, megatron=derived, megatron_objective=megatron, megatron_priced=priced)
 
 
 # --- verification -------------------------------------------------------------------------------
@@ -267,9 +267,5 @@ def tiny_zoo_model(name: str, width: int, device: str = "cpu", seed: int = 0, **
     (`graph_extract.verify.tiny_spec`), with `overrides`, built for `width` ranks on `device` (random
     weights from `seed`), and its inputs; the module paths are the full model's, so that a plan
     searched on the full model applies to it."""
-    spec = tiny_spec(get_spec(name), overrides)
-    sequence = spec.default_sequence_length
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = TransformerModel(spec, sequence, spec.padded_vocab_size(width), MICRO_BATCH_SIZE).eval()
-    return model, example_inputs(model, MICRO_BATCH_SIZE, sequence, device=device, seed=seed)
+    model, inputs, _ = zoo_model(tiny_spec(get_spec(name), overrides), width, seed, device)
+    return model, inputs

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from graph_extract import ModelSpec
-from graph_extract.extraction import check_request, exported_model
+from graph_extract.extraction import exported_model, valid_tensor_parallel_widths
 from graph_extract.plan import Plan, derived_plan, write_plan
 from graph_extract.verify import verify_tensor_parallel
 from phaze_common.checks import InputError
@@ -43,15 +43,6 @@ TIE = 1e-6
 #: The width whose plan one rank is given: every collective is in a graph at every width (of size 1
 #: at one rank, `graph_extract.plan_pass`), so one rank's graph is that of the plan of the other widths.
 ONE_RANK_PLAN_WIDTH = 2
-
-
-def _splits(spec: ModelSpec, width: int) -> bool:
-    """Whether `spec`'s model splits over `width` ranks (its heads and key/value heads allow it)."""
-    try:
-        check_request(spec, 1, spec.default_sequence_length, width)
-    except InputError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +105,7 @@ def search_width(spec: ModelSpec, micro_batch_size: int, sequence_length: int, w
     if better and not verified:
         log.warning("plan search: the searched plan of %s at width %d does not compute the model; Megatron's is used",
                     spec.name, width)
-    return (found.plan if record.searched else derived_plan(graph, blocks)), record
+    return (found.plan if record.searched else found.megatron), record
 
 
 def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: int, widths: Sequence[int],
@@ -125,7 +116,8 @@ def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: 
     if path.exists() and path.with_suffix(".json").exists():
         return path
     plans, records = {}, []
-    one_rank = {ONE_RANK_PLAN_WIDTH} if 1 in widths and _splits(spec, ONE_RANK_PLAN_WIDTH) else set()
+    one_rank = {ONE_RANK_PLAN_WIDTH} if 1 in widths and ONE_RANK_PLAN_WIDTH in valid_tensor_parallel_widths(
+        spec, ONE_RANK_PLAN_WIDTH) else set()
     for width in sorted((set(widths) | one_rank) - {1}):
         plans[width], record = search_width(spec, micro_batch_size, sequence_length, width, prices, cache_dir)
         records.append(asdict(record))
