@@ -70,6 +70,16 @@ def test_fsdp_gathers_and_reduce_scatters_by_hand():
     assert (memory["gradients"], memory["optimizer_state"]) == pytest.approx((2e9, 6e9), rel=1e-12)
 
 
+def test_scanned_layers_hold_one_gathered_layer_and_price_as_fsdp():
+    """XLA's scan over the layers without the all-gather prefetch: the weight shards (2e9·2/4) and
+    one layer's 1e9 weights whole in 16 bits; the times those of FSDP's test above."""
+    fsdp = price(fsdp_step(data_parallel_sharding="full"))
+    scanned = price(fsdp_step(data_parallel_sharding="full", sharded_collectives="scanned_layers"))
+    assert scanned.memory[0]["weights"] == pytest.approx(1e9 + 1e9 * 2, rel=1e-12)
+    assert scanned.time_per_batch == pytest.approx(0.6 + 0.36 + 0.012, rel=1e-12)
+    assert scanned.breakdown == fsdp.breakdown
+
+
 def test_fsdp_without_resharding_gathers_once_a_step():
     """reshard_after_forward=false: one gather a step (0.12 s, behind the first forward's 0.1 s: 0.02
     exposed) and the reduce-scatters (0.24 s behind 0.2 s of backward: 0.04 a micro-batch); the stage's

@@ -33,6 +33,14 @@ def test_the_fp8_scaling_a_run_states(precision, other, expected):
     assert stated_fp8_recipe(precision, other) == expected
 
 
+@pytest.mark.parametrize("run_id, dispatch", [
+    ("mbridge2602_Qwen3_235B_a22B_b200_256gpu_mxfp8", "all_to_all"),  # alltoall; the base's DeepEP left unused
+    ("mbridge2511_Qwen3_30B_a3B_b200_8gpu_mxfp8", "deduplicated"),  # flex with the DeepEP backend
+    ("moezoo_qwen3_235b_h100_row4", "all_to_all"), ("moezoo_qwen3_235b_h100_row1", "deduplicated")])
+def test_the_dispatcher_a_run_states(run_id, dispatch):
+    assert case(RUNS[run_id]).training.expert_dispatch == dispatch
+
+
 def test_cuda_graphs_fp8_weight_gathers_and_host_offload_as_stated():
     other = ("fp8 recipe: MXFP8; CUDA graphs: transformer_engine, scope attn, moe_router; dispatcher=HybridEP; "
              "FP8 parameter all-gather: yes; host offload of activations: yes (remat_policy custom)")

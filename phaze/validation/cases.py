@@ -27,7 +27,7 @@ from solver.training_step.memory import OP_LEVEL_MODE, PRODUCT_OUTPUTS_MODE
 
 from phaze.settings import host_link
 from phaze.validation.flops import framework_flops, measured_seconds
-from phaze.validation.settings import (StatedSettings, stated_precision, unknown_variant, unmodelled_attention,
+from phaze.validation.settings import (StatedSettings, stated_dispatcher, stated_precision, unknown_variant, unmodelled_attention,
                                       whole_step_graphs)
 from phaze.validation.recipes import (GPT_FAMILY, MOE_VOCABULARY, ModelRecipe, RECIPES, Recipe, STATED_OVERLAPS,
                                      UNFUSED_ATTENTION_FRAMEWORKS, VALIDATED_CHIPS, tpu_runtime_reserve)
@@ -149,7 +149,7 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
     options = {name: any(flag in other for flag in flags) for name, flags in STATED_OVERLAPS.items()}
     # a mixture's dispatcher as the run states it: DeepEP (Megatron's flex dispatcher) sends a token
     # once a node; Megatron's 1F1B all-to-all overlap hides it behind another micro-batch's compute
-    options["expert_dispatch"] = "deduplicated" if "deepep" in other.lower() else "all_to_all"
+    options["expert_dispatch"] = "deduplicated" if "deepep" in stated_dispatcher(other) else "all_to_all"
     options["overlap_expert_dispatch"] = "1f1b overlap" in other.lower()
     options["data_parallel_sharding"] = ("full" if fully_sharded(sharding) else
                                          "optimizer" if "distributed" in sharding.lower()
@@ -165,7 +165,7 @@ def stated_training(run: dict, sequence_parallel: bool, recipe: Recipe | None, m
                             ("tensor_parallel_overlap", "tensor-parallel overlap"),
                             ("grad_reduce_in_bf16", "gradients in 16-bit"),
                             ("master_weight_remainders", "master-weight remainders"),
-                            ("sharded_collectives", "a collective per weight tensor, blocking"),
+                            ("sharded_collectives", f"full sharding's collectives as {wanted['sharded_collectives']}"),
                             ("weight_dtype", "weights kept in float32")):
             said = options.get(name) is True or options.get(name) in ("optimizer", "full")  # what a run turns on
             if not said and wanted[name] != options.get(name, getattr(TrainingOptions(), name)) and (

@@ -120,11 +120,13 @@ _ADAM_SHARDED = dict(optimizer="adam", data_parallel_sharding="optimizer", overl
 _MEGATRON_BRIDGE_TRAINING = TrainingOptions(**_ADAM_SHARDED, overlap_param_gather=True, grad_reduce_in_bf16=True,
                                             tensor_parallel_overlap=True)
 
-#: MaxText's training options: FSDP over the fsdp axis with XLA's collectives behind the products, and
+#: MaxText's training options: FSDP over the fsdp axis with XLA's collectives behind the products, each
+#: layer's weights gathered in its own iteration of the scan over the layers (no run of the set turns
+#: on --xla_tpu_enable_ag_backward_pipelining), and
 #: the weights kept in base.yml's weight_dtype float32 with optax's adamw, whose two moments take the
 #: parameters' dtype (MaxText/optimizers.py), and no master copy.
 _MAXTEXT_TRAINING = TrainingOptions("adam", "full", overlap_grad_reduce=True, tensor_parallel_overlap=True,
-                                    weight_dtype="float32")
+                                    weight_dtype="float32", sharded_collectives="scanned_layers")
 
 
 def _maxtext(flop_count: str, attention: float) -> Recipe:

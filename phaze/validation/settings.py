@@ -49,6 +49,13 @@ def stated_cuda_graphs(other_settings: str) -> str | None:
     return None if scope.lower() in ("", "none") else scope
 
 
+def stated_dispatcher(other_settings: str) -> str:
+    """The clauses of a run's other settings that name its token dispatcher, lower case, without
+    their remarks in parentheses (a base configuration's backend a script leaves unused)."""
+    plain = re.sub(r"\([^)]*\)", "", other_settings)
+    return " ".join(clause for clause in plain.lower().split(";") if "dispatcher" in clause)
+
+
 def stated_host_offload(other_settings: str) -> bool:
     """Whether the run moves activations to host memory between the forward and backward passes
     ("host offload of activations: yes"; MaxText's remat_policy custom with "offload", Megatron's

@@ -128,15 +128,17 @@ class DataParallel:
 
     def gathered_weight_bytes(self, terms: StageTerms) -> np.ndarray:
         """The whole weights a device holds besides its shards with `full` sharding: those of the layer
-        running and of the one prefetched (twice its largest layer's; once with `blocking_tensors`,
-        whose gathers block the compute and prefetch no layer: a simplification, DeepSpeed's prefetch
-        bucket of that time is left out), or with `reshard_after_forward` false every weight of the
+        running and of the one prefetched (twice its largest layer's; once with `scanned_layers`, which
+        prefetches no layer, and with `blocking_tensors`, whose gathers block the compute: a
+        simplification, DeepSpeed's prefetch bucket of that time is left out), or with
+        `reshard_after_forward` false every weight of the
         stage, kept all step; in 16 bits, with
         `fp8_parameters` too (a simplification: FSDP then gathers the 8-bit products' weights in FP8),
-        whatever `weight_dtype` keeps the shards in (`ModelState.gathered`)."""
+        whatever `weight_dtype` keeps the shards in (`ModelState.gathered`). The running layer's whole
+        gradients before their reduce-scatter are left out: a simplification."""
         if not self.training.model_state.splits("weights"):
             return np.zeros_like(terms.parameters)
-        layers = 1.0 if self.training.sharded_collectives == "blocking_tensors" else 2.0
+        layers = 2.0 if self.training.sharded_collectives == "prefetched_layers" else 1.0
         whole = terms.parameters if not self.training.reshard_after_forward else layers * terms.largest_parameters
         return whole * self.training.model_state.gathered
 

@@ -15,8 +15,13 @@ search and every cache key read.
   FSDP's HYBRID_SHARD / HSDP, Megatron's --num-distributed-optimizer-instances = c·d / width);
 * `sharded_collectives`: how `full` sharding issues its gathers and reduce-scatters:
   `prefetched_layers` (a layer's at a time, prefetched behind the compute: PyTorch FSDP wrapping
-  each transformer block, MaxText's scan over layers; priced as one collective a pass, its latency
-  once: a simplification) or
+  each transformer block; priced as one collective a pass, its latency once: a simplification),
+  `scanned_layers` (XLA's SPMD partitioner gathering each weight at its use in the body of a scan
+  over the layers, MaxText's scan_layers, without the collective pipeliner's all-gather prefetch
+  across iterations, --xla_tpu_enable_ag_backward_pipelining, which a run turns on by flag,
+  maxtext benchmarks/xla_flags_library.py: the latency-hiding scheduler overlaps each gather with
+  the iteration's own products and one layer's weights are gathered at a time; priced in time as
+  `prefetched_layers`, the first gather of each iteration hidden too: a simplification) or
   `blocking_tensors` (DeepSpeed's ZeRO-3 before release 0.5, 2021: one collective a weight tensor
   of at least `PERSISTENCE_THRESHOLD` elements, smaller ones kept whole; each on the compute's
   critical path, as every gather synchronised the device, DeepSpeed PR #1188; a recomputed forward
@@ -101,7 +106,7 @@ from solver.training_step.memory import OPTIMIZERS, SHARDINGS, WEIGHT_DTYPES, Mo
 #: --moe-deepep-num-sms default; what DeepSeek-V3 gives its dispatch, DeepSeek-AI 2024 §3.2.2).
 DISPATCH_SMS = 20
 #: How `full` sharding issues its collectives (`TrainingOptions.sharded_collectives`).
-SHARDED_COLLECTIVES = ("prefetched_layers", "blocking_tensors")
+SHARDED_COLLECTIVES = ("prefetched_layers", "scanned_layers", "blocking_tensors")
 #: Weight tensors smaller than this many elements DeepSpeed's ZeRO-3 keeps whole on every device
 #: (stage3_param_persistence_threshold's default, deepspeed/runtime/zero/constants.py, 2021).
 PERSISTENCE_THRESHOLD = 100_000
