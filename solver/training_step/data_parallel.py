@@ -131,8 +131,7 @@ class DataParallel:
         running and of the one prefetched (twice its largest layer's; once with `scanned_layers`, which
         prefetches no layer, and with `blocking_tensors`, whose gathers block the compute: a
         simplification, DeepSpeed's prefetch bucket of that time is left out), or with
-        `reshard_after_forward` false every weight of the
-        stage, kept all step; in 16 bits, with
+        `reshard_after_forward` false every weight of the stage, kept all step; in 16 bits, with
         `fp8_parameters` too (a simplification: FSDP then gathers the 8-bit products' weights in FP8),
         whatever `weight_dtype` keeps the shards in (`ModelState.gathered`). The running layer's whole
         gradients before their reduce-scatter are left out: a simplification."""
