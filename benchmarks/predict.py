@@ -24,7 +24,7 @@ from pathlib import Path
 
 import phaze
 from graph_extract import extract, get_spec, valid_tensor_parallel_widths
-from phaze.plan_settings import planned_spec
+from phaze.plan_settings import planned_spec, search_prices
 from phaze_hardware import cluster, known_chip
 from solver.evaluate import evaluate_placements
 from solver.layer_costs import roofline_costs
@@ -77,7 +77,8 @@ def search(cache_dir: Path, context_widths: tuple[int, ...] = (1,), shardings: t
                     data_parallel_shardings=shardings)
         spec = GPT3
         if searched:
-            spec = planned_spec("searched", GPT3, micro_batch_size, SEQUENCE, widths, chip, system, cache_dir)
+            spec = planned_spec("searched", GPT3, micro_batch_size, SEQUENCE, widths,
+                                lambda: search_prices(chip, None, system), cache_dir)
         graphs = {width: extract(spec, micro_batch_size, SEQUENCE, width, cache_dir=cache_dir) for width in widths}
         costs = roofline_costs(question.kernels, graphs, chip)
         for evaluation in evaluate_placements(question, axes, graphs, chip, costs):

@@ -14,7 +14,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from phaze_common.checks import InputError
-from phaze_hardware import DEFAULT_BUDGET, MIB, AcceleratorConfig, CoreConfig, area_um2, named_accelerator
+from phaze_hardware import (DEFAULT_BUDGET, MIB, AcceleratorConfig, CoreConfig, area_um2, named_accelerator,
+                            tensor_core_flops)
 from phaze_hardware.data import arch_config
 
 #: The candidate space's dimensions and the budget's rules (data).
@@ -55,6 +56,12 @@ class CandidateSpace(Sequence[AcceleratorConfig]):
 
     def __len__(self) -> int:
         return len(self.area)
+
+    @property
+    def matrix_flops(self) -> np.ndarray:
+        """FLOP/s of each candidate's tensor cores at their best (`phaze_hardware.tensor_core_flops`)."""
+        template = self.template
+        return tensor_core_flops(self.num_tc, self.width, self.depth, template.clock_hz, template.tensor_core_efficiency)
 
     def __getitem__(self, index: int) -> AcceleratorConfig:  # type: ignore[override]
         if isinstance(index, slice):

@@ -13,21 +13,26 @@ split written in: only `megatron` applies to it. The plan of a run is recorded w
 verified (`plan_record`): its ranks, run side by side on a small model of the family, compute the
 unsharded model (`graph_extract.verify`).
 
-Simplification: the architecture search prices every candidate chip with the plan searched on the
-run's chip (a known chip's rate, else an H100's, `SearchSettings`' default), not each chip's own.
+The prices of the search (`search_prices`) are the run chip's (a known chip's matrix rate, the
+template chip's tensor cores) and its tensor-parallel link's; an architecture search adds the corners
+of the box of its candidates' prices (the candidates' tensor-core rates, and the scale-up links of the
+system space's options): a plan the ILP finds best at every corner is the best plan of every
+candidate, the cost of a plan being linear in those prices (`plan_files.search_width_at_prices`).
+Simplification: where the corners' plans differ, every candidate is priced with the run chip's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from phaze_common.checks import InputError
 from graph_extract import ModelSpec
 from graph_extract.extraction import is_exported
-from phaze_hardware import KnownChip
-from phaze_hardware.cluster import Cluster
+from estimator import CandidateSpace
+from phaze_hardware import AcceleratorConfig, KnownChip, Network
 
 #: The named values of `tensor_parallel_plan` (anything else: a plan file's path).
 PLAN_NAMES = ("megatron", "searched")
@@ -52,19 +57,34 @@ def check_plan_file(key: str, path: object, names: Sequence[str]) -> str:
     return path
 
 
-def search_prices(known: KnownChip | None, cluster: Cluster):
-    """The sharding ILP's prices: the chip's 16-bit matrix rate (a known chip's, else the default),
-    the first tier's link bandwidth (times its efficiency) and latency."""
+def search_prices(known: KnownChip | None, accelerator: AcceleratorConfig | None, cluster: Network,
+                  candidates: CandidateSpace | None = None, clusters: Sequence[Network] = ()) -> tuple:
+    """The sharding ILP's prices (`SearchSettings`): first the run chip's, its 16-bit matrix rate (a
+    known chip's, else the template `accelerator`'s tensor cores) and the first tier's link bandwidth
+    (times its efficiency) and latency; then, for an architecture search over `candidates` (their
+    tensor-core rates) and the scale-up tiers of `clusters` (the system space's options; the run's
+    cluster without), the corners of the box of their prices, each once."""
     from solver.auto_sharding.from_export import SearchSettings  # OR-Tools: loaded when a plan is searched
 
     tier = cluster.tiers[0]
-    rate = {} if known is None else {"chip_flops": known.peak_flops, "efficiency": known.matrix_efficiency}
-    return SearchSettings(**rate, link_bandwidth=tier.effective_bandwidth, link_latency=tier.latency)
+    rate = known.matrix_flops if known is not None else accelerator.matrix_flops
+    prices = [SearchSettings(chip_flops=rate, efficiency=1.0, link_bandwidth=tier.effective_bandwidth,
+                             link_latency=tier.latency)]
+    if candidates is not None:
+        tiers = [each.tiers[0] for each in clusters or (cluster,)]
+        ranges = [candidates.matrix_flops.tolist(), [tier.effective_bandwidth for tier in tiers],
+                  [tier.latency for tier in tiers]]
+        for flops, bandwidth, latency in itertools.product(*[(min(values), max(values)) for values in ranges]):
+            corner = SearchSettings(chip_flops=flops, efficiency=1.0, link_bandwidth=bandwidth, link_latency=latency)
+            if corner not in prices:
+                prices.append(corner)
+    return tuple(prices)
 
 
 def planned_spec(value: object, spec: ModelSpec, micro_batch_size: int, sequence_length: int,
-                 widths: Sequence[int], known: KnownChip | None, cluster: Cluster, cache_dir: Path) -> ModelSpec:
-    """`spec` split by the plan `tensor_parallel_plan` names (its plan file in `ModelSpec.plan`)."""
+                 widths: Sequence[int], prices: Callable[[], tuple], cache_dir: Path) -> ModelSpec:
+    """`spec` split by the plan `tensor_parallel_plan` names (its plan file in `ModelSpec.plan`);
+    `prices`: the search's prices (`search_prices`), asked for when the plan is searched."""
     if value == "megatron":
         return spec
     if not exportable(spec):
@@ -77,8 +97,7 @@ def planned_spec(value: object, spec: ModelSpec, micro_batch_size: int, sequence
         return spec.with_overrides(plan=check_plan_file("tensor_parallel_plan", value, PLAN_NAMES))
     from solver.auto_sharding.plan_files import searched_plan_file  # OR-Tools: loaded when a plan is searched
 
-    path = searched_plan_file(spec, micro_batch_size, sequence_length, widths, search_prices(known, cluster),
-                              cache_dir)
+    path = searched_plan_file(spec, micro_batch_size, sequence_length, widths, prices(), cache_dir)
     return spec.with_overrides(plan=str(path))
 
 

@@ -50,7 +50,7 @@ from phaze.parallel_settings import (GIB, MAX_DEVICES, check_options_apply, pred
                                      read_schedule, read_shardings, read_virtual_stages, read_widths, shown)
 from phaze.config_keys import SYSTEM_FILE
 from phaze.model_config import fixed_megatron, model_spec
-from phaze.plan_settings import plan_record, planned_spec
+from phaze.plan_settings import plan_record, planned_spec, search_prices
 from solver.search import EXECUTORS, STRATEGIES, ScheduleSettings, SearchContext
 from solver.layout import Layout
 from solver.question import Axes, Question, check_context_widths, check_expert_widths, check_micro_batches
@@ -318,6 +318,19 @@ def host_link(offload: str, known: KnownChip | None) -> float | None:
     return known.host_link_bandwidth
 
 
+def plan_prices(mode: str, known: KnownChip | None, accelerator: AcceleratorConfig, area_budget: float | None,
+                cluster: Network, design: SystemDesign | None) -> tuple:
+    """The plan search's prices (`plan_settings.search_prices`): the run chip's, and with an
+    architecture search (run_solver without a known chip) the corners of its candidates' (the
+    template's within the area budget, or the system space's compute budget, and its options' links)."""
+    if mode != "run_solver" or known is not None:
+        return search_prices(known, accelerator, cluster)
+    if design is None:
+        return search_prices(known, accelerator, cluster, candidate_space(accelerator, area_budget))
+    return search_prices(known, accelerator, cluster, candidate_space(accelerator, design.compute_budget),
+                         [option.cluster for option in design.options])
+
+
 def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Settings:
     """Check every user-facing key of a composed configuration (plain containers, interpolations
     resolved; hydra's DictConfig is converted); `spec`: the model, given as a value (the Python API),
@@ -346,8 +359,10 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
     cluster, step_model = _system(config["system"],
                                   positive_integer("num_devices", config["num_devices"], MAX_DEVICES))
     cache_dir = environment.cache_dir(config["cache_dir"])
-    spec = planned_spec(config["tensor_parallel_plan"], spec, micro_batch_sizes[0], sequence_length, widths, known,
-                        cluster, cache_dir)
+    design = _system_design(config, known, accelerator, area_budget, cluster.num_devices) if mode == "run_solver" \
+        else None
+    spec = planned_spec(config["tensor_parallel_plan"], spec, micro_batch_sizes[0], sequence_length, widths,
+                        lambda: plan_prices(mode, known, accelerator, area_budget, cluster, design), cache_dir)
     shardings = read_shardings(config)
     shard_width = config["data_parallel_shard_width"]
     baseline, baseline_split = fixed_megatron(config["model"], cluster.num_devices)
@@ -437,7 +452,6 @@ def settings_from_config(config: Mapping, spec: ModelSpec | None = None) -> Sett
         layout=predicted_layout(config, question, axes, known) if mode == "predict" else None,
         executor=executor,
         ray_address=ray_address,
-        system_design=(_system_design(config, known, accelerator, area_budget, cluster.num_devices)
-                       if mode == "run_solver" else None),
+        system_design=design,
         tensor_parallel_plan=str(config["tensor_parallel_plan"]),
     )

@@ -14,6 +14,7 @@ from phaze_hardware.accelerator import (
                                   EnergyCosts,
                                   accelerator_names,
                                   named_accelerator,
+                                  tensor_core_flops,
 )
 from phaze_hardware.area import MIB, area_um2
 from phaze_hardware.chips import KNOWN_CHIPS, KnownChip, chip_of, known_chip
@@ -47,4 +48,5 @@ __all__ = [
     "system",
     "system_of",
     "system_of_file",
+    "tensor_core_flops",
 ]

@@ -27,6 +27,13 @@ DEFAULT_BUDGET = "tpuv4_like"
 POWER_OF_TWO_FIELDS = ("num_tc", "num_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes")
 
 
+def tensor_core_flops(num_tc, tc_width, tc_depth, clock_hz: float, efficiency: float):
+    """FLOP/s of tensor cores at their best (numbers or numpy arrays of candidates): each core's
+    width × depth multiply-accumulators busy every cycle (`estimator.tc_model`'s PE array), two FLOPs
+    each, times the efficiency the tiled schedule keeps."""
+    return 2.0 * num_tc * tc_width * tc_depth * clock_hz * efficiency
+
+
 def _check_numbers(owner: object, prefix: str) -> None:
     """Every numeric field of `owner` is a finite number > 0."""
     for item in fields(owner):
@@ -132,6 +139,12 @@ class AcceleratorConfig:
     def area(self) -> float:
         """Chip area [µm²] from the area model of the original (phaze_hardware/area_model.yaml)."""
         return float(area_um2(self.num_tc, self.num_vc, self.tc_width, self.tc_depth, self.vc_width, self.glb_bytes))
+
+    @property
+    def matrix_flops(self) -> float:
+        """FLOP/s of the tensor cores at their best (`tensor_core_flops`)."""
+        return float(tensor_core_flops(self.num_tc, self.tc_width, self.tc_depth, self.clock_hz,
+                                       self.tensor_core_efficiency))
 
     @property
     def dram_words_per_cycle(self) -> float:

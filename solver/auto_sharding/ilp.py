@@ -166,6 +166,8 @@ def _solve_tables(tables: Tables, memory_limit: float, time_limit: float) -> tup
     cap = 2 * _SCALE if upper > 0 else math.inf
     solver = pywraplp.Solver.CreateSolver("HIGHS")
     solver.SuppressOutput()
+    # HiGHS prints its banner unless its own option says not to (an options-file line, read at Solve)
+    solver.SetSolverSpecificParametersAsString("output_flag = false")
     solver.SetNumThreads(1)
     solver.SetTimeLimit(max(1, int(time_limit * 1000)))
     objective = solver.Objective()

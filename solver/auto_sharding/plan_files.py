@@ -13,7 +13,9 @@ in two).
 
 The prices are the chip's matrix rate and the tensor-parallel group's link (bandwidth and latency
 of the cluster's first tier); the file's name is a digest of the model, shapes, widths and prices,
-so a run asking the same again reads it.
+so a run asking the same again reads it. Several prices (the run chip's, then the corners of the
+box of an architecture search's candidates: `search_width_at_prices`) write the first one's plan and
+record whether every price chose it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from graph_extract import ModelSpec
@@ -55,7 +57,9 @@ class WidthSearch:
     with the reason in `refused` and no costs: Megatron's plan is written. Where Megatron's plan pays
     a conversion the ILP prices as refused (`megatron_priced` false: the plan pass makes it otherwise,
     as a split norm's all-reduced mean of squares), the ILP's comparison is no measure and Megatron's
-    plan is written too."""
+    plan is written too. With
+    several prices, `prices_searched` counts them and `same_plan_at_every_price` says whether each
+    chose the written plan (the first price's; its costs are recorded)."""
 
     width: int
     status: str
@@ -67,16 +71,18 @@ class WidthSearch:
     searched_verified: bool | None
     refused: str | None = None
     megatron_priced: bool = True
+    prices_searched: int = 1
+    same_plan_at_every_price: bool = True
 
 
 def _digest(spec: ModelSpec, micro_batch_size: int, sequence_length: int, widths: Sequence[int],
-            prices: SearchSettings) -> str:
-    fields = (repr(spec), micro_batch_size, sequence_length, tuple(sorted(widths)), repr(prices))
+            prices: Sequence[SearchSettings]) -> str:
+    fields = (repr(spec), micro_batch_size, sequence_length, tuple(sorted(widths)), repr(tuple(prices)))
     return hashlib.sha1(repr(fields).encode()).hexdigest()[:12]
 
 
 def searched_plan_path(cache_dir: Path, spec: ModelSpec, micro_batch_size: int, sequence_length: int,
-                       widths: Sequence[int], prices: SearchSettings) -> Path:
+                       widths: Sequence[int], prices: Sequence[SearchSettings]) -> Path:
     """Where the searched plans of these widths are written."""
     name = f"{spec.name}_{_digest(spec, micro_batch_size, sequence_length, widths, prices)}.yaml"
     return Path(cache_dir) / "plans" / name
@@ -108,10 +114,30 @@ def search_width(spec: ModelSpec, micro_batch_size: int, sequence_length: int, w
     return (found.plan if record.searched else found.megatron), record
 
 
+def search_width_at_prices(spec: ModelSpec, micro_batch_size: int, sequence_length: int, width: int,
+                           prices: Sequence[SearchSettings], cache_dir: Path | None) -> tuple[Plan, WidthSearch]:
+    """`search_width` at the first of `prices` (the run chip's), its plan and record, the record
+    saying whether the other prices (the corners of a box of prices) chose the same plan. The ILP's
+    cost of any one plan is linear in the seconds per FLOP, the seconds per byte of the link and its
+    latency (`from_export.search_model`: a refused conversion too, as twice the replicated plan's), so
+    the least cost over the plans is concave in them: a plan least at every corner of a box is least
+    everywhere in it, and so is the written plan (the margin `TIE` over Megatron's is linear too)."""
+    plan, record = search_width(spec, micro_batch_size, sequence_length, width, prices[0], cache_dir)
+    chosen = dict(plan.styles)
+    same = all(dict(search_width(spec, micro_batch_size, sequence_length, width, price, cache_dir)[0].styles)
+               == chosen for price in prices[1:])
+    if not same:
+        warn_once(("plan differs across prices", spec.name, width),
+                  "plan search: the best plan of %s at width %d differs among the candidate chips; each is priced "
+                  "with the plan of the run's chip", spec.name, width)
+    return plan, replace(record, prices_searched=len(prices), same_plan_at_every_price=same)
+
+
 def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: int, widths: Sequence[int],
-                       prices: SearchSettings, cache_dir: Path) -> Path:
+                       prices: Sequence[SearchSettings], cache_dir: Path) -> Path:
     """The plan file of `spec` at `widths` (searched, else Megatron's; width 1 two ranks'), written
-    once under `cache_dir`/plans with its records (`<file>.json`: a `WidthSearch` per width)."""
+    once under `cache_dir`/plans with its records (`<file>.json`: a `WidthSearch` per width), the
+    plans those of the first of `prices` (`search_width_at_prices`)."""
     path = searched_plan_path(cache_dir, spec, micro_batch_size, sequence_length, widths, prices)
     if path.exists() and path.with_suffix(".json").exists():
         return path
@@ -119,7 +145,8 @@ def searched_plan_file(spec: ModelSpec, micro_batch_size: int, sequence_length: 
     one_rank = {ONE_RANK_PLAN_WIDTH} if 1 in widths and ONE_RANK_PLAN_WIDTH in valid_tensor_parallel_widths(
         spec, ONE_RANK_PLAN_WIDTH) else set()
     for width in sorted((set(widths) | one_rank) - {1}):
-        plans[width], record = search_width(spec, micro_batch_size, sequence_length, width, prices, cache_dir)
+        plans[width], record = search_width_at_prices(spec, micro_batch_size, sequence_length, width, prices,
+                                                      cache_dir)
         records.append(asdict(record))
         log.info("plan search of %s at width %d: %s, %s", spec.name, width, record.status,
                  "searched plan kept" if record.searched else "Megatron's plan kept")
