@@ -36,11 +36,30 @@ per-kernel cost (`graph_kernel_seconds`). A fused group issuing k kernels takes
 max(its roofline time, k · floor) (`launched`): one forward, one per GEMM of its direction backward
 (data and weight gradient), one more for an 8-bit cast; a fused attention kernel one each way; a
 collective none here (the training-step model prices it on the cluster). What the floor adds is the
-layer's `launch_forward` / `launch_backward`. Simplifications: vector arithmetic is never the bound,
-caches do not keep tensors between kernels, the host running ahead over longer kernels is ignored
-(each group's floor stands alone: an upper bound on the host's share), the graph's per-kernel cost
-is a floor as the host's is, and delayed scaling's amax bookkeeping (a history of a few numbers a
-tensor) costs nothing.
+layer's `launch_forward` / `launch_backward`.
+
+A layer's pass also takes at least the host's time to issue all its kernels (`issue_seconds`; the
+training-step model takes the larger, `solver.training_step.layer_terms.issued`): the host runs
+ahead of the device over long kernels within a pass, but not past a mixture's token dispatcher,
+which copies the tokens per expert to the host every forward (Megatron-Core's
+MoEAlltoAllTokenDispatcher syncs at `cuda_sync_point`; DeepEP's dispatch waits on the host for the
+received count; Transformer Engine's GroupedLinear takes its `m_splits` as a host list). The
+experts' share is counted for every expert of the graph (`expert_issue_forward` /
+`expert_issue_backward`: the step model divides it by the layout's e, each device issuing its E/e
+local experts'): Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP, the default
+grouped GEMM) runs one cuBLASLt GEMM per local expert, looping over them on a few compute streams
+(transformer_engine/common/gemm/cublaslt_gemm.cu `multi_stream_cublas_gemm` @ v2.9; the CUTLASS
+grouped kernel only on Hopper, in BF16/FP16, behind NVTE_USE_CUTLASS_GROUPED_GEMM), each in the
+chip's `expert_gemm_seconds`, and in MXFP8 or with FP8 current scaling casts each expert's input
+(forward) and output gradient (backward) in a kernel of its own (pytorch/csrc/extensions/cast.cpp
+`split_quantize` → `multi_tensor_quantize_impl`, fused into one kernel for FP8 delayed scaling
+only), each in `kernel_host_seconds`; every other kernel in `kernel_host_seconds`; nothing with CUDA
+graphs. Simplifications: vector arithmetic is never the bound, caches do not keep tensors between
+kernels, a group's floor stands alone (the host running ahead over longer kernels of other groups is
+taken only by the pass's issue time), a grouped expert product's own floor counts its kernels as for
+one expert (its experts' kernels are in the pass's issue time), the graph's per-kernel cost is a
+floor as the host's is, a cast counts one kernel (current scaling's amax and scale are two more),
+and delayed scaling's amax bookkeeping (a history of a few numbers a tensor) costs nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +97,12 @@ class LayerTimes:
     attention_backward: float = 0.0
     launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (`launched`)
     launch_backward: float = 0.0
+    # the host's seconds to issue the pass's kernels but the experts' (`issue_seconds`), and every
+    # expert's GEMMs and casts (all E of the graph; a device holding E/e issues 1/e of it)
+    issue_forward: float = 0.0
+    issue_backward: float = 0.0
+    expert_issue_forward: float = 0.0
+    expert_issue_backward: float = 0.0
     # (module, forward seconds of the kernels holding its operators) per recompute module of the layer
     module_forward: tuple[tuple[str, float], ...] = ()
 
@@ -157,13 +182,40 @@ def kernel_floor(chip: KnownChip, kernels: KernelOptions) -> float:
 
 
 def launches(graph: OpGraph, op: FusedOp, direction: str, narrow: Sequence[bool] = ()) -> int:
-    """The kernels a fused group issues in one direction: one per GEMM of the direction (at least
-    one), and Transformer Engine's FP8 cast of an FP8 product (`cast_bytes`); none for a collective
-    (the training-step model prices it on the cluster)."""
+    """The kernels a fused group issues in one direction, what its floor counts: one per GEMM of the
+    direction (at least one), and Transformer Engine's FP8 cast of an FP8 product (`cast_bytes`); a
+    grouped expert product's as for one expert (its experts' kernels are the pass's issue time,
+    `issue_seconds`); none for a collective (the training-step model prices it on the cluster)."""
     if op.core_type == COLLECTIVE:
         return 0
     gemms = op_work(graph.nodes[op.members[0]], direction).gemms
     return max(1, len(gemms)) + (1 if narrow and narrow[op.members[0]] else 0)
+
+
+def per_expert_casts(kernels: KernelOptions) -> bool:
+    """Whether Transformer Engine casts each expert's tensor to 8 bits in a kernel of its own (MXFP8,
+    FP8 current scaling) rather than all of a grouped product's in one fused kernel (FP8 delayed
+    scaling) (module docstring)."""
+    return kernels.precision == "mxfp8" or kernels.current_scaling
+
+
+def issue_seconds(graph: OpGraph, op: FusedOp, direction: str, chip: KnownChip, narrow: Sequence[bool] = (),
+                  kernels: KernelOptions = DEFAULT_KERNELS) -> tuple[float, float]:
+    """The host's seconds to issue a fused group's kernels in one direction (module docstring):
+    (its kernels but the experts' at `kernel_host_seconds` each, its experts' GEMMs and casts for
+    every expert of the graph); (0, 0) with CUDA graphs. A grouped expert product of E experts issues
+    E GEMMs per GEMM of the direction at the chip's `expert_gemm_seconds` each and, 8-bit, E casts
+    (`per_expert_casts`) or one shared."""
+    if kernels.cuda_graphs:
+        return 0.0, 0.0
+    node = graph.nodes[op.members[0]]
+    if node.op != "grouped_linear" or op.core_type == COLLECTIVE:
+        return launches(graph, op, direction, narrow) * chip.kernel_host_seconds, 0.0
+    gemms = len(op_work(node, direction).gemms)
+    cast = bool(narrow and narrow[node.id])
+    apart = cast and per_expert_casts(kernels)
+    each = gemms * chip.expert_gemm_seconds + (chip.kernel_host_seconds if apart else 0.0)
+    return (chip.kernel_host_seconds if cast and not apart else 0.0), node.gemm.batch * each
 
 
 def launched(device_seconds: float, kernels: int, floor: float) -> float:
@@ -197,8 +249,9 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
                 modules: Mapping[str, frozenset[int]] | None = None) -> LayerTimes:
     """Forward, backward and attention-core forward seconds of `layer` of `graph` on `chip` (with a
     fused attention kernel the core is not re-run by selective recomputation: 0), its experts split
-    `expert_width` more ways than the graph's (`group_bytes`), and the forward seconds of each of
-    `modules` (recompute modules: operator ids) it holds (`module_kernels`)."""
+    `expert_width` more ways than the graph's (`group_bytes`), the forward seconds of each of
+    `modules` (recompute modules: operator ids) it holds (`module_kernels`), and the host's seconds
+    to issue each pass's kernels, its experts' apart for all the graph's experts (`issue_seconds`)."""
     width = graph.tensor_parallel_width
     divided = kernels.split_operators(graph)
     split = [1.0 / width if divided and divided[node.id] else 1.0 for node in graph.nodes]
@@ -220,6 +273,11 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
         return launched(device, 1, floor), device
 
     timed = {direction: [seconds(op, direction) for op in ops] for direction in (FORWARD, BACKWARD)}
+    attention_issue = 0.0 if kernels.cuda_graphs else len(fused_kernels) * chip.kernel_host_seconds
+    issued = {direction: [issue_seconds(graph, op, direction, chip, narrow, kernels) for op in ops]
+              for direction in (FORWARD, BACKWARD)}
+    issue = {direction: (attention_issue + sum(own for own, _ in issued[direction]),
+                         sum(experts for _, experts in issued[direction])) for direction in (FORWARD, BACKWARD)}
     fused = {direction: [attention_kernel(kernel, direction) for kernel in fused_kernels]
              for direction in (FORWARD, BACKWARD)}
     forward, backward = ([time for time, _ in timed[direction]] for direction in (FORWARD, BACKWARD))
@@ -234,7 +292,10 @@ def layer_times(graph: OpGraph, layer: int, chip: KnownChip, kernels: KernelOpti
                            for name, kernels_of in parts.items() if kernels_of)
     total_forward, total_backward = sum(forward) + sum(attention_forward), sum(backward) + sum(attention_backward)
     return LayerTimes(total_forward, total_backward, sum(attention),
-                      sum(time for time, is_matrix in zip(forward, matrix) if is_matrix),
-                      sum(time for time, is_matrix in zip(backward, matrix) if is_matrix),
-                      sum(attention_forward), sum(attention_backward),
-                      idle[FORWARD], idle[BACKWARD], module_forward)
+                      matrix_forward=sum(time for time, is_matrix in zip(forward, matrix) if is_matrix),
+                      matrix_backward=sum(time for time, is_matrix in zip(backward, matrix) if is_matrix),
+                      attention_forward=sum(attention_forward), attention_backward=sum(attention_backward),
+                      launch_forward=idle[FORWARD], launch_backward=idle[BACKWARD],
+                      issue_forward=issue[FORWARD][0], issue_backward=issue[BACKWARD][0],
+                      expert_issue_forward=issue[FORWARD][1], expert_issue_backward=issue[BACKWARD][1],
+                      module_forward=module_forward)

@@ -13,7 +13,9 @@ FP8 tensor cores); an MXFP8 GEMM (one scale per block of 32 elements, Blackwell'
 
 Launches: a kernel issued by eager PyTorch takes at least `kernel_host_seconds` (the host's time to
 dispatch the operator and launch its kernel), one replayed from a CUDA graph at least
-`graph_kernel_seconds` (`estimator.roofline`); a chip without them launches for free.
+`graph_kernel_seconds` (`estimator.roofline`); a chip without them launches for free. The host
+issues each local expert's GEMM of a grouped expert product (Transformer Engine's GroupedLinear) in
+`expert_gemm_host_seconds` (its `kernel_host_seconds` where it states none).
 
 Host link: `host_link_bandwidth`, bytes/s per direction between one chip and its host's memory (a
 PCIe x16 link, or NVLink-C2C to a Grace CPU), what activation offload copies over
@@ -48,7 +50,7 @@ FRACTIONS = ("matrix_efficiency", "memory_efficiency", "attention_efficiency", "
 FIGURES = ("peak_flops", "hbm_capacity", "hbm_bandwidth", "on_chip_bytes", "streaming_multiprocessors",
            "matrix_efficiency", "memory_efficiency", "attention_efficiency", "fp8_peak_flops", "fp8_matrix_efficiency",
            "mxfp8_peak_flops", "mxfp8_matrix_efficiency", "kernel_host_seconds", "graph_kernel_seconds",
-           "host_link_bandwidth")
+           "expert_gemm_host_seconds", "host_link_bandwidth")
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ class KnownChip:
     fractions of peak (matrix; attention: a fused attention kernel's, 0 = the matrix one) and of
     HBM bandwidth (memory), its dense FP8 peak and FP8 GEMM efficiency (0: no FP8 tensor cores), its
     dense MXFP8 peak and MXFP8 GEMM efficiency (0: no MXFP8), the least seconds of a kernel issued by
-    eager PyTorch and of one replayed from a CUDA graph (0: no floor), the bandwidth of its link to
-    host memory [bytes/s per direction] (0: not known); for a template chip, its template."""
+    eager PyTorch and of one replayed from a CUDA graph (0: no floor), the host's seconds to issue one
+    local expert's GEMM of a grouped expert product (0: `kernel_host_seconds`), the bandwidth of its
+    link to host memory [bytes/s per direction] (0: not known); for a template chip, its template."""
 
     name: str
     cost_model: str
@@ -77,6 +80,7 @@ class KnownChip:
     mxfp8_matrix_efficiency: float = 0.0
     kernel_host_seconds: float = 0.0
     graph_kernel_seconds: float = 0.0
+    expert_gemm_host_seconds: float = 0.0
     host_link_bandwidth: float = 0.0
     template: AcceleratorConfig | None = None
     template_name: str | None = None
@@ -115,6 +119,12 @@ class KnownChip:
                              "launches); allowed: false")
         if self.graph_kernel_seconds <= 0:
             raise InputError(f"cuda_graphs: {self.name} states no graph_kernel_seconds; allowed: false")
+
+    @property
+    def expert_gemm_seconds(self) -> float:
+        """The host's seconds to issue one local expert's GEMM of a grouped expert product in eager
+        mode: `expert_gemm_host_seconds`, else `kernel_host_seconds`."""
+        return self.expert_gemm_host_seconds or self.kernel_host_seconds
 
     @property
     def matrix_flops(self) -> float:

@@ -1,6 +1,7 @@
 """Fit the achievable fractions of a known GPU and its cluster to published measured runs.
 
     python scripts/calibrate.py arch_configs/calibration/runs.json [--chip a100_80gb ...] [--precision fp8]
+    python scripts/calibrate.py arch_configs/calibration/runs.json --experts
 
 A few numbers, no factor per run. In 16-bit: the chip's matrix efficiency (fraction of peak FLOP/s
 on its GEMMs) and memory efficiency (fraction of HBM bandwidth), and with --links the efficiency of
@@ -11,6 +12,12 @@ chips of one die at once (B200 and GB200: one value for both; mixtures of expert
 own model), by coordinate search on a grid refined three times. It
 prints the fitted values (to copy into phaze_hardware/chips/<chip>.yaml and phaze_hardware/systems/<system>.yaml)
 and the errors before and after.
+
+With --experts it fits one number instead, the host's seconds to issue one local expert's GEMM of a
+grouped expert product (`expert_gemm_host_seconds`, `estimator.roofline.issue_seconds`), one value
+for every GPU (a figure of the host and framework, as `kernel_host_seconds`): it minimises the mean
+absolute relative error over every mixture-of-experts run on a GPU `phaze validate` predicts, by a
+grid of 10 µs steps from 10 to 200 µs refined three times (each time 4 times finer around the best).
 """
 
 from __future__ import annotations
@@ -54,6 +61,46 @@ def errors(cases, names: tuple[str, ...], values: np.ndarray, cache_dir: Path) -
     return np.array(found)
 
 
+#: The host's seconds per local expert GEMM `--experts` searches first: 10 to 200 µs in steps of 10.
+EXPERT_GRID = np.arange(1, 21) * 10e-6
+
+
+def expert_errors(cases, seconds: float, cache_dir: Path) -> np.ndarray:
+    """Relative errors of the predicted time per iteration with `seconds` per local expert GEMM on
+    every chip."""
+    return np.array([prediction(item, cache_dir, dataclasses.replace(known_chip(item.chip),
+                                                                     expert_gemm_host_seconds=seconds))
+                     .step.time_per_batch / item.measured - 1 for item in cases])
+
+
+def fit_expert_seconds(cases, cache_dir: Path) -> float:
+    """The seconds per local expert GEMM of least mean absolute error (module docstring)."""
+    grid, step, best = EXPERT_GRID, EXPERT_GRID[1] - EXPERT_GRID[0], None
+    for _ in range(4):
+        scores = {float(seconds): float(np.abs(expert_errors(cases, seconds, cache_dir)).mean())
+                  for seconds in grid if seconds > 0}
+        best = min(scores, key=scores.get)
+        step /= 4
+        grid = best + step * np.arange(-3, 4)
+    return best
+
+
+def calibrate_experts(runs: str, cache_dir: Path) -> None:
+    """Fit and print `expert_gemm_host_seconds` (--experts) with the errors before and after."""
+    cases = [item for run in json.loads(Path(runs).read_text())
+             if not isinstance(item := case(run), str) and item.moe and known_chip(item.chip).kernel_host_seconds > 0]
+    if not cases:
+        sys.exit(f"calibrate: error: --experts: no mixture-of-experts run on a GPU that phaze validate predicts in {runs}")
+    start = np.array([prediction(item, cache_dir).step.time_per_batch / item.measured - 1 for item in cases])
+    seconds = fit_expert_seconds(cases, cache_dir)
+    final = expert_errors(cases, seconds, cache_dir)
+    print(f"{len(cases)} mixture-of-experts runs on GPUs: mean |error| {np.abs(start).mean():.1%} -> "
+          f"{np.abs(final).mean():.1%}, max {np.abs(start).max():.1%} -> {np.abs(final).max():.1%}")
+    print(f"  expert_gemm_host_seconds: {seconds:.3g}")
+    for item, before, after in zip(cases, start, final):
+        print(f"  {item.run_id:50} {before:+.1%} -> {after:+.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs")
@@ -62,7 +109,12 @@ def main() -> None:
                         help="the graphs' cache (default: the per-user cache folder, phaze's)")
     parser.add_argument("--precision", default="16-bit", choices=tuple(CHIP_NAMES))
     parser.add_argument("--links", action="store_true", help="fit the link tiers' efficiencies too")
+    parser.add_argument("--experts", action="store_true",
+                        help="fit expert_gemm_host_seconds to the mixture-of-experts runs on GPUs instead")
     args = parser.parse_args()
+    if args.experts:
+        calibrate_experts(args.runs, user_cache_dir() if args.cache_dir is None else Path(args.cache_dir))
+        return
     cases = [item for run in json.loads(Path(args.runs).read_text())
              if not isinstance(item := case(run), str) and item.chip in args.chip
              and item.precision == args.precision and not item.moe]

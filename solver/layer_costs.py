@@ -53,9 +53,16 @@ class LayerCost:
     attention_backward: float = 0.0
     launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (a GPU's roofline)
     launch_backward: float = 0.0
-    # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
-    # experts (`Layout.expert_split`; a GPU's roofline; empty: the same at every split)
-    expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
+    # the host's seconds to issue its kernels but the experts', and every expert's (a GPU's roofline,
+    # eager: `estimator.roofline.issue_seconds`; 0 on a template chip)
+    issue_forward: float = 0.0
+    issue_backward: float = 0.0
+    expert_issue_forward: float = 0.0
+    expert_issue_backward: float = 0.0
+    # (s, forward, backward, matrix_forward, matrix_backward, launch_forward, launch_backward) with a
+    # device holding 1/s of a width-t rank's experts (`Layout.expert_split`; a GPU's roofline; empty:
+    # the same at every split)
+    expert_parallel_times: tuple[tuple[float, ...], ...] = ()
     # (module, forward seconds) of each recompute module of the layer but the attention core (what
     # recomputing it re-runs; `graph_extract.regions.recompute_modules`)
     module_forward: tuple[tuple[str, float], ...] = ()
@@ -199,7 +206,7 @@ def layer_costs(kernels: KernelOptions, graphs_by_width, accelerator: Accelerato
                            else made for made, problem, bound in zip((whole.forward, whole.backward),
                                                                      (forward, backward), bounds[group])]
                 split_times.setdefault(group, []).append(
-                    (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1])))
+                    (split, *seconds, min(matrix[0], seconds[0]), min(matrix[1], seconds[1]), 0.0, 0.0))
         for group, times in split_times.items():
             cost = dataclasses.replace(costs[width][group[0]], expert_parallel_times=tuple(times))
             costs[width].update(dict.fromkeys(group, cost))
@@ -223,7 +230,8 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
             times = layer_times(graphs.op_graph, group[0], chip, kernels, core, modules=graphs.recompute_modules)
             split = ()
             if group in expert_groups(graphs):
-                split = tuple((s, found.forward, found.backward, found.matrix_forward, found.matrix_backward)
+                split = tuple((s, found.forward, found.backward, found.matrix_forward, found.matrix_backward,
+                               found.launch_forward, found.launch_backward)
                               for s in expert_splits(experts, width)
                               for found in (layer_times(graphs.op_graph, group[0], chip, kernels, core, s),))
             cost = LayerCost(forward=times.forward, backward=times.backward,
@@ -231,6 +239,9 @@ def roofline_costs(kernels: KernelOptions, graphs_by_width, chip: KnownChip) -> 
                              matrix_forward=times.matrix_forward, matrix_backward=times.matrix_backward,
                              attention_forward=times.attention_forward, attention_backward=times.attention_backward,
                              launch_forward=times.launch_forward, launch_backward=times.launch_backward,
+                             issue_forward=times.issue_forward, issue_backward=times.issue_backward,
+                             expert_issue_forward=times.expert_issue_forward,
+                             expert_issue_backward=times.expert_issue_backward,
                              expert_parallel_times=split, module_forward=times.module_forward)
             costs.setdefault(width, {}).update({layer: cost for layer in group})
     return costs
@@ -272,6 +283,10 @@ def step_graphs(graphs_by_width, costs: LayerCosts | None) -> dict[int, StepGrap
                 attention_backward=cost[layer.id].attention_backward,
                 launch_forward=cost[layer.id].launch_forward,
                 launch_backward=cost[layer.id].launch_backward,
+                issue_forward=cost[layer.id].issue_forward,
+                issue_backward=cost[layer.id].issue_backward,
+                expert_issue_forward=cost[layer.id].expert_issue_forward,
+                expert_issue_backward=cost[layer.id].expert_issue_backward,
                 key_value_bytes=layer.key_value_bytes,
                 product_output_bytes=layer.product_output_bytes,
                 replicated_product_output_bytes=layer.replicated_product_output_bytes,

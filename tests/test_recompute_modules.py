@@ -150,7 +150,7 @@ def module_graph() -> StepGraph:
         return StepLayer(id=i, forward=1.0, backward=2.0, attention_core_forward=0.0, parameters=4e6,
                          activation_bytes=1e6, is_block=block, expert_parameters=2e6 if block else 0.0,
                          all_to_all_bytes=(8e6, 8e6) if block else (),
-                         expert_parallel_times=((2.0, 0.8, 1.6, 0.0, 0.0),) if block else (),
+                         expert_parallel_times=((2.0, 0.8, 1.6, 0.0, 0.0, 0.0, 0.0),) if block else (),
                          recompute_modules=modules if block else (),
                          module_forward=(("layernorm", 0.05), ("moe", 0.5), ("moe_act", 0.1)) if block else ())
     return StepGraph(1, tuple(layer(i, 0 < i < 3) for i in range(4)), ((0, 1, 1e6), (1, 2, 1e6), (2, 3, 1e6)))

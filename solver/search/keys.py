@@ -19,10 +19,10 @@ from solver.schedule import MODEL_VERSION as SCHEDULE_VERSION
 from solver.schedule import ScheduleCache
 
 #: Bump when what a cached layer cost means changes.
-COSTS_VERSION = 5
+COSTS_VERSION = 6
 #: Bump when what a cached placement means changes (the training-step model, the placement search,
 #: the fields of an Evaluation).
-PLACEMENT_VERSION = 3
+PLACEMENT_VERSION = 4
 #: Bump when what the cached schedule lower bounds of the candidates, or their refined throughput
 #: bounds, mean changes.
 BOUNDS_VERSION = 2

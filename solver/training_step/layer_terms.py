@@ -24,8 +24,8 @@ from solver.training_step.options import PERSISTENCE_THRESHOLD, REUSE_DISTANCE, 
 from solver.training_step.records import StepGraph, StepLayer
 
 #: The fields of an `expert_parallel_times` entry after its split s.
-_AT_SPLIT = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward", "matrix_backward"),
-                                                       start=1)}
+_AT_SPLIT = {name: index for index, name in enumerate(("forward", "backward", "matrix_forward", "matrix_backward",
+                                                        "launch_forward", "launch_backward"), start=1)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,9 +178,10 @@ def expert_dispatch(shard: Shard, compute: np.ndarray) -> dict[str, np.ndarray]:
     """Seconds of a mixture's token all-to-alls per layer (a width-t rank's tokens, 1/t of them each
     device's): dispatch and combine forward and backward, again where recomputed (a block with
     `full` or `product_outputs`: its all-to-alls are not weight products; or its recomputed modules'). With
-    `overlap_expert_dispatch` they run behind another micro-batch's compute of the layer on the share
-    of the device the dispatch's kernels leave it: compute C and exchanges R take max(C + share·R, R),
-    so max(R − C, share·R) of R stays exposed. Returns exposed, hidden and the exposed backward."""
+    `overlap_expert_dispatch` they run behind another micro-batch's compute of the layer (`compute`:
+    its kernels' seconds) on the share of the device the dispatch's kernels leave it: compute C and
+    exchanges R take max(C + share·R, R), so max(R − C, share·R) of R stays exposed (what a host-bound
+    pass's idle time then hides is `fill_idle`'s). Returns exposed, hidden and the exposed backward."""
     experts, tokens, width = expert_parallel_collective(shard), shard.token_share, shard.graph.width
 
     def exchanges(sizes: Sequence[float]) -> float:
@@ -198,14 +199,16 @@ def expert_dispatch(shard: Shard, compute: np.ndarray) -> dict[str, np.ndarray]:
     return {"exposed": exposed, "hidden": raw - exposed, "backward": backward}
 
 
-def recomputation(shard: Shard) -> np.ndarray:
-    """The forward seconds each block re-runs: all of it with `full`; all but its weight products with
-    `product_outputs` (their outputs kept, the collectives completing them too); else its recomputed
-    modules' forward (a mixture's experts at this shard's split differ by the layer's own difference:
-    only the experts' products read what the split changes) and the attention core's with `core_attn`."""
+def recomputation(shard: Shard, forward: np.ndarray) -> np.ndarray:
+    """The forward seconds each block re-runs: all of it with `full` (`forward`: its pass as `issued`
+    prices it); all but its weight products with `product_outputs` (their outputs kept, the
+    collectives completing them too); else its recomputed modules' forward (a mixture's experts at
+    this shard's split differ by the layer's own difference: only the experts' products read what
+    the split changes) and the attention core's with `core_attn`. (The host's issue time bounds only
+    the `full` re-run: a simplification.)"""
     tokens, layers = shard.token_share, shard.layers
     if shard.recompute.full:
-        rerun = shard.values("forward") * tokens
+        rerun = forward
     elif shard.recompute.product_outputs:
         rerun = (shard.values("forward") - shard.values("matrix_forward")) * tokens
     else:
@@ -218,12 +221,46 @@ def recomputation(shard: Shard) -> np.ndarray:
     return np.where(shard.blocks(), rerun, 0.0)
 
 
-def launch(shard: Shard) -> np.ndarray:
-    """Of each layer's compute (forward + backward), the seconds its kernels' launch floor adds
-    (`estimator.roofline`: idle time while the host issues short kernels), at the layer's expert split
-    of 1 and divided by c like every per-token cost (simplifications: the floor of a context-parallel
-    rank's kernels is taken as the whole sequence's over c)."""
-    return (shard.values("launch_forward") + shard.values("launch_backward")) * shard.token_share
+def issued(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each layer's forward and backward on one device: its kernels' (at this shard's
+    expert split, with their launch floors), or, if longer, the host's time to issue them
+    (`estimator.roofline.issue_seconds`): its kernels but the experts' (`issue_forward`) and 1/e of
+    every expert's (`expert_issue_forward`), a device holding E/e of the experts issuing their GEMMs
+    and casts. The host runs ahead of the device within a pass, not past a mixture's token
+    dispatcher, which brings the tokens per expert to the host every forward: so each pass is priced
+    alone (backward too, its layers alike: a simplification). Divided by c like every per-token cost
+    (the host's time too: as the launch floor, a simplification)."""
+    e, tokens = shard.shard.expert_parallel_width, shard.token_share
+    return tuple(np.maximum(shard.values(direction),
+                            shard.values(f"issue_{direction}") + shard.values(f"expert_issue_{direction}") / e) * tokens
+                 for direction in ("forward", "backward"))
+
+
+def fill_idle(idle: np.ndarray, *collectives: dict[str, np.ndarray]) -> None:
+    """Take off the exposed seconds of each layer's `collectives` (in the order given: dicts of
+    exposed, hidden and the exposed backward, changed in place) what fits in its `idle` seconds: a
+    pass bound by the host's issue time (`issued`) leaves the device idle for the difference, and the
+    collectives the host issues among its kernels run asynchronously in that time (the forward's and
+    the backward's idle time pooled: a simplification)."""
+    left = idle.copy()
+    for terms in collectives:
+        exposed = terms["exposed"]
+        taken = np.minimum(exposed, left)
+        kept = np.divide(exposed - taken, exposed, out=np.ones(len(exposed)), where=exposed > 0)
+        terms["exposed"], terms["hidden"] = exposed - taken, terms["hidden"] + taken
+        terms["backward"] = terms["backward"] * kept
+        left = left - taken
+
+
+def launch(shard: Shard, forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """Of each layer's compute (`forward` + `backward`, as `issued` prices them), the seconds the host
+    adds (`estimator.roofline`: idle time while the host issues short kernels): its kernels' launch
+    floors at this shard's expert split, and what the host's issue time of a pass adds beyond its
+    kernels; divided by c like every per-token cost (simplifications: the floor of a
+    context-parallel rank's kernels is taken as the whole sequence's over c)."""
+    tokens = shard.token_share
+    device = (shard.values("forward") + shard.values("backward")) * tokens
+    return (shard.values("launch_forward") + shard.values("launch_backward")) * tokens + forward + backward - device
 
 
 def blocking_gathers(layers: Sequence[StepLayer]) -> tuple[np.ndarray, np.ndarray]:
@@ -258,8 +295,10 @@ def parameters(shard: Shard) -> dict[str, np.ndarray]:
 def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
     """Every per-layer term of the step model, by name (`SUMMED_TERMS`'s values, `working`)."""
     tokens = shard.token_share
-    forward, backward = shard.values("forward") * tokens, shard.values("backward") * tokens
-    tensor, ring, dispatch = tensor_parallel(shard), ring_attention(shard), expert_dispatch(shard, forward + backward)
+    forward, backward = issued(shard)
+    device = (shard.values("forward") + shard.values("backward")) * tokens
+    tensor, ring, dispatch = tensor_parallel(shard), ring_attention(shard), expert_dispatch(shard, device)
+    fill_idle(forward + backward - device, dispatch, tensor, ring)
     held, working = held_activations(shard.layers, shard.recompute, shard.graph.width, shard.kernels,
                                      shard.shard.expert_tensor_width)
     held, offloaded = split_offloaded(held, shard.blocks(), shard.training.offloads_activations)
@@ -267,8 +306,8 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
                            else (np.zeros((2, len(shard.layers))), np.zeros(len(shard.layers))))
     return {
         "compute": forward + backward,
-        "launch": launch(shard),
-        "recompute": recomputation(shard),
+        "launch": launch(shard, forward, backward),
+        "recompute": recomputation(shard, forward),
         "tensor_parallel": tensor["exposed"],
         "tensor_parallel_hidden": tensor["hidden"],
         "context_parallel": ring["exposed"],

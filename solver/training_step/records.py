@@ -65,15 +65,21 @@ class StepLayer:
     attention_backward: float = 0.0  # of `backward`, the attention core's time
     launch_forward: float = 0.0  # of `forward`, what the kernels' launch floor adds (`estimator.roofline`)
     launch_backward: float = 0.0  # of `backward`, likewise
+    # the host's seconds to issue a pass's kernels but the experts', and every expert's GEMMs and casts
+    # (all of the graph's: a device holding E/e of them issues 1/e; `estimator.roofline.issue_seconds`)
+    issue_forward: float = 0.0
+    issue_backward: float = 0.0
+    expert_issue_forward: float = 0.0
+    expert_issue_backward: float = 0.0
     key_value_bytes: float = 0.0  # the keys and values the attention core reads (what ring attention passes on)
     # the weight products' outputs a block keeps besides its input with `product_outputs`, and their
     # replicated part (`graph_extract.Layer`)
     product_output_bytes: float = 0.0
     replicated_product_output_bytes: float = 0.0
-    # (s, forward, backward, matrix_forward, matrix_backward) with a device holding 1/s of a width-t rank's
-    # experts (s = e·τ/t, `Layout.expert_split`), where they differ from s = 1 (a GPU's roofline: 1/s of
-    # the expert weights read a micro-batch)
-    expert_parallel_times: tuple[tuple[float, float, float, float, float], ...] = ()
+    # (s, forward, backward, matrix_forward, matrix_backward, launch_forward, launch_backward) with a
+    # device holding 1/s of a width-t rank's experts (s = e·τ/t, `Layout.expert_split`), where they
+    # differ from s = 1 (a GPU's roofline: 1/s of the expert weights read a micro-batch)
+    expert_parallel_times: tuple[tuple[float, ...], ...] = ()
     expert_forward_collective_bytes: tuple[float, ...] = ()  # the routed experts' own all-reduces (τ ranks)
     expert_backward_collective_bytes: tuple[float, ...] = ()
     # its recompute modules but the attention core (what recomputing each drops and re-runs), and
