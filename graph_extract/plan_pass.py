@@ -17,7 +17,7 @@ from graph_extract.export import annotate, getattr_path
 from graph_extract.opgraph import EXPERT_TENSOR
 from graph_extract.parallel import all_reduce, all_to_all, copy_to_tensor_parallel_region
 from graph_extract.plan import COLWISE, REPLICATE, ROWWISE, Plan, _normal, _shape, _weight_product, is_grouped_product
-from graph_extract.plan_rules import RULES, VIEWS, Resplit, parameter_dim
+from graph_extract.plan_rules import RULES, VIEWS, Resplit, fused_parts, parameter_dim
 
 aten = torch.ops.aten
 
@@ -35,7 +35,7 @@ class Rank:
         self.placement: dict[fx.Node, object] = {}  # a Placement, or a tuple of them for tuple outputs
         self.copies: dict[tuple[fx.Node, str], fx.Node] = {}
         self.parameters = dict(module.named_parameters(remove_duplicate=False))
-        self.parts = _fused_parts(module, plan, self.parameters)
+        self.parts = _fused_parts(module, plan)
         self.experts = _expert_points(module, plan, self.parameters)
         self.parameter_replicas = _kv_replicas(module, plan, width)
         self.replicas: dict[fx.Node, int] = {}  # > 1: a Shard whose slices each of that many ranks hold
@@ -310,31 +310,18 @@ class Rank:
         return self.emit(aten.unsqueeze.default, (value, -1), {}, path)
 
 
-def _fused_parts(module: fx.GraphModule, plan: Plan, parameters: Mapping[str, nn.Parameter]
-                 ) -> dict[str, tuple[tuple[int, int], ...]]:
-    """The parts of each colwise weight (and bias) whose product's output is cut into pieces on its
-    last dimension (slices, chunks: a fused q, k, v or gate and up projection), as (start, size):
-    each rank holds its share of every part, as Megatron lays a fused projection out."""
+def _fused_parts(module: fx.GraphModule, plan: Plan) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The parts (start, size) of each colwise weight (and bias) whose product's output its users cut
+    into pieces on its last dimension (`plan_rules.fused_parts`: a fused q, k, v or gate and up
+    projection): each rank holds its share of every part, as Megatron lays a fused projection out."""
     found: dict[str, tuple[tuple[int, int], ...]] = {}
     for node in module.graph.nodes:
         if node.target is not aten.linear.default or plan.parameter_style(node.args[1].target) != COLWISE:
             continue
-        features, last = _shape(node)[-1], len(_shape(node)) - 1
-        parts: set[tuple[int, int]] = set()
-        for user in node.users:
-            if user.target is aten.slice.Tensor and _normal(user.args[1], last + 1) == last and (
-                    len(user.args) < 5 or user.args[4] == 1):
-                start = user.args[2] or 0
-                end = min(user.args[3] if len(user.args) > 3 and user.args[3] is not None else features, features)
-                parts.add((start, end - start))
-            elif user.target is aten.chunk.default and _normal(user.args[2] if len(user.args) > 2 else 0,
-                                                              last + 1) == last:
-                size = features // user.args[1]
-                parts.update((index * size, size) for index in range(user.args[1]))
-        if len(parts) > 1 and sum(size for _, size in parts) == features:
-            for argument in node.args[1:3]:
-                if isinstance(argument, fx.Node):
-                    found[argument.target] = tuple(sorted(parts))
+        parts = fused_parts(node)
+        for argument in node.args[1:3] if parts else ():
+            if isinstance(argument, fx.Node):
+                found[argument.target] = parts
     return found
 
 

@@ -65,6 +65,64 @@ def parameter_dim(parameter: fx.Node, argument: fx.Node, dim: int) -> int:
     return same[0] if len(same) == 1 else len(shape) - (len(seen) - dim)
 
 
+#: Operators that cut a tensor into pieces along one dimension, read through `operator.getitem`.
+CUTS = (aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+
+
+def cut_pieces(node: fx.Node) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The dimension a cut (`CUTS`) runs along and each piece's (start, size) on it (unbind: pieces of
+    one element, the dimension dropped from each)."""
+    rank = len(_shape(node.args[0]))
+    position = 1 if node.target is aten.unbind.int else 2
+    dim = _normal(node.args[position] if len(node.args) > position else node.kwargs.get("dim", 0), rank)
+    sizes = [1] * _shape(node.args[0])[dim] if node.target is aten.unbind.int else [
+        int(piece.shape[dim]) for piece in node.meta["val"]]
+    starts = [sum(sizes[:index]) for index in range(len(sizes))]
+    return dim, tuple(zip(starts, sizes))
+
+
+def slice_bounds(node: fx.Node) -> tuple[int, int, int, int]:
+    """A slice's dimension and its first index, length and step on it (Python's rules: negative and
+    past-the-end bounds normalised)."""
+    shape = _shape(node.args[0])
+    dim = _normal(node.args[1] if len(node.args) > 1 else 0, len(shape))
+    start, end, step = (node.args[index] if len(node.args) > index else default
+                        for index, default in ((2, None), (3, None), (4, 1)))
+    picked = range(shape[dim])[slice(start, end, step)]
+    return dim, picked.start, len(picked), picked.step
+
+
+def fused_parts(node: fx.Node) -> tuple[tuple[int, int], ...]:
+    """The parts (start, size) a linear map's users cut its output's features into when every user is
+    such a cut (slices of step 1, chunks and splits of its last dimension: a fused q, k, v or gate and
+    up projection), in order; none unless there are several and their sizes add up to the features.
+    Under a colwise split each rank holds its share of every part (`plan_pass.Rank.local_parameter`),
+    as Megatron lays a fused projection out, so that a part's slice or piece on a rank is its share
+    of the part."""
+    if node.target is not aten.linear.default:
+        return ()
+    last = len(_shape(node)) - 1
+    parts: set[tuple[int, int]] = set()
+    for user in node.users:
+        if user.target is aten.slice.Tensor and user.args[0] is node and slice_bounds(user)[::3] == (last, 1):
+            parts.add(slice_bounds(user)[1:3])
+        elif user.target in CUTS and user.target is not aten.unbind.int and user.args[0] is node \
+                and cut_pieces(user)[0] == last:
+            parts.update(cut_pieces(user)[1])
+        else:
+            return ()
+    return tuple(sorted(parts)) if len(parts) > 1 and sum(size for _, size in parts) == _shape(node)[-1] else ()
+
+
+def _part_of_split(rank: RankGraph, node: fx.Node, source: fx.Node, pieces: tuple[tuple[int, int], ...]) -> None:
+    """Refuse a slice or cut along the split dimension other than into a fused projection's parts
+    (`fused_parts`), each a multiple of the ranks."""
+    if set(pieces) - set(fused_parts(source)) or any(start % rank.width or size % rank.width
+                                                     for start, size in pieces):
+        raise rank.fail(node, "a cut of a split dimension other than into a fused projection's parts, each a "
+                              f"multiple of {rank.width}")
+
+
 def _local_sizes(rank: RankGraph, node: fx.Node, dim: int, replicas: int = 1) -> list[int]:
     """The node's sizes on one rank, dimension `dim` split in width / `replicas` slices."""
     sizes, slices = list(_shape(node)), rank.width // replicas
@@ -159,20 +217,22 @@ def _squeeze(rank: RankGraph, node: fx.Node) -> None:
 
 
 def _slice(rank: RankGraph, node: fx.Node) -> None:
-    """A slice along the split dimension is the rank's share of each part (a fused projection)."""
+    """A slice along the split dimension: every step-th element from one of the first `step` (an
+    interleaved part: every step-th of the rank's), or a fused projection's part (`fused_parts`:
+    the rank's share of the part)."""
     source, dim = rank.single_shard(node)
-    at = _normal(node.args[1] if len(node.args) > 1 else 0, len(_shape(source)))
+    at, start, size, step = slice_bounds(node)
     if at != dim:
         return rank.copy(node, Shard(dim))
-    size = _shape(source)[dim]
-    start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
-    end = min(node.args[3] if len(node.args) > 3 and node.args[3] is not None else size, size)
-    step = node.args[4] if len(node.args) > 4 else 1
-    if step > 1 and start < step and end == size:  # an interleaved part: every step-th of the rank's
+    full = _shape(source)[dim]
+    if step > 1 and start < step and size == len(range(start, full, step)):
+        if full % (rank.width // rank.replicas.get(source, 1) * step):
+            raise rank.fail(node, f"every {step}th element of a dimension of {full} split over {rank.width} ranks")
         return rank.copy(node, Shard(dim))
-    if start % rank.width or end % rank.width:
-        raise rank.fail(node, f"a slice {start}:{end} of a dimension split over {rank.width} ranks")
-    rank.copy(node, Shard(dim), args=(node.args[0], at, start // rank.width, end // rank.width, step))
+    if step != 1:
+        raise rank.fail(node, f"a slice of step {step} from {start} of a split dimension")
+    _part_of_split(rank, node, source, ((start, size),))
+    rank.copy(node, Shard(dim), args=(node.args[0], at, start // rank.width, (start + size) // rank.width))
 
 
 def _index(rank: RankGraph, node: fx.Node) -> None:
@@ -197,10 +257,22 @@ def _select(rank: RankGraph, node: fx.Node) -> None:
     rank.copy(node, Shard(dim - (at < dim)))
 
 
-def _chunk(rank: RankGraph, node: fx.Node) -> None:
+def _cut(rank: RankGraph, node: fx.Node) -> None:
+    """chunk, split, split_with_sizes, unbind (`CUTS`): along another dimension than the split one,
+    each piece split as the input; along it, a fused projection's parts (`fused_parts`), each piece
+    the rank's share of its part."""
     source, dim = rank.single_shard(node)
-    chunks = node.args[1]
-    rank.copy(node, tuple(Shard(dim) for _ in range(chunks)))
+    at, pieces = cut_pieces(node)
+    if at != dim:
+        after = dim - 1 if node.target is aten.unbind.int and at < dim else dim
+        return rank.copy(node, tuple(Shard(after) for _ in pieces))
+    if node.target is aten.unbind.int:
+        raise rank.fail(node, "an unbind of the split dimension")
+    _part_of_split(rank, node, source, pieces)
+    sizes = node.args[1]  # a chunk's count; a split's size or sizes: the rank's
+    if node.target._overloadpacket is not aten.chunk:
+        sizes = sizes // rank.width if isinstance(sizes, int) else [size // rank.width for size in sizes]
+    rank.copy(node, tuple(Shard(dim) for _ in pieces), args=(node.args[0], sizes, *node.args[2:]))
 
 
 def _cat(rank: RankGraph, node: fx.Node) -> None:
@@ -337,7 +409,8 @@ def norm(rank: RankGraph, node: fx.Node) -> None:
 RULES = {
     aten.view: _view, aten.reshape: _view, aten._unsafe_view: _view, aten.expand: _view,
     aten.unflatten: _unflatten, aten.flatten: _flatten, aten.transpose: _transpose, aten.permute: _permute,
-    aten.unsqueeze: _unsqueeze, aten.squeeze: _squeeze, aten.slice: _slice, aten.chunk: _chunk, aten.select: _select,
+    aten.unsqueeze: _unsqueeze, aten.squeeze: _squeeze, aten.slice: _slice, aten.select: _select,
+    aten.chunk: _cut, aten.split: _cut, aten.split_with_sizes: _cut, aten.unbind: _cut,
     aten.cat: _cat, aten.index: _index, aten.matmul: _matmul, aten.bmm: _matmul, aten.softmax: _softmax, aten._softmax: _softmax,
     **{op: _same for op in (aten.contiguous, aten.clone, aten.to, aten._to_copy, aten.type_as, aten.alias,
                             aten.detach, aten.dropout, aten._assert_tensor_metadata)},

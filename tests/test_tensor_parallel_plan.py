@@ -132,13 +132,34 @@ def test_a_zoo_model_searched_keeps_megatrons_plan_and_time(tmp_path):
     assert searched["time_per_batch_s"] == megatron["time_per_batch_s"]
 
 
+def stacked_mixer(tmp_path: Path) -> str:
+    """A factory file of mixer_llama's model at SMALL_MIXER's sizes (its keywords' defaults, which the
+    verification shrinks) whose blocks return the mean of the Mixer's output and their input stacked
+    (aten.stack, an operator the search's graph does not handle)."""
+    path = tmp_path / "stacked_mixer.py"
+    sizes = ", ".join(f"{key}: int = {value}" for key, value in SMALL_MIXER.items())
+    path.write_text(f"import importlib.util\n\nimport torch\n\n"
+                    f"spec = importlib.util.spec_from_file_location('mixer_llama', {str(DATA / 'mixer_llama.py')!r})\n"
+                    f"mixer = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(mixer)\n\n\n"
+                    f"class Stacked(mixer.Mixer):\n"
+                    f"    def forward(self, x):\n"
+                    f"        return torch.stack((super().forward(x), x)).mean(0)\n\n\n"
+                    f"def stacked(sequence_length: int = 1024, {sizes}):\n"
+                    f"    model = mixer.llama3_8b(sequence_length, vocab_size, num_hidden_layers, hidden_size, "
+                    f"num_attention_heads, num_key_value_heads, intermediate_size)\n"
+                    f"    for layer in model.model.stack:\n"
+                    f"        layer.mixer.__class__ = Stacked\n"
+                    f"    return model\n")
+    return f"{path}:stacked"
+
+
 def test_a_block_the_search_cannot_express_keeps_megatrons_plan(tmp_path):
-    """Megatron's GPT-2 fuses q, k and v into one product and picks each with `select`, an operator
-    the search's graph does not handle: the width's record says so and Megatron's plan is priced."""
-    keys = dict(sequence_length=1024, num_devices=16, data_parallel_width=8)
-    megatron = predicted("megatrongpt2-xl", tmp_path / "cache", **keys)
-    searched = predicted("megatrongpt2-xl", tmp_path / "cache", tensor_parallel_plan="searched", **keys)
+    """A block stacking two tensors (`torch.stack`), an operator the search's graph does not handle:
+    the width's record says so and Megatron's plan is priced."""
+    model = stacked_mixer(tmp_path)
+    megatron = predicted(model, tmp_path / "cache", sequence_length=1024)
+    searched = predicted(model, tmp_path / "cache", sequence_length=1024, tensor_parallel_plan="searched")
     search = searched["plan_search"]
     assert search["status"] == "refused" and not search["searched"] and search["objective"] is None
-    assert search["refused"].startswith("plan search: aten.select.int at layers.0.attention")
+    assert search["refused"].startswith("plan search: aten.stack.default at model.stack.0.mixer: this operator")
     assert searched["plan"] == megatron["plan"] and searched["time_per_batch_s"] == megatron["time_per_batch_s"]

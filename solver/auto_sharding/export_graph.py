@@ -11,18 +11,29 @@ operator's iteration dims are named by position:
   aten.scaled_dot_product_attention (and its flash and efficient variants) over (b, heads, s,
   head_dim): only the heads may split;
 - element-wise operators (operands aligned from the last dim; a broadcast size-1 dim is its own,
-  unsplit dim), norms (rms_norm, layer_norm) and softmax and reductions (their reduced dims unsplit);
+  unsplit dim), norms (rms_norm, layer_norm), softmax, amax and max over a dim (its values; its
+  indices are integers) with their reduced dims unsplit; sum and mean, whose reduced dim may split,
+  their output then a partial sum all-reduced where it is read whole (the mean of squares of a norm
+  written out over split features, as the plan pass all-reduces it);
 - views (view, reshape, unflatten, flatten, unsqueeze, squeeze, expand, transpose, permute, slice,
-  cat): dims mapped by their sizes, a merged dim (heads·head_dim) and its leading factor (heads)
-  being one iteration dim that splits as many ways as the factor (a split of the merged dim is a
-  split of its leading factor); the other factors, a sliced or concatenated dim and an expanded one
-  do not split. An expansion of size-1 dims read only by element-wise operators and concatenations
-  is left to them as a broadcast (a latent attention's one rotated key expanded to the heads): they
-  read it whole where they split the expanded dim, and its gradient is then a partial sum
-  all-reduced (the plan pass cuts the expansion to the rank's heads).
+  select, cat, the pieces of chunk, split, split_with_sizes and unbind read through getitem, a pick
+  of rows by constant indices that is no dispatch): dims mapped by their sizes, a merged dim
+  (heads·head_dim) and its leading factor (heads) being one iteration dim that splits as many ways
+  as the factor (a split of the merged dim is a split of its leading factor, so that a fused q, k, v
+  viewed as [.., heads, 3, head_dim] splits on its heads); a picked dim (select, unbind) is consumed;
+  the other factors, a concatenated dim, an expanded one and the indexed dims of a row pick do not
+  split. A sliced or cut dim does not split, but where the plan pass splits it with the part
+  (`graph_extract.plan_rules`): a part of a fused projection's output (a linear map whose users all
+  slice or cut its features into parts, each a multiple of t: a fused q, k, v or gate and up,
+  `fused_parts`; each rank holds its share of every part, Megatron's layout of a fused weight), and
+  every step-th element from one of the first `step` to the end (an interleaved gate and up: each
+  rank's contiguous share holds whole steps). An expansion of size-1 dims read only by element-wise
+  operators and concatenations is left to them as a broadcast (a latent attention's one rotated key
+  expanded to the heads): they read it whole where they split the expanded dim, and its gradient is
+  then a partial sum all-reduced (the plan pass cuts the expansion to the rank's heads).
 
 A mixture of experts (the zoo's `MixtureOfExperts`: Mixtral, Qwen3-MoE, DeepSeek-V3's routed
-experts):
+experts; transformers' grouped experts, GPT-OSS's):
 
 - the router (a weight product whose values reach a top-k through other operators only) is
   replicated, as derived_plan leaves it; softmax, top-k (its values; a `route` operator over the
@@ -33,17 +44,18 @@ experts):
   weight's out or in dimension, in the experts' own tensor-parallel group (taken as the t ranks);
   the experts' dim and the token slots never split: expert parallelism is phaze's placement
   search's, not this ILP's;
-- the dispatch (pads, row picks and reshapes of the tokens before an expert product, `moves_rows`)
-  is part of the products that read it: they read the tokens [.., h] themselves, so that under a
-  colwise split the gradient of the tokens (not of the k-times larger dispatched rows) is
-  all-reduced, once for the tensor (the plan pass's one copy into the experts' group);
+- the dispatch (pads, row picks and reshapes of the tokens whose rows reach an expert product,
+  `moves_rows`) is part of the products that read it: they read the tokens [.., h] themselves, so
+  that under a colwise split the gradient of the tokens (not of the k-times larger dispatched rows)
+  is all-reduced, once for the tensor (the plan pass's one copy into the experts' group);
 - the combine (the expert product's rows moved back to the tokens, weighed by the routing
   weights and summed, `moves_rows`) is part of the product that writes it: the product's output is
   the combine's [.., h], so that under a rowwise split the tokens' sum is all-reduced after the
   combine, as the plan pass keeps the `Partial` sum through these operators and all-reduces it
   there, and the routing weights' gradient (a sum over the split features) is all-reduced too. The
   combine's element-wise work (1/f of the product's, f the experts' width) is counted as the
-  product's, split with it.
+  product's, split with it. A product whose rows are first added to a bias (GPT-OSS's experts) has
+  no combine: its partial sum is all-reduced on the rows, as the plan pass all-reduces it there.
 
 The batch and sequence dims (those of the block's input but its last, and every dim they flow into)
 and the head dim never split: data and context parallelism are other axes of phaze's search. A dim
@@ -65,10 +77,11 @@ import torch
 from torch import fx
 
 from phaze_common.checks import InputError, positive_integer
+from graph_extract.plan_rules import CUTS, cut_pieces, fused_parts, slice_bounds
 
 from .export_nodes import (IDENTITIES, PADS, RESHAPES, ROW_PICKS, TOP_K, block_kinds, combine_chain,
                            dim_groups, first_shape, in_block, is_expert_product, is_floating, moves_rows, node_shape,
-                           routers, weight_of)
+                           reaches_expert_product, routers, weight_of)
 from .graph import Op, Operand, ShardingGraph, Tensor
 
 aten = torch.ops.aten
@@ -82,6 +95,8 @@ _ATTENTION = (aten.scaled_dot_product_attention.default, aten._scaled_dot_produc
 _NORMS = (aten.rms_norm.default, aten.layer_norm.default)
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
 _REDUCTIONS = (aten.mean.dim, aten.sum.dim_IntList, aten.amax.default)
+#: Reductions whose result over a split dim is the sum of the ranks' results (then all-reduced).
+_SUMS = (aten.mean.dim, aten.sum.dim_IntList)
 #: Operators that take a broadcast operand as it is (an expansion of size-1 dims left to them).
 _BROADCASTING = (aten.cat.default,)
 
@@ -120,12 +135,14 @@ class _Builder:
         self.dispatched: dict[fx.Node, str] = {}  # a dispatch's rows -> the tokens tensor they are picked from
         self.combines: dict[fx.Node, tuple[fx.Node, list[fx.Node]]] = {}  # a combine's end -> (product, chain)
         self.folded: set[fx.Node] = set()  # nodes that are part of an expert product's operator
+        self.cuts: set[fx.Node] = set()  # cuts of a graph tensor (chunk, split, unbind): read by their pieces
 
     def reads(self, node: fx.Node) -> bool:
         """Whether `node` is an operator of the graph: a weight product, the end of a combine, or an
         operator reading a graph tensor or a dispatch."""
         return weight_of(node) is not None or node in self.combines or any(
-            self.name(argument) is not None or argument in self.dispatched for argument in node.all_input_nodes)
+            self.name(argument) is not None or argument in self.dispatched or argument in self.cuts
+            for argument in node.all_input_nodes)
 
     def name(self, node: object) -> str | None:
         """The graph tensor of a node, None for a constant."""
@@ -219,6 +236,57 @@ class _Builder:
                 fixed.discard(shared)
             fixed -= {f"a{lead_a}", f"b{lead_b}"}
         self.add_op(node, "view", [(name, tuple(in_dims))], tuple(out_dims), sizes, fixed & set(sizes), labels, 0)
+
+    def pick(self, node: fx.Node, source: fx.Node, at: int) -> None:
+        """One index of dim `at` (select, a piece of unbind): that dim consumed, the others mapped."""
+        name = self.name(source)
+        shape = self.tensors[name].shape
+        at %= len(shape)
+        dims = tuple(f"i{i}" for i in range(len(shape)))
+        self.add_op(node, "view", [(name, dims)], dims[:at] + dims[at + 1:], dict(zip(dims, shape)), set(),
+                    [label for i, label in enumerate(self.labels[name]) if i != at], 0)
+
+    def indexed(self, node: fx.Node, source: fx.Node, count: int) -> None:
+        """x[i₀, .., iₖ₋₁] (indices of constant integers, not a dispatch): the first k dims replaced by
+        the indices' dims, which do not split; the later dims mapped (the plan pass's row pick)."""
+        name = self.name(source)
+        shape, out = self.tensors[name].shape, _shape(node)
+        rank, lead = len(shape), len(out) - (len(shape) - count)
+        dims = tuple(f"i{i}" for i in range(rank))
+        new = tuple(f"p{j}" for j in range(lead))
+        sizes = {**dict(zip(dims, shape)), **dict(zip(new, out[:lead]))}
+        labels = [FIXED] * lead + list(self.labels[name][count:])
+        self.add_op(node, "view", [(name, dims)], new + dims[count:], sizes, set(dims[:count]) | set(new), labels, 0)
+
+    def part(self, node: fx.Node, source: fx.Node, at: int, start: int, size: int, step: int) -> None:
+        """`size` elements of dim `at` from `start` every `step` (a slice, a piece of chunk or split):
+        the other dims mapped; dim `at` splits with the part where the plan pass splits it so
+        (`splits_through`), else not."""
+        name = self.name(source)
+        shape = self.tensors[name].shape
+        at %= len(shape)
+        dims = tuple(f"i{i}" for i in range(len(shape)))
+        sizes, labels, fixed = dict(zip(dims, shape)), list(self.labels[name]), set()
+        out = list(dims)
+        if labels[at] is FREE and self.splits_through(source, at, start, size, step):
+            sizes[dims[at]] = size
+        else:
+            out[at], sizes["part"], labels[at] = "part", size, FIXED
+            fixed.add(dims[at])
+        self.add_op(node, "view", [(name, dims)], tuple(out), sizes, fixed, labels, 0)
+
+    def splits_through(self, source: fx.Node, at: int, start: int, size: int, step: int) -> bool:
+        """Whether a part of `source` splits t ways with it on dim `at`, as the plan pass splits it
+        (`graph_extract.plan_rules`): a part of a fused projection's output (`fused_parts`: each rank
+        holds its share of every part, each a multiple of t), or every step-th element from one of
+        the first `step` to the end (each rank's contiguous share a multiple of `step`)."""
+        full = _shape(source)[at]
+        if step > 1:
+            return start < step and size == len(range(start, full, step)) and full % (self.width * step) == 0 \
+                and not fused_parts(source)
+        parts = fused_parts(source)
+        return at == len(_shape(source)) - 1 and (start, size) in parts and all(
+            offset % self.width == 0 and length % self.width == 0 for offset, length in parts)
 
     def permute(self, node: fx.Node, source: fx.Node, order: list[int]) -> None:
         name = self.name(source)
@@ -347,9 +415,12 @@ class _OperatorBuilder(_Builder):
         self.add_op(node, "product", inputs, (*batch, "s", "dv"), sizes, {"s", "r", "d", "dv"}, labels,
                     2 * math.prod(q[:-1]) * k[-2] * (q[-1] + v[-1]), shape=(*q[:-1], v[-1]))
 
-    def reduced(self, node: fx.Node, kind: str, source: fx.Node, reduced: list[int], keep: bool) -> None:
-        """A norm or reduction of `source` over its `reduced` dims (kept as size-1 dims with `keep`)."""
-        name = self.name(source)
+    def reduced(self, node: fx.Node, kind: str, source: fx.Node, reduced: list[int], keep: bool | None,
+                shape: tuple[int, ...] | None = None) -> None:
+        """A norm or reduction of `source` over its `reduced` dims (kept as size-1 dims with `keep`; a
+        norm: None), its output of `shape` (the node's, else given: a maximum's values). A `product`
+        (a sum or mean) may split a reduced dim that may split, its output then a Partial sum."""
+        name, out_shape = self.name(source), shape
         shape = self.tensors[name].shape
         dims = tuple(f"i{i}" for i in range(len(shape)))
         reduced = sorted({d % len(shape) for d in reduced})
@@ -361,7 +432,8 @@ class _OperatorBuilder(_Builder):
             sizes.update({f"o{i}": 1 for i in reduced if keep})
             labels = [label if i not in reduced else FIXED for i, label in enumerate(self.labels[name])
                       if keep or i not in reduced]
-        self.add_op(node, kind, [(name, dims)], out_dims, sizes, {dims[i] for i in reduced}, labels, math.prod(shape))
+        fixed = {dims[i] for i in reduced if kind != "product" or self.labels[name][i] is not FREE}
+        self.add_op(node, kind, [(name, dims)], out_dims, sizes, fixed, labels, math.prod(shape), shape=out_shape)
 
     def refuse(self, node: fx.Node, what: str) -> InputError:
         return InputError(f"plan search: {node.target} at {node.meta.get('module_path', '')}: {what} is not handled")
@@ -374,14 +446,25 @@ class _OperatorBuilder(_Builder):
             return self.expert_product(self.combines[node][0], node, self.combines[node][1])
         if not is_floating(node):  # the routing's integers, masks: constants
             return
+        if _shape(node) is None and not node.users:  # a check without a value (_assert_tensor_metadata)
+            return
         if any(argument in self.dispatched for argument in node.all_input_nodes) and not is_expert_product(node):
             if moves_rows(node, args[0], combine=False):
                 self.dispatched[node] = self.dispatched[args[0]]
                 return
             raise self.refuse(node, "a use of the experts' dispatched rows other than an expert product")
-        if target in PADS + ROW_PICKS and moves_rows(node, args[0], combine=False) and self.name(args[0]) is not None:
+        if target in PADS + ROW_PICKS and moves_rows(node, args[0], combine=False) and self.name(args[0]) is not None \
+                and reaches_expert_product(node, self.inside):
             self.dispatched[node] = self.name(args[0])  # a dispatch: read by the expert products
             return
+        if target in CUTS:
+            self.cuts.add(node)
+            return
+        if target is operator.getitem and args[0] in self.cuts:
+            at, pieces = cut_pieces(args[0])
+            if args[0].target is aten.unbind.int:
+                return self.pick(node, args[0].args[0], at)
+            return self.part(node, args[0].args[0], at, *pieces[args[1]], 1)
         if target is operator.getitem:
             if args[1] != 0 or self.name(args[0]) is None:
                 raise self.refuse(node, f"output {args[1]} of {args[0].target}")
@@ -398,8 +481,9 @@ class _OperatorBuilder(_Builder):
             return self.weight_product(node, args[0], args[1], transposed=target is aten.linear.default)
         if target in TOP_K:
             return self.top_k(node)
-        if _shape(node) is None and not node.users:  # a check without a value (_assert_tensor_metadata)
-            return
+        if target is aten.max.dim:  # its values; the indices are integers
+            keep = bool(args[2]) if len(args) > 2 else bool(node.kwargs.get("keepdim", False))
+            return self.reduced(node, "normalise", args[0], [args[1]], keep, first_shape(node))
         if _shape(node) is None and target not in _ATTENTION:
             raise self.refuse(node, "an operator without one tensor output")
         if target in _ACTIVATION_PRODUCTS:
@@ -414,7 +498,7 @@ class _OperatorBuilder(_Builder):
             dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
             dims = [dims] if isinstance(dims, int) else list(dims or range(len(_shape(args[0]))))
             keep = bool(args[2]) if len(args) > 2 else bool(node.kwargs.get("keepdim", False))
-            return self.reduced(node, "normalise", args[0], dims, keep)
+            return self.reduced(node, "product" if target in _SUMS else "normalise", args[0], dims, keep)
         if target in RESHAPES:
             return self.reshape(node, args[0])
         if target is aten.transpose.int:
@@ -435,7 +519,11 @@ class _OperatorBuilder(_Builder):
                 return
             return self.aligned(node, "view", [args[0]], grown | set(range(rank - len(source))), 0)
         if target is aten.slice.Tensor:
-            return self.aligned(node, "view", [args[0]], {(args[1] if len(args) > 1 else 0) % len(_shape(node))}, 0)
+            return self.part(node, args[0], *slice_bounds(node))
+        if target is aten.select.int:
+            return self.pick(node, args[0], args[1])
+        if target is aten.index.Tensor and all(index is not None for index in args[1]):
+            return self.indexed(node, args[0], len(args[1]))
         if target is aten.cat.default:
             return self.aligned(node, "view", list(args[0]), {(args[1] if len(args) > 1 else 0) % len(_shape(node))}, 0)
         if target in IDENTITIES:

@@ -137,6 +137,23 @@ def _weighs_rows(node: fx.Node, value: fx.Node, out: tuple[int, ...] | None,
     return shape is not None and (not shape or shape[-1] == 1)
 
 
+def reaches_expert_product(node: fx.Node, inside: set[fx.Node]) -> bool:
+    """Whether the rows `node` moves reach an expert product's input through moves of rows only
+    (`moves_rows`): whether `node` is part of a dispatch."""
+    stack, seen = [node], {node}
+    while stack:
+        current = stack.pop()
+        for user in current.users:
+            if user not in inside or user in seen:
+                continue
+            if is_expert_product(user) and user.args[0] is current:
+                return True
+            if moves_rows(user, current, combine=False):
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
 def combine_chain(product: fx.Node, inside: set[fx.Node]) -> list[fx.Node]:
     """The operators after an expert product that move its rows back to the tokens and weigh and sum
     them (the combine: `moves_rows`), each the one user of the one before."""
