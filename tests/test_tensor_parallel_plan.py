@@ -70,13 +70,17 @@ SMALL_MIXER = dict(vocab_size=4096, num_hidden_layers=4, hidden_size=2048, num_a
                    num_key_value_heads=8, intermediate_size=6144)
 
 
+#: The lines of a factory file that load tests/data/mixer_llama.py as `mixer`.
+MIXER_IMPORT = (f"import importlib.util\n\nimport torch\n\n"
+                f"spec = importlib.util.spec_from_file_location('mixer_llama', {str(DATA / 'mixer_llama.py')!r})\n"
+                f"mixer = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(mixer)\n\n\n")
+
+
 def small_mixer(tmp_path: Path) -> str:
     """A factory file calling mixer_llama.llama3_8b at SMALL_MIXER's sizes (a module phaze loads by path)."""
     path = tmp_path / "small_mixer.py"
     arguments = ", ".join(f"{key}={value}" for key, value in SMALL_MIXER.items())
-    path.write_text(f"import importlib.util\n"
-                    f"spec = importlib.util.spec_from_file_location('mixer_llama', {str(DATA / 'mixer_llama.py')!r})\n"
-                    f"mixer = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(mixer)\n\n\n"
+    path.write_text(f"{MIXER_IMPORT}"
                     f"def small(sequence_length: int = 1024):\n"
                     f"    return mixer.llama3_8b(sequence_length, {arguments})\n")
     return f"{path}:small"
@@ -138,9 +142,7 @@ def stacked_mixer(tmp_path: Path) -> str:
     (aten.stack, an operator the search's graph does not handle)."""
     path = tmp_path / "stacked_mixer.py"
     sizes = ", ".join(f"{key}: int = {value}" for key, value in SMALL_MIXER.items())
-    path.write_text(f"import importlib.util\n\nimport torch\n\n"
-                    f"spec = importlib.util.spec_from_file_location('mixer_llama', {str(DATA / 'mixer_llama.py')!r})\n"
-                    f"mixer = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(mixer)\n\n\n"
+    path.write_text(f"{MIXER_IMPORT}"
                     f"class Stacked(mixer.Mixer):\n"
                     f"    def forward(self, x):\n"
                     f"        return torch.stack((super().forward(x), x)).mean(0)\n\n\n"
