@@ -104,14 +104,26 @@ def fused_parts(node: fx.Node) -> tuple[tuple[int, int], ...]:
     last = len(_shape(node)) - 1
     parts: set[tuple[int, int]] = set()
     for user in node.users:
-        if user.target is aten.slice.Tensor and user.args[0] is node and slice_bounds(user)[::3] == (last, 1):
-            parts.add(slice_bounds(user)[1:3])
-        elif user.target in CUTS and user.target is not aten.unbind.int and user.args[0] is node \
-                and cut_pieces(user)[0] == last:
-            parts.update(cut_pieces(user)[1])
+        if user.target is aten.slice.Tensor and user.args[0] is node:
+            at, start, size, step = slice_bounds(user)
+            if (at, step) != (last, 1):
+                return ()
+            parts.add((start, size))
+        elif user.target in CUTS and user.target is not aten.unbind.int and user.args[0] is node:
+            at, pieces = cut_pieces(user)
+            if at != last:
+                return ()
+            parts.update(pieces)
         else:
             return ()
     return tuple(sorted(parts)) if len(parts) > 1 and sum(size for _, size in parts) == _shape(node)[-1] else ()
+
+
+def interleaved(start: int, size: int, step: int, full: int) -> bool:
+    """Whether a slice of `size` elements from `start` every `step` of a dimension of `full` is every
+    step-th element from one of the first `step` to the end (an interleaved part, as GPT-OSS's gate
+    and up): on a rank holding a contiguous share of a multiple of `step`, every step-th of its own."""
+    return step > 1 and start < step and size == len(range(start, full, step))
 
 
 def _part_of_split(rank: RankGraph, node: fx.Node, source: fx.Node, pieces: tuple[tuple[int, int], ...]) -> None:
@@ -225,7 +237,7 @@ def _slice(rank: RankGraph, node: fx.Node) -> None:
     if at != dim:
         return rank.copy(node, Shard(dim))
     full = _shape(source)[dim]
-    if step > 1 and start < step and size == len(range(start, full, step)):
+    if interleaved(start, size, step, full):
         if full % (rank.width // rank.replicas.get(source, 1) * step):
             raise rank.fail(node, f"every {step}th element of a dimension of {full} split over {rank.width} ranks")
         return rank.copy(node, Shard(dim))

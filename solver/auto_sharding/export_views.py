@@ -10,7 +10,7 @@ import math
 from torch import fx
 
 from phaze_common.checks import InputError
-from graph_extract.plan_rules import fused_parts
+from graph_extract.plan_rules import fused_parts, interleaved
 
 from .export_nodes import dim_groups, node_shape, weight_of
 from .graph import Op, Operand, Tensor
@@ -186,11 +186,9 @@ class ViewBuilder:
         (`graph_extract.plan_rules`): a part of a fused projection's output (`fused_parts`: each rank
         holds its share of every part, each a multiple of t), or every step-th element from one of
         the first `step` to the end (each rank's contiguous share a multiple of `step`)."""
-        full = _shape(source)[at]
+        full, parts = _shape(source)[at], fused_parts(source)
         if step > 1:
-            return start < step and size == len(range(start, full, step)) and full % (self.width * step) == 0 \
-                and not fused_parts(source)
-        parts = fused_parts(source)
+            return interleaved(start, size, step, full) and full % (self.width * step) == 0 and not parts
         return at == len(_shape(source)) - 1 and (start, size) in parts and all(
             offset % self.width == 0 and length % self.width == 0 for offset, length in parts)
 

@@ -252,15 +252,13 @@ def fill_idle(idle: np.ndarray, *collectives: dict[str, np.ndarray]) -> None:
         left = left - taken
 
 
-def launch(shard: Shard, forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
-    """Of each layer's compute (`forward` + `backward`, as `issued` prices them), the seconds the host
+def launch(shard: Shard, idle: np.ndarray) -> np.ndarray:
+    """Of each layer's compute (forward + backward, as `issued` prices them), the seconds the host
     adds (`estimator.roofline`: idle time while the host issues short kernels): its kernels' launch
-    floors at this shard's expert split, and what the host's issue time of a pass adds beyond its
-    kernels; divided by c like every per-token cost (simplifications: the floor of a
+    floors at this shard's expert split, and `idle`, what the host's issue time of a pass adds beyond
+    its kernels; divided by c like every per-token cost (simplifications: the floor of a
     context-parallel rank's kernels is taken as the whole sequence's over c)."""
-    tokens = shard.token_share
-    device = (shard.values("forward") + shard.values("backward")) * tokens
-    return (shard.values("launch_forward") + shard.values("launch_backward")) * tokens + forward + backward - device
+    return (shard.values("launch_forward") + shard.values("launch_backward")) * shard.token_share + idle
 
 
 def blocking_gathers(layers: Sequence[StepLayer]) -> tuple[np.ndarray, np.ndarray]:
@@ -297,8 +295,9 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
     tokens = shard.token_share
     forward, backward = issued(shard)
     device = (shard.values("forward") + shard.values("backward")) * tokens
+    idle = forward + backward - device  # what the host's issue time adds beyond the kernels
     tensor, ring, dispatch = tensor_parallel(shard), ring_attention(shard), expert_dispatch(shard, device)
-    fill_idle(forward + backward - device, dispatch, tensor, ring)
+    fill_idle(idle, dispatch, tensor, ring)
     held, working = held_activations(shard.layers, shard.recompute, shard.graph.width, shard.kernels,
                                      shard.shard.expert_tensor_width)
     held, offloaded = split_offloaded(held, shard.blocks(), shard.training.offloads_activations)
@@ -306,7 +305,7 @@ def layer_terms(shard: Shard) -> dict[str, np.ndarray]:
                            else (np.zeros((2, len(shard.layers))), np.zeros(len(shard.layers))))
     return {
         "compute": forward + backward,
-        "launch": launch(shard, forward, backward),
+        "launch": launch(shard, idle),
         "recompute": recomputation(shard, forward),
         "tensor_parallel": tensor["exposed"],
         "tensor_parallel_hidden": tensor["hidden"],
